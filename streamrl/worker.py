@@ -1,0 +1,123 @@
+"""The lifecycle every role shares: start / run / stop(grace), heartbeats, dead-lettering.
+
+A role subclasses `Worker`, sets `role`, and implements `step()` (one unit of work; return
+False when idle). `run()` loops until `stop()` is called (SIGINT/SIGTERM) or `done` is set.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from streamrl.broker import Broker, Entry, Keys
+from streamrl.config import Config
+from streamrl.errors import DecodeError
+from streamrl.messages import decode
+
+HEARTBEAT_TTL_S = 15.0
+
+
+class Worker:
+    role: str = "worker"
+
+    def __init__(self, cfg: Config, broker: Broker, worker_id: str, run_dir: Path | None = None):
+        self.cfg = cfg
+        self.broker = broker
+        self.worker_id = worker_id
+        self.run_dir = Path(run_dir) if run_dir else None
+        self.keys = Keys(cfg.run.name)
+        self.log = structlog.get_logger("streamrl").bind(role=self.role, worker_id=worker_id, run=cfg.run.name)
+        self.stopping = asyncio.Event()
+        self.done = False
+        self.stats: dict[str, float] = {}
+        self._started = time.time()
+        self._pending_cursor: dict[str, str | None] = {}
+        self._last_claim: dict[str, float] = {}
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Create consumer groups and load what the role needs before the loop."""
+
+    async def step(self) -> bool:
+        """One unit of work. Return True if something was done (False: idle)."""
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        """Release resources (engines, files). Called once after the loop ends."""
+
+    def stop(self) -> None:
+        """Ask the loop to finish its current step and exit."""
+        self.stopping.set()
+
+    async def run(self) -> None:
+        await self.start()
+        hb = asyncio.create_task(self._heartbeat_loop())
+        self.log.info("started", pid=os.getpid())
+        try:
+            while not self.stopping.is_set() and not self.done:
+                await self.step()
+        finally:
+            hb.cancel()
+            await self.close()
+            await self.broker.delete(self.keys.worker(self.role, self.worker_id))
+            self.log.info("stopped", uptime_s=round(time.time() - self._started, 1), **self.stats)
+
+    # -- helpers ---------------------------------------------------------------------------
+    def count(self, name: str, by: float = 1) -> None:
+        self.stats[name] = self.stats.get(name, 0) + by
+
+    async def _heartbeat_loop(self) -> None:
+        key = self.keys.worker(self.role, self.worker_id)
+        while True:
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(), **self.stats}
+            try:
+                await self.broker.set(key, json.dumps(info), ttl_s=HEARTBEAT_TTL_S)
+            except Exception as exc:  # a broker hiccup must not kill the worker
+                self.log.warning("heartbeat_failed", error=str(exc))
+            await asyncio.sleep(HEARTBEAT_TTL_S / 3)
+
+    async def dead_letter(self, stream: str, entry: Entry, reason: str) -> None:
+        """Move a bad entry to the dead-letter stream with the reason (the caller acks it)."""
+        self.count("dead_lettered")
+        self.log.warning("dead_letter", stream=stream, entry_id=entry.id, reason=reason)
+        record = {"stream": stream, "entry_id": entry.id, "reason": reason, "worker": self.worker_id, "ts": time.time()}
+        payload = json.dumps(record).encode() + b"\n" + (entry.data or b"")
+        await self.broker.add(self.keys.deadletter, payload, maxlen=100_000)
+
+    async def decode_entries(self, stream: str, group: str, entries: list[Entry]) -> list[tuple[Entry, Any]]:
+        """Decode entries; bad ones are dead-lettered and acked, good ones returned with their message."""
+        good, bad = [], []
+        for entry in entries:
+            try:
+                if entry.data is None:
+                    raise DecodeError("entry has no 'd' field")
+                good.append((entry, decode(entry.data)))
+            except DecodeError as exc:
+                await self.dead_letter(stream, entry, str(exc))
+                bad.append(entry.id)
+        if bad:
+            await self.broker.ack(stream, group, bad)
+        return good
+
+    async def read(self, stream: str, group: str, count: int) -> list[tuple[Entry, Any]]:
+        """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones."""
+        b = self.cfg.broker
+        cursor = self._pending_cursor.get(stream, "0")
+        entries: list[Entry] = []
+        if cursor is not None:
+            entries = await self.broker.read_group(stream, group, self.worker_id, count=count, block_ms=None, start=cursor)
+            self._pending_cursor[stream] = entries[-1].id if entries else None
+        now = time.monotonic()
+        if not entries and now - self._last_claim.get(stream, 0.0) > b.claim_idle_ms / 4000:
+            self._last_claim[stream] = now
+            entries = await self.broker.claim_idle(stream, group, self.worker_id, b.claim_idle_ms, count=count)
+        if not entries:
+            entries = await self.broker.read_group(stream, group, self.worker_id, count=count, block_ms=b.block_ms)
+        return await self.decode_entries(stream, group, entries)
