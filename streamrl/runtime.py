@@ -1,0 +1,85 @@
+"""Composition root for one role process: logging, broker connection, signals, the worker loop.
+
+    streamrl worker reward --config run/config.yaml --broker redis://:pw@host:6379/0 --run tiny
+
+Roles are imported lazily by name (workers.<role>), so `streamrl` never imports `workers` at
+module level. SIGINT/SIGTERM ask the worker to finish its current step and exit; a second
+signal exits at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Callable
+
+from streamrl.config import Config
+from streamrl.errors import ConfigError
+from streamrl.logs import setup_logging
+
+ROLES: dict[str, str] = {
+    "feeder": "workers.feeder:FeederWorker",
+    "generator": "workers.generator:GeneratorWorker",
+    "reward": "workers.reward:RewardWorker",
+    "reference": "workers.reference:ReferenceWorker",
+    "trainer": "workers.trainer:main",
+}
+
+
+def _load(role: str):
+    if role not in ROLES:
+        raise ConfigError(f"unknown role {role!r}; choose one of: {', '.join(ROLES)}")
+    module, name = ROLES[role].split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+async def _serve(factory: Callable, broker_url: str) -> None:
+    from brokers.redis_streams import connect
+
+    broker = await connect(broker_url)
+    worker = factory(broker)
+    loop = asyncio.get_running_loop()
+    hits = {"n": 0}
+
+    def on_signal(signum: int) -> None:
+        hits["n"] += 1
+        if hits["n"] > 1:
+            worker.log.warning("forced_exit", signal=signal.Signals(signum).name)
+            os._exit(130)
+        worker.log.info("stopping", signal=signal.Signals(signum).name)
+        worker.stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal, sig)
+    try:
+        await worker.run()
+    finally:
+        await broker.close()
+
+
+def serve(factory: Callable, broker_url: str) -> None:
+    """Run one Worker (built by `factory(broker)`) until it finishes or is signalled."""
+    try:
+        import uvloop
+
+        uvloop.run(_serve(factory, broker_url))
+    except ImportError:
+        asyncio.run(_serve(factory, broker_url))
+
+
+def run_role(role: str, cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> int:
+    target = _load(role)
+    setup_logging(role, worker_id, run_dir, run=cfg.run.name)
+    if isinstance(target, type):
+        serve(lambda broker: target(cfg, broker, worker_id, run_dir), broker_url)
+    else:
+        target(cfg, broker_url, worker_id, run_dir)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - `python -m streamrl.runtime` is not an entry point
+    sys.exit("use `streamrl worker ROLE ...`")

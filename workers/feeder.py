@@ -1,0 +1,59 @@
+"""Feeder role: dataset -> `prompts`, one entry per prompt group, under the staleness admission bound.
+
+    streamrl worker feeder --config configs/tiny-cpu.yaml --broker redis://... --run tiny
+
+Admits a group only while `admitted - released < (v + max_staleness + 1) * groups_per_step`
+(streamrl.staleness.admission_budget); stops admitting once the run's steps are covered.
+The admitted count lives in the broker, so a restarted feeder continues where it stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+from transformers import AutoTokenizer
+
+from streamrl.messages import Prompt, encode
+from streamrl.staleness import admission_budget
+from streamrl.tasks import load_task
+from streamrl.worker import Worker
+
+
+class FeederWorker(Worker):
+    role = "feeder"
+
+    async def start(self) -> None:
+        self.items = load_task(self.cfg.task, self.cfg.run.seed)
+        random.Random(self.cfg.run.seed).shuffle(self.items)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        r = self.cfg.rollout
+        self.total = self.cfg.trainer.steps * r.groups_per_step
+        self.log.info("feeder_ready", prompts=len(self.items), groups_needed=self.total,
+                      max_staleness=r.max_staleness, groups_per_step=r.groups_per_step)
+
+    async def _counter(self, key: str) -> int:
+        return int(await self.broker.get(key) or 0)
+
+    async def step(self) -> bool:
+        r = self.cfg.rollout
+        admitted = await self._counter(self.keys.feeder_admitted)
+        released = await self._counter(self.keys.groups_released)
+        version = await self._counter(self.keys.trainer_version)
+        budget = admission_budget(admitted, released, version, r.max_staleness, r.groups_per_step,
+                                  total_groups=self.total)
+        if budget <= 0:
+            await asyncio.sleep(0.02)
+            return False
+        prompts = [self._prompt(admitted + i, version) for i in range(budget)]
+        await self.broker.add_many(self.keys.prompts, [encode(p) for p in prompts])
+        await self.broker.incr(self.keys.feeder_admitted, len(prompts))
+        self.count("admitted", len(prompts))
+        self.log.debug("admitted", groups=len(prompts), policy_version=version, total=admitted + len(prompts))
+        return True
+
+    def _prompt(self, index: int, version: int) -> Prompt:
+        item = self.items[index % len(self.items)]
+        ids = self.tokenizer(item["text"], add_special_tokens=False)["input_ids"]
+        return Prompt(group_id=f"g{index}", prompt_ids=ids, group_size=self.cfg.rollout.group_size,
+                      admitted_version=version, text=item["text"], meta=item.get("meta", {}), index=index)

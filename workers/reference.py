@@ -1,0 +1,47 @@
+"""Reference role: frozen-model log-probs of each completion, published as a `ref_logprobs` annotation.
+
+    streamrl worker reference --config configs/tiny-cpu.yaml --broker redis://... --run tiny
+
+Started only when loss.kl_beta > 0. Reads `rollouts` with the consumer group "reference" in
+batches of reference.batch_size, and acks after the annotations are written.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import torch
+
+from streamrl.messages import Annotation, Rollout, encode
+from streamrl.modeling import completion_logprobs, load_hf_model, pick_device
+from streamrl.worker import Worker
+
+GROUP = "reference"
+
+
+class ReferenceWorker(Worker):
+    role = "reference"
+
+    async def start(self) -> None:
+        self.device = pick_device(self.cfg.trainer.device)
+        self.model = await asyncio.to_thread(load_hf_model, self.cfg.model.path, self.cfg.model.dtype, self.device)
+        self.model.eval()
+        await self.broker.ensure_group(self.keys.rollouts, GROUP)
+
+    def _logprobs(self, rollouts: list[Rollout]):
+        with torch.inference_mode():
+            return completion_logprobs(self.model, [r.prompt_ids for r in rollouts],
+                                       [r.completion_ids for r in rollouts], self.cfg.generator.temperature)
+
+    async def step(self) -> bool:
+        items = await self.read(self.keys.rollouts, GROUP, count=self.cfg.reference.batch_size, expect=Rollout)
+        if not items:
+            return False
+        rollouts = [msg for _, msg in items]
+        lps = await asyncio.to_thread(self._logprobs, rollouts)
+        out = [encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=lp, producer=self.worker_id))
+               for r, lp in zip(rollouts, lps)]
+        await self.broker.add_many(self.keys.annotations, out)
+        await self.broker.ack(self.keys.rollouts, GROUP, [e.id for e, _ in items])
+        self.count("scored", len(items))
+        return True
