@@ -56,16 +56,13 @@ class Assembler:
     async def poll(self) -> int:
         """Read what is available (own pending first, then new) and file it. Returns entries read."""
         n = 0
-        for stream in (self.keys.rollouts, self.keys.annotations):
-            for entry, msg in await self.owner.read(stream, GROUP, count=512):
+        for stream, kind in ((self.keys.rollouts, Rollout), (self.keys.annotations, Annotation)):
+            for entry, msg in await self.owner.read(stream, GROUP, count=512, expect=kind):
                 n += 1
-                if isinstance(msg, Rollout):
+                if kind is Rollout:
                     await self._add_rollout(entry.id, msg)
-                elif isinstance(msg, Annotation):
-                    await self._add_annotation(entry.id, msg)
                 else:
-                    await self.owner.dead_letter(stream, entry, f"unexpected {msg.kind} message on {stream}")
-                    await self.broker.ack(stream, GROUP, [entry.id])
+                    await self._add_annotation(entry.id, msg)
         return n
 
     async def _add_rollout(self, entry_id: str, r: Rollout) -> None:

@@ -1,0 +1,155 @@
+"""The assembler against a real redis-server: joins, staleness, idempotency, failures, acks."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+from streamrl.messages import Annotation, Prompt, Rollout, decode, encode
+from streamrl.worker import Worker
+from workers.assembler import GROUP, Assembler
+
+pytestmark = pytest.mark.anyio
+
+
+class Owner(Worker):
+    role = "trainer"
+
+
+def rollout(gid: str, sample: int, version: int = 0, n: int = 4, switches=None) -> Rollout:
+    return Rollout(rollout_id=f"{gid}:{sample}", group_id=gid, sample=sample, group_size=n,
+                   prompt_ids=np.array([4, 5]), completion_ids=np.array([6, 7, 8]),
+                   logprobs=np.array([-1.0, -2.0, -3.0]), version=version,
+                   version_switches=switches or [], prompt_text="ab", text="xyz")
+
+
+async def publish_group(broker, keys, gid, rewards, version=0, ref=False, n=None):
+    n = n or len(rewards)
+    for i, r in enumerate(rewards):
+        await broker.add(keys.rollouts, encode(rollout(gid, i, version, n)))
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=f"{gid}:{i}", key="reward", value=float(r))))
+        if ref:
+            await broker.add(keys.annotations, encode(Annotation(rollout_id=f"{gid}:{i}", key="ref_logprobs",
+                                                                 value=np.array([-1.0, -1.0, -1.0], np.float32))))
+
+
+def make(config, broker, **changes):
+    cfg = config.model_copy(deep=True)
+    for dotted, value in changes.items():
+        section, field = dotted.split("__")
+        setattr(getattr(cfg, section), field, value)
+    owner = Owner(cfg, broker, "trainer-0")
+    return cfg, owner, Assembler(cfg, broker, owner)
+
+
+async def test_joins_complete_groups_with_advantages(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=2, loss__kl_beta=0.0)
+    await asm.start()
+    await publish_group(broker, owner.keys, "g0", [1, 0, 0, 1])
+    await publish_group(broker, owner.keys, "g1", [0.5, 0.5, 0.5, 0.5])
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    assert batch.group_ids == ["g0", "g1"] and len(batch) == 8
+    np.testing.assert_allclose(batch.rewards, [1, 0, 0, 1, 0.5, 0.5, 0.5, 0.5])
+    assert batch.advantages[0] > 0 > batch.advantages[1]
+    np.testing.assert_allclose(batch.advantages[4:], 0.0, atol=1e-6)
+    assert [r.sample for r in batch.rollouts[:4]] == [0, 1, 2, 3]
+    info = {g["name"]: g for g in await broker.group_info(owner.keys.rollouts)}
+    assert info[GROUP]["pending"] == 8  # not acked before the step
+    await asm.commit(batch)
+    info = {g["name"]: g for g in await broker.group_info(owner.keys.rollouts)}
+    assert info[GROUP]["pending"] == 0
+    info = {g["name"]: g for g in await broker.group_info(owner.keys.annotations)}
+    assert info[GROUP]["pending"] == 0
+
+
+async def test_waits_for_required_annotations(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.1)
+    await asm.start()
+    await publish_group(broker, owner.keys, "g0", [1, 0], ref=False)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(asm.next_batch(0), 1.0)
+    for i in range(2):
+        await broker.add(owner.keys.annotations, encode(Annotation(rollout_id=f"g0:{i}", key="ref_logprobs",
+                                                                   value=np.zeros(3, np.float32))))
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    assert batch.ref_logprobs is not None and len(batch.ref_logprobs) == 2
+
+
+async def test_stale_groups_dropped_and_released(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, rollout__max_staleness=1, loss__kl_beta=0.0)
+    await asm.start()
+    await publish_group(broker, owner.keys, "old", [1, 0], version=1)
+    await publish_group(broker, owner.keys, "new", [1, 0], version=3)
+    batch = await asyncio.wait_for(asm.next_batch(4), 10)
+    assert batch.group_ids == ["new"] and batch.staleness.max() == 1
+    assert asm.counters["dropped_stale"] == 1
+    assert int(await broker.get(owner.keys.groups_released)) == 1
+
+
+async def test_version_switch_counts_oldest_version(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, rollout__max_staleness=1, loss__kl_beta=0.0)
+    await asm.start()
+    keys = owner.keys
+    await broker.add(keys.rollouts, encode(rollout("g", 0, version=1, n=2, switches=[[2, 3]])))
+    await broker.add(keys.rollouts, encode(rollout("g", 1, version=3, n=2)))
+    for i in range(2):
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=f"g:{i}", key="reward", value=float(i))))
+    with pytest.raises(asyncio.TimeoutError):  # oldest token is v1: stale at v3 with bound 1
+        await asyncio.wait_for(asm.next_batch(3), 1.0)
+    assert asm.counters["dropped_stale"] == 1
+
+
+async def test_requeue_policy_republishes_prompt(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, rollout__max_staleness=0,
+                           rollout__stale_policy="requeue", loss__kl_beta=0.0)
+    await asm.start()
+    await publish_group(broker, owner.keys, "g0", [1, 0], version=0)
+    with pytest.raises(asyncio.TimeoutError):
+        await asyncio.wait_for(asm.next_batch(2), 1.0)
+    entries = await broker.read(owner.keys.prompts)
+    prompt = decode(entries[0].data)
+    assert isinstance(prompt, Prompt) and prompt.group_id.startswith("g0r") and prompt.text == "ab"
+    assert asm.counters["requeued"] == 1 and await broker.get(owner.keys.groups_released) is None
+
+
+async def test_duplicates_and_late_entries_are_acked_once(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0)
+    await asm.start()
+    await publish_group(broker, owner.keys, "g0", [1, 0])
+    await publish_group(broker, owner.keys, "g0", [1, 0])  # a redelivery of the whole group
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    assert len(batch) == 2 and asm.counters["duplicates"] >= 2
+    await asm.commit(batch)
+    await publish_group(broker, owner.keys, "g0", [1, 0])  # late, after training
+    await asm.poll()
+    await asm.poll()
+    assert asm.counters["late"] >= 2
+    for stream in (owner.keys.rollouts, owner.keys.annotations):
+        info = {g["name"]: g for g in await broker.group_info(stream)}
+        assert info[GROUP]["pending"] == 0
+
+
+async def test_failed_annotation_drops_group(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0)
+    await asm.start()
+    keys = owner.keys
+    await broker.add(keys.rollouts, encode(rollout("bad", 0, n=1)))
+    await broker.add(keys.annotations, encode(Annotation(rollout_id="bad:0", key="reward", value=0.0,
+                                                         error="reward function raised ValueError")))
+    await publish_group(broker, keys, "good", [1, 0])
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    assert batch.group_ids == ["good"] and asm.counters["failed"] == 1
+    assert int(await broker.get(keys.groups_released)) == 1
+
+
+async def test_malformed_entries_go_to_deadletter(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0)
+    await asm.start()
+    await broker.add(owner.keys.rollouts, b"\xc1 definitely not msgpack")
+    await broker.add(owner.keys.rollouts, encode(Annotation(rollout_id="x:0", key="reward", value=1.0)))
+    await publish_group(broker, owner.keys, "g0", [1, 0])
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    assert batch.group_ids == ["g0"]
+    dead = await broker.read(owner.keys.deadletter)
+    assert len(dead) == 2
+    assert b"not valid msgpack" in dead[0].data and b"does not belong" in dead[1].data

@@ -1,0 +1,68 @@
+"""Config loading: defaults, overrides, and errors that name the field and the fix."""
+
+from pathlib import Path
+
+import pytest
+
+from streamrl.config import DEFAULT_CONFIG, apply_overrides, load_config
+from streamrl.errors import ConfigError
+
+CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+def test_shipped_configs_validate(path):
+    load_config(path)
+
+
+def test_default_is_tiny_cpu():
+    cfg = load_config(None)
+    assert DEFAULT_CONFIG.name == "tiny-cpu.yaml"
+    assert cfg.broker.url == "embedded" and cfg.model.path is None
+    assert cfg.rollout.max_staleness >= 1
+
+
+def test_overrides_parse_yaml_scalars():
+    cfg = load_config(None, ["trainer.steps=7", "loss.kl_beta=0", "rollout.stale_policy=requeue", "run.name=x1"])
+    assert cfg.trainer.steps == 7 and cfg.loss.kl_beta == 0.0
+    assert cfg.rollout.stale_policy == "requeue" and cfg.run.name == "x1"
+    assert cfg.required_annotations() == ["reward"]
+
+
+def test_apply_overrides_creates_sections():
+    assert apply_overrides({}, ["a.b.c=1"]) == {"a": {"b": {"c": 1}}}
+
+
+def test_unknown_field_names_path_and_fix():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["trainer.stepz=3"])
+    assert "trainer.stepz" in str(e.value) and "unknown field" in str(e.value)
+
+
+def test_bad_value_names_field():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["rollout.max_staleness=-1"])
+    assert "rollout.max_staleness" in str(e.value)
+
+
+def test_bad_broker_url_says_what_to_set():
+    with pytest.raises(ConfigError, match="broker.url=embedded"):
+        load_config(None, ["broker.url=localhost:6379"])
+
+
+def test_cross_field_rule_names_fix():
+    with pytest.raises(ConfigError, match="rollout.group_size>=2"):
+        load_config(None, ["rollout.group_size=1"])
+    with pytest.raises(ConfigError, match="task.path"):
+        load_config(None, ["task.name=gsm8k"])
+
+
+def test_malformed_override_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="section.field=value"):
+        load_config(None, ["trainer.steps"])
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("trainer: [1, 2\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
