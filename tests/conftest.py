@@ -1,0 +1,56 @@
+"""Shared fixtures: one real embedded redis-server per test session, a fresh broker per test.
+
+Async tests run on anyio's pytest plugin (asyncio backend): mark them `@pytest.mark.anyio`
+(or `pytestmark = pytest.mark.anyio` in the module) and take `broker`, `config`, `run_name`.
+
+    pytest tests/integration/test_broker.py
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+import pytest
+
+from brokers.embedded import EmbeddedRedis
+from brokers.redis_streams import RedisBroker, connect
+from streamrl.config import BrokerConfig, Config, RunConfig
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    """Async tests and fixtures run on asyncio only (the production event loop)."""
+    return "asyncio"
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory):
+    """A private redis-server (127.0.0.1, password, AOF) in a temporary dir; stopped after the session."""
+    server = EmbeddedRedis(Path(tmp_path_factory.mktemp("redis")))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+async def broker(redis_server: EmbeddedRedis) -> RedisBroker:
+    """A connected RedisBroker on an empty database (FLUSHALL before the test); closed after it."""
+    b = await connect(redis_server.url, retries=3)
+    await b.client.flushall()
+    yield b
+    await b.close()
+
+
+@pytest.fixture
+def run_name(request: pytest.FixtureRequest) -> str:
+    """A run name unique to this test (valid for `run.name`), so key namespaces never collide."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]", "-", request.node.name)[:40]
+    return f"{stem}-{uuid.uuid4().hex[:6]}"
+
+
+@pytest.fixture
+def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
+    """A default Config pointed at the session's server, with this test's run name and short claim times."""
+    return Config(run=RunConfig(name=run_name), broker=BrokerConfig(url=redis_server.url, claim_idle_ms=200, block_ms=50))
