@@ -147,15 +147,63 @@ class ReferenceConfig(Section):
 
 class LossConfig(Section):
     name: str = "grpo"
-    """Objective: grpo (PPO-clip). See streamrl.losses for the registry."""
+    """Objective: grpo, dr_grpo, dapo, gspo, cispo, sapo, tis, decoupled_ppo, clipped_reinforce
+    (registry: streamrl.losses; formulas: docs/losses.md). dr_grpo, dapo and gspo fill in their
+    papers' settings (LOSS_PRESETS) for fields you do not set."""
     eps_low: float = Field(0.2, ge=0)
+    """Lower clip range: the ratio is clipped at 1 - eps_low (PPO-clip, GSPO, CISPO weight)."""
     eps_high: float = Field(0.2, ge=0)
+    """Upper clip range: 1 + eps_high. DAPO's clip-higher sets 0.28."""
     kl_beta: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the reference model; 0 disables the reference workers."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
     advantage: Literal["group_norm", "group_mean", "loo"] = "group_norm"
     aggregation: Literal["token_mean", "seq_mean", "fixed_horizon"] = "token_mean"
     log_ratio_clamp: float = Field(20.0, gt=0)
+    dual_clip_c: float | None = Field(None, gt=1)
+    """Dual clip (Ye et al. 2020) for A < 0: the per-token loss is capped at -c*A (grpo, dapo,
+    dr_grpo, decoupled_ppo). None disables it; 3 is the usual value."""
+    tis_cap: float = Field(2.0, gt=0)
+    """Truncation c of the importance weight min(r, c) in `tis`."""
+    behav_weight_cap: float = Field(5.0, gt=0)
+    """decoupled_ppo: truncation of the behaviour weight exp(l_prox - l_b)."""
+    sapo_tau_pos: float = Field(1.0, gt=0)
+    """sapo: gate temperature for tokens with A > 0."""
+    sapo_tau_neg: float = Field(1.05, gt=0)
+    """sapo: gate temperature for A <= 0 (the paper keeps it >= tau_pos for stability)."""
+    entropy_coef: float = Field(0.0, ge=0)
+    """Entropy bonus: loss -= entropy_coef * aggregated entropy. 0 disables it."""
+    horizon: int | None = Field(None, ge=1)
+    """Constant per-sequence token budget of aggregation=fixed_horizon (Dr. GRPO); normally
+    generator.max_tokens."""
+    dynamic_sampling: bool = False
+    """DAPO dynamic sampling: the assembler drops groups whose rewards are all equal
+    (streamrl.advantages.dynamic_sampling_keep) and waits for more. On by default for dapo."""
+    overlong_buffer: int = Field(0, ge=0)
+    """DAPO soft overlong punishment: length of the interval before generator.max_tokens over
+    which the reward ramps down (streamrl.advantages.overlong_penalty). 0 disables it."""
+    overlong_penalty: float = Field(1.0, ge=0)
+    """Reward subtracted at (and past) generator.max_tokens when overlong_buffer > 0."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _presets(cls, data: Any) -> Any:
+        from streamrl.losses import LOSS_PRESETS, check_loss_name  # torch-free for built-in names
+
+        if not isinstance(data, dict):
+            return data
+        name = data.get("name", "grpo")
+        if not isinstance(name, str):
+            return data
+        check_loss_name(name)
+        defining, defaults = LOSS_PRESETS.get(name, ({}, {}))
+        for key, want in defining.items():
+            if key in data and data[key] != want:
+                raise ValueError(
+                    f"loss.name={name} means loss.{key}={want}; remove loss.{key}={data[key]} "
+                    f"or use loss.name=grpo with your settings"
+                )
+        return {**defaults, **defining, **data}
 
 
 class TrainerConfig(Section):

@@ -1,0 +1,166 @@
+"""Policy-gradient objectives: a registry of per-token loss functions, and the aggregation that
+makes gradients of micro-batched, data-parallel training exact.
+
+    from streamrl.losses import LossInputs, compute_loss, loss_requirements
+    loss, metrics = compute_loss(cfg.loss, LossInputs(logprobs, old_logprobs, adv, mask, ...))
+    loss.backward()          # once per micro-batch; FSDP then averages over ranks
+
+Importing this package does not import torch (the config validates `loss.name` through it);
+an objective's module is imported the first time the objective is used. docs/losses.md has the
+formulas and shows how to add an objective in one file.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable
+
+from streamrl.advantages import dynamic_sampling_keep, overlong_penalty
+from streamrl.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from streamrl.config import LossConfig
+
+__all__ = [
+    "LossInputs", "compute_loss", "loss_requirements", "register_loss", "available_losses",
+    "known_losses", "check_loss_name", "LOSS_PRESETS", "dynamic_sampling_keep", "overlong_penalty",
+]
+
+BUILTIN_LOSSES: dict[str, str] = {
+    "grpo": "ppo",
+    "dr_grpo": "ppo",
+    "dapo": "ppo",
+    "gspo": "gspo",
+    "cispo": "cispo",
+    "sapo": "sapo",
+    "tis": "tis",
+    "decoupled_ppo": "decoupled_ppo",
+    "clipped_reinforce": "clipped_reinforce",
+}
+"""Objective name -> module of this package that registers it. Lets the config check a name
+without importing torch; a module missing here is still found (by importing every module)."""
+
+LOSS_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "dr_grpo": ({"advantage": "group_mean", "aggregation": "fixed_horizon"}, {}),
+    "dapo": ({"aggregation": "token_mean"}, {"eps_high": 0.28, "dynamic_sampling": True}),
+    "gspo": ({}, {"eps_low": 3e-4, "eps_high": 4e-4, "aggregation": "seq_mean"}),
+}
+"""name -> (settings that define the method, paper defaults). LossConfig fills both in when the
+field is not given; an explicit value that contradicts a defining setting is a ConfigError."""
+
+INPUT_NAMES = ("ref_logprobs", "prox_logprobs", "entropy")
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    fn: Callable[..., Any]
+    """fn(cfg, inp) -> streamrl.losses.core.Terms (per-token loss, ratio, clip masks)."""
+    requires: frozenset[str]
+    """Optional LossInputs fields the objective itself needs (beyond what cfg implies)."""
+
+
+_REGISTRY: dict[str, Objective] = {}
+
+
+def register_loss(name: str, *, requires: Iterable[str] = ()) -> Callable:
+    """Decorator: make `fn(cfg, inp) -> Terms` available as `loss.name=<name>`."""
+    req = frozenset(requires)
+    if not req <= set(INPUT_NAMES):
+        raise ValueError(f"register_loss({name!r}): requires={sorted(req)} must be a subset of {INPUT_NAMES}")
+
+    def deco(fn: Callable) -> Callable:
+        old = _REGISTRY.get(name)
+        if old is not None and (old.fn.__module__, old.fn.__qualname__) != (fn.__module__, fn.__qualname__):
+            raise ValueError(
+                f"loss {name!r} is already registered by {old.fn.__module__}.{old.fn.__qualname__}; "
+                "pick another name for the new objective"
+            )
+        _REGISTRY[name] = Objective(name, fn, req)
+        return fn
+
+    return deco
+
+
+def _import_all() -> None:
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")
+
+
+def available_losses() -> list[str]:
+    """Every registered objective (imports all objective modules, hence torch)."""
+    _import_all()
+    return sorted(_REGISTRY)
+
+
+def known_losses() -> list[str]:
+    """Objective names known without importing anything: the built-ins plus those registered."""
+    return sorted(set(BUILTIN_LOSSES) | set(_REGISTRY))
+
+
+def check_loss_name(name: str) -> None:
+    """Raise ConfigError listing the objectives if `name` is not one (torch-free for built-ins)."""
+    if name in BUILTIN_LOSSES or name in _REGISTRY:
+        return
+    names = available_losses()  # a new module not yet listed in BUILTIN_LOSSES registers here
+    if name not in names:
+        raise ConfigError(f"unknown loss.name={name!r}; set loss.name to one of: {', '.join(names)}")
+
+
+def get_objective(name: str) -> Objective:
+    if name not in _REGISTRY and name in BUILTIN_LOSSES:
+        importlib.import_module(f"{__name__}.{BUILTIN_LOSSES[name]}")
+    if name not in _REGISTRY:
+        check_loss_name(name)
+    return _REGISTRY[name]
+
+
+def loss_requirements(cfg: LossConfig) -> set[str]:
+    """Which optional LossInputs fields the trainer must fill for this config."""
+    req = set(get_objective(cfg.name).requires)
+    if cfg.kl_beta > 0:
+        req.add("ref_logprobs")
+    if cfg.entropy_coef > 0:
+        req.add("entropy")
+    return req
+
+
+@dataclass
+class LossInputs:
+    logprobs: torch.Tensor
+    """[B, T] current-policy log-probs of the completion tokens (requires grad)."""
+    old_logprobs: torch.Tensor
+    """[B, T] behaviour (sampling) log-probs recorded by the generator."""
+    advantages: torch.Tensor
+    """[B] one advantage per sequence."""
+    mask: torch.Tensor
+    """[B, T] float, 1.0 on real completion tokens, 0.0 on padding."""
+    ref_logprobs: torch.Tensor | None = None
+    """[B, T] reference-model log-probs; needed when kl_beta > 0 (reported as `kl` when given)."""
+    prox_logprobs: torch.Tensor | None = None
+    """[B, T] proximal policy = the weights before this optimizer step (decoupled_ppo), no grad.
+    With one optimizer step per batch this is simply logprobs.detach()."""
+    entropy: torch.Tensor | None = None
+    """[B, T] per-token entropy of the current policy; needed when entropy_coef > 0."""
+    total_tokens: float = 0.0
+    """Sum of mask over the WHOLE global batch (all micro-batches, all ranks). 0: this micro-batch."""
+    total_seqs: float = 0.0
+    """Sequences in the whole global batch. 0: this micro-batch."""
+    dp_world_size: int = 1
+    """FSDP averages gradients over this many ranks; the loss is multiplied by it to undo that."""
+
+
+def compute_loss(cfg: LossConfig, inp: LossInputs) -> tuple[torch.Tensor, dict[str, float]]:
+    """One micro-batch's loss (call .backward() on it) and its metric contributions.
+
+    Summing backward() over all micro-batches of all ranks, then averaging over dp_world_size
+    ranks, gives exactly the gradient of the global objective; metrics sum to global values.
+    """
+    obj = get_objective(cfg.name)
+    from streamrl.losses import core  # torch is imported only once a loss is computed
+
+    return core.run(cfg, inp, obj)
