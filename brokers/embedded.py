@@ -134,6 +134,8 @@ class EmbeddedRedis:
 
     def start(self, timeout: float = 10) -> "EmbeddedRedis":
         """Start the server (or adopt this directory's still-running one) and wait until it answers."""
+        if self.proc is not None and self.proc.poll() is None:
+            return self  # already started by this object
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self._already_running():
             self.adopted = True

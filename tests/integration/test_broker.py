@@ -10,6 +10,7 @@ import json
 
 import numpy as np
 import pytest
+from structlog.testing import capture_logs
 
 from brokers.redis_streams import connect, redact
 from streamrl.broker import Keys
@@ -179,7 +180,9 @@ async def test_vanished_group_is_recreated(broker, run_name):
     await broker.ensure_group(s, "reward")
     await broker.add(s, b"before")
     await broker.client.xgroup_destroy(s, "reward")
-    got = await broker.read_group(s, "reward", "w", block_ms=None)
+    with capture_logs() as logs:
+        got = await broker.read_group(s, "reward", "w", block_ms=None)
+    assert [e["group"] for e in logs if e["event"] == "consumer_group_recreated"] == ["reward"]
     assert [e.data for e in got] == [b"before"]  # recreated from the start: nothing skipped
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
+from structlog.testing import capture_logs
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -115,10 +116,13 @@ def test_a_leftover_server_for_the_dir_is_adopted(server):
 @pytest.mark.anyio
 async def test_connect_waits_for_a_slow_start_and_survives_a_restart(tmp_path: Path):
     s = EmbeddedRedis(tmp_path / "broker", port=embedded._free_port())
-    pending = asyncio.create_task(connect(s.url, retries=10, backoff_base_s=0.05))
-    await asyncio.sleep(0.3)  # the worker started first and is retrying
-    s.start()
-    broker = await pending
+    with capture_logs() as logs:
+        pending = asyncio.create_task(connect(s.url, retries=10, backoff_base_s=0.05))
+        await asyncio.sleep(0.3)  # the worker started first and is retrying
+        s.start()
+        broker = await pending
+    retries = [e for e in logs if e["event"] == "broker_connect_retry"]
+    assert retries and all(s.password not in str(e) for e in retries)  # each retry logged, password redacted
     try:
         await broker.add("s", b"before")
         s.stop()
