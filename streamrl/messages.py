@@ -145,7 +145,10 @@ def encode(msg: Any) -> bytes:
 
 
 def decode(blob: Any) -> Any:
-    """Decode and validate one entry's payload; raise DecodeError with the reason."""
+    """Decode and validate one entry's payload; raise DecodeError with the reason.
+
+    Decoded arrays are read-only views of the payload (np.frombuffer); copy before modifying.
+    """
     if not isinstance(blob, (bytes, bytearray)):
         raise DecodeError(f"payload must be bytes, got {type(blob).__name__}")
     if len(blob) > MAX_ENTRY_BYTES:
@@ -157,9 +160,10 @@ def decode(blob: Any) -> Any:
     if not isinstance(data, dict):
         raise DecodeError("payload must be a msgpack map")
     schema = data.pop("schema", None)
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema != SCHEMA_VERSION:
         raise DecodeError(f"unknown schema version {schema!r} (this worker reads {SCHEMA_VERSION})")
-    cls = MESSAGE_TYPES.get(data.pop("kind", None))
+    kind = data.pop("kind", None)
+    cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise DecodeError(f"unknown message kind; expected one of {sorted(MESSAGE_TYPES)}")
     for name, unpack in _UNPACK.items():
@@ -187,6 +191,8 @@ def _validate(msg: Any) -> None:
             _check(isinstance(value, str), f"{msg.kind}.{f.name} must be a string")
         elif f.type in ("int",):
             _check(isinstance(value, int) and not isinstance(value, bool), f"{msg.kind}.{f.name} must be an int")
+        elif f.type in ("float",):
+            _check(isinstance(value, (int, float)) and not isinstance(value, bool), f"{msg.kind}.{f.name} must be a number")
         elif f.type in ("dict",):
             _check(isinstance(value, dict), f"{msg.kind}.{f.name} must be a map")
         elif f.type in ("list",):
@@ -196,7 +202,9 @@ def _validate(msg: Any) -> None:
         _check(0 <= msg.sample < msg.group_size, "rollout: sample must be in [0, group_size)")
         _check(bool(np.all(np.isfinite(msg.logprobs))), "rollout: logprobs contain NaN or inf")
         for sw in msg.version_switches:
-            _check(isinstance(sw, list) and len(sw) == 2, "rollout: version_switches must be [[index, version], ...]")
+            _check(isinstance(sw, list) and len(sw) == 2 and all(type(x) is int for x in sw),
+                   "rollout: version_switches must be [[index, version], ...] of ints")
+            _check(0 <= sw[0] <= len(msg.completion_ids), "rollout: a version switch index is outside the completion")
     if isinstance(msg, Prompt):
         _check(msg.group_size >= 1, "prompt: group_size must be >= 1")
     if isinstance(msg, Annotation):

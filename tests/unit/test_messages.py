@@ -51,7 +51,7 @@ def _blob(data: dict) -> bytes:
     Prompt(group_id="g1", prompt_ids=np.array([1, 2, 3]), group_size=8, admitted_version=2, text="hi",
            meta={"answer": 3}, index=11),
     _rollout(),
-    _rollout(completion_ids=np.array([], dtype=np.int32), logprobs=np.array([], dtype=np.float32)),
+    _rollout(completion_ids=np.array([], dtype=np.int32), logprobs=np.array([], dtype=np.float32), version_switches=[]),
     Annotation(rollout_id="g7:1", key="reward", value=0.75, producer="reward-0"),
     Annotation(rollout_id="g7:1", key="ref_logprobs", value=np.array([-0.5, -1.0], dtype=np.float32)),
     Control(action="weights", version=5, reason="published"),
@@ -125,30 +125,29 @@ def test_non_bytes_and_oversized_payloads_are_rejected_before_parsing():
         decode(b"\x00" * (MAX_ENTRY_BYTES + 1))
 
 
-# Gaps found while writing these tests (reported to the owner of messages.py): each is a
-# strict xfail, so the test starts failing, and must be un-marked, the moment the gap is fixed.
-@pytest.mark.xfail(strict=True, raises=TypeError, reason="messages.decode: unhashable `kind` escapes as TypeError")
 def test_unhashable_kind_is_a_decode_error():
     with pytest.raises(DecodeError):
         decode(_with(Control(action="stop"), kind=["control"]))
 
 
-@pytest.mark.xfail(strict=True, reason="messages.decode: schema=True passes because True == 1")
 def test_boolean_schema_is_rejected():
     with pytest.raises(DecodeError):
         decode(_with(Control(action="stop"), schema=True))
 
 
-@pytest.mark.xfail(strict=True, reason="messages._validate: float fields (Rollout.finished_at) are not type-checked")
 def test_float_field_type_is_checked():
     with pytest.raises(DecodeError):
         decode(_with(_rollout(), finished_at="yesterday"))
 
 
-@pytest.mark.xfail(strict=True, reason="messages._validate: version_switches items are not checked to be ints")
 def test_version_switch_items_must_be_ints():
     with pytest.raises(DecodeError):
         decode(_with(_rollout(), version_switches=[["two", 4]]))
+
+
+def test_version_switch_index_must_lie_in_the_completion():
+    with pytest.raises(DecodeError, match="outside the completion"):
+        decode(_with(_rollout(), version_switches=[[10_000, 4]]))
 
 
 _ids = st.lists(st.integers(-(2**31), 2**31 - 1), max_size=40)
