@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamrl.advantages import batch_advantages
+from streamrl.advantages import batch_advantages, overlong_penalty
 from streamrl.batch import Batch
 from streamrl.broker import Broker, Keys
 from streamrl.config import Config
@@ -46,7 +46,7 @@ class Assembler:
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         self.ready: list[str] = []
         self.closed: set[str] = set()
-        self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "duplicates": 0, "late": 0}
+        self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0}
 
     async def start(self) -> None:
         for stream in (self.keys.rollouts, self.keys.annotations):
@@ -103,7 +103,26 @@ class Assembler:
             if any(k not in have for k in self.required):
                 return
         g.completed_at = time.time()
+        if self.cfg.loss.dynamic_sampling and np.ptp(self._rewards(g)) == 0:
+            # DAPO dynamic sampling: a group with equal rewards has zero advantage; drop it and let
+            # the feeder admit a replacement, so the batch is refilled with informative groups.
+            await self._close(g.group_id, "filtered")
+            return
         self.ready.append(g.group_id)
+
+    def _ordered(self, g: _Group) -> list[Rollout]:
+        return [r for _, r in sorted(g.rollouts.values(), key=lambda er: er[1].sample)]
+
+    def _rewards(self, g: _Group) -> np.ndarray:
+        """Rewards of a group's rollouts in sample order, with DAPO's soft overlong penalty if configured."""
+        rollouts = self._ordered(g)
+        rewards = np.asarray([float(self.annotations[r.rollout_id]["reward"][1].value) for r in rollouts], np.float32)
+        loss = self.cfg.loss
+        if loss.overlong_buffer > 0:
+            lengths = np.asarray([len(r.completion_ids) for r in rollouts])
+            rewards = rewards + overlong_penalty(lengths, self.cfg.generator.max_tokens, loss.overlong_buffer,
+                                                 loss.overlong_penalty).astype(np.float32)
+        return rewards
 
     # -- closing groups ----------------------------------------------------------------------
     def _entry_ids(self, group_id: str) -> tuple[list[str], list[str]]:
@@ -169,13 +188,14 @@ class Assembler:
         rollouts, gidx, rewards, refs = [], [], [], []
         for i, gid in enumerate(gids):
             g = self.groups[gid]
-            for rid, (_, r) in sorted(g.rollouts.items(), key=lambda kv: kv[1][1].sample):
-                ann = self.annotations[rid]
-                rollouts.append(r)
-                gidx.append(i)
-                rewards.append(float(ann["reward"][1].value))
-                if "ref_logprobs" in self.required:
-                    refs.append(np.asarray(ann["ref_logprobs"][1].value, dtype=np.float32))
+            ordered = self._ordered(g)
+            rollouts += ordered
+            gidx += [i] * len(ordered)
+            rewards.append(self._rewards(g))
+            if "ref_logprobs" in self.required:
+                refs += [np.asarray(self.annotations[r.rollout_id]["ref_logprobs"][1].value, np.float32)
+                         for r in ordered]
+        rewards = np.concatenate(rewards)
         rewards_a = np.asarray(rewards, dtype=np.float32)
         gidx_a = np.asarray(gidx, dtype=np.int64)
         oldest = np.asarray([r.oldest_version() for r in rollouts], dtype=np.int64)

@@ -153,3 +153,23 @@ async def test_malformed_entries_go_to_deadletter(config, broker):
     dead = await broker.read(owner.keys.deadletter)
     assert len(dead) == 2
     assert b"not valid msgpack" in dead[0].data and b"does not belong" in dead[1].data
+
+
+async def test_dynamic_sampling_filters_zero_variance_groups(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0,
+                           loss__dynamic_sampling=True)
+    await asm.start()
+    await publish_group(broker, owner.keys, "flat", [1, 1, 1])
+    await publish_group(broker, owner.keys, "varied", [1, 0, 1])
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    assert batch.group_ids == ["varied"] and asm.counters["filtered"] == 1
+    assert int(await broker.get(owner.keys.groups_released)) == 1  # the feeder may admit a replacement
+
+
+async def test_overlong_penalty_shapes_rewards(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0,
+                           generator__max_tokens=4, loss__overlong_buffer=2, loss__overlong_penalty=1.0)
+    await asm.start()
+    await publish_group(broker, owner.keys, "g", [1, 1])  # completions of 3 tokens: halfway into the buffer
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    np.testing.assert_allclose(batch.rewards, [0.5, 0.5])
