@@ -1,0 +1,247 @@
+"""TrainEngine on real torch.distributed (gloo, CPU) with the real tiny Llama: world 1 and world 2.
+
+    pytest tests/integration/test_train_engine.py
+
+One world-1 run (in this process) and one world-2 run (2 spawned ranks) execute the same rank
+function, which records log-probs, metrics and gathered weights to files; the tests compare them
+with a plain (non-FSDP) transformers forward and with each other.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from streamrl.batch import Batch
+from streamrl.config import Config, GeneratorConfig, LossConfig, TinyModelConfig, TrainerConfig
+from streamrl.errors import ConfigError
+from streamrl.messages import Rollout
+from streamrl.tiny import build_tiny_model
+from workers.dist import RankFailed, launch
+from workers.train_engine import TrainEngine, broadcast_batch, pad_batch
+
+TEMPERATURE = 0.8
+EXTRA_STEPS = 4  # after the compared first step, world 1 keeps training to show learning
+
+
+def make_batch(vocab: int, seed: int = 0) -> Batch:
+    """Six rollouts of ragged lengths; advantages +1 / -1 alternating (three groups of two)."""
+    rng = np.random.default_rng(seed)
+    shapes = [(3, 5), (6, 2), (2, 7), (4, 4), (5, 3), (1, 6)]
+    rollouts = [
+        Rollout(rollout_id=f"g{i // 2}:{i % 2}", group_id=f"g{i // 2}", sample=i % 2, group_size=2,
+                prompt_ids=rng.integers(4, vocab, p).astype(np.int32),
+                completion_ids=rng.integers(4, vocab, c).astype(np.int32),
+                logprobs=np.zeros(c, np.float32), version=0)
+        for i, (p, c) in enumerate(shapes)
+    ]
+    return Batch(rollouts=rollouts, group_index=np.arange(6) // 2, rewards=np.zeros(6, np.float32),
+                 advantages=np.array([1, -1] * 3, np.float32), ref_logprobs=None,
+                 staleness=np.zeros(6, np.int64))
+
+
+def reference_logprobs(model, batch: Batch) -> list[np.ndarray]:
+    """log_softmax(logits / T) of a plain HF forward, one unpadded sequence at a time."""
+    out = []
+    with torch.no_grad():
+        for r in batch.rollouts:
+            seq = torch.as_tensor(np.concatenate([r.prompt_ids, r.completion_ids]).astype(np.int64))[None]
+            logp = torch.log_softmax(model(input_ids=seq).logits[0].float() / TEMPERATURE, -1)
+            p = len(r.prompt_ids)
+            idx = torch.arange(p - 1, seq.shape[1] - 1)
+            out.append(logp[idx, seq[0, p:]].numpy())
+    return out
+
+
+def _save_shard_logprobs(engine: TrainEngine, batch: Batch, path: Path) -> None:
+    shard = batch.shard(engine.rank, engine.world_size)
+    with torch.no_grad():
+        padded = pad_batch(shard, engine.pad_id)
+        logp, _ = engine.logprobs(padded)
+    rows = [logp[i, : len(r.completion_ids)].clone() for i, r in enumerate(shard.rollouts)]
+    torch.save(rows, path)
+
+
+def _rank_main(model_path: str, batch: Batch, out: str, mbs: int, ac: bool, extra_steps: int,
+               rank: int, world: int) -> None:
+    """Runs on every rank: the sequence of engine calls whose results the tests inspect."""
+    from safetensors.torch import save_file
+
+    torch.set_num_threads(1)
+    out_dir = Path(out)
+    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
+                 trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device="cpu",
+                                       activation_checkpointing=ac, grad_clip=1.0))
+    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    engine = TrainEngine(cfg, model_path, rank, world)
+    _save_shard_logprobs(engine, batch, out_dir / f"lp0_rank{rank}.pt")
+    initial = engine.full_state_dict()
+    metrics = engine.train_step(batch)
+    final = engine.full_state_dict()
+    _save_shard_logprobs(engine, batch, out_dir / f"lp1_rank{rank}.pt")
+    # `final` is saved only after these steps: if it aliased the live weights, world 1 (which
+    # keeps training) would no longer match world 2 in test_world_2_and_world_1_give_the_same_step.
+    history = [metrics] + [engine.train_step(batch) for _ in range(extra_steps)]
+    _save_shard_logprobs(engine, batch, out_dir / f"lpN_rank{rank}.pt")
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(
+        {"history": history, "initial_is_none": initial is None, "final_is_none": final is None}))
+    if rank == 0:
+        torch.save(initial, out_dir / "initial.pt")
+        weights = out_dir / "weights"
+        weights.mkdir()
+        save_file(final, weights / "model.safetensors")
+        shutil.copy(Path(model_path) / "config.json", weights / "config.json")
+
+
+def _gather_lp(out: Path, world: int, tag: str) -> list[np.ndarray]:
+    return [row.numpy() for rank in range(world) for row in torch.load(out / f"{tag}_rank{rank}.pt")]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> Path:
+    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
+
+
+@pytest.fixture(scope="module")
+def hf_model(tiny):
+    from transformers import AutoModelForCausalLM
+
+    torch.set_num_threads(1)
+    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+
+
+@pytest.fixture(scope="module")
+def batch(hf_model) -> Batch:
+    b = make_batch(hf_model.config.vocab_size)
+    # Behaviour log-probs = the initial policy's, so the first step is exactly on-policy (ratio 1).
+    for r, lp in zip(b.rollouts, reference_logprobs(hf_model, b)):
+        r.logprobs = lp.astype(np.float32)
+    return b
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, batch, tmp_path_factory) -> dict[int, Path]:
+    """world 1: 2 micro-batches of 3, activation checkpointing on; world 2: 2 micro-batches per rank of 1 and 2."""
+    out = {1: tmp_path_factory.mktemp("world1"), 2: tmp_path_factory.mktemp("world2")}
+    launch(1, functools.partial(_rank_main, str(tiny), batch, str(out[1]), 3, True, EXTRA_STEPS))
+    assert not dist.is_initialized(), "launch(1) must destroy its in-process group"
+    launch(2, functools.partial(_rank_main, str(tiny), batch, str(out[2]), 2, False, 0))
+    return out
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_recomputed_logprobs_match_plain_hf_forward(runs, batch, world):
+    got = _gather_lp(runs[world], world, "lp0")
+    for g, want in zip(got, [r.logprobs for r in batch.rollouts], strict=True):
+        np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+
+
+def test_world_2_and_world_1_give_the_same_step(runs):
+    m1, m2 = (json.loads((runs[w] / "rank0.json").read_text())["history"][0] for w in (1, 2))
+    other = json.loads((runs[2] / "rank1.json").read_text())["history"][0]
+    assert m2 == other, "every rank must return the same all-reduced metrics"
+    # grad_norm is the pre-clip norm: a wrong scale across ranks or micro-batches shows here even
+    # though Adam's first update is scale-invariant.
+    assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
+    assert m1["grad_norm"] > 1e-3
+    for key in set(m1) - {"time_s"}:
+        assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
+    assert m1["tokens"] == 27 and m1["seqs"] == 6 and m1["lr"] == 1e-3 and m1["skipped_step"] == 0
+    from safetensors.torch import load_file
+
+    w1, w2 = (load_file(runs[w] / "weights" / "model.safetensors") for w in (1, 2))
+    initial = torch.load(runs[1] / "initial.pt")
+    moved = max((w1[k] - initial[k]).abs().max().item() for k in w1)
+    assert moved > 1e-4, "the step must change the weights"
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], atol=1e-5, rtol=0, msg=k)
+
+
+def test_training_raises_logprobs_of_positive_advantage_sequences(runs, batch):
+    before, after = _gather_lp(runs[1], 1, "lp0"), _gather_lp(runs[1], 1, "lpN")
+    for b, a, adv in zip(before, after, batch.advantages, strict=True):
+        delta = float(a.sum() - b.sum())
+        assert delta > 0.05 if adv > 0 else delta < -0.05, (adv, delta)
+    history = json.loads((runs[1] / "rank0.json").read_text())["history"]
+    assert len(history) == 1 + EXTRA_STEPS and all(np.isfinite(h["grad_norm"]) for h in history)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_full_state_dict_is_the_hf_state_dict_on_rank_0_only(runs, hf_model, world):
+    initial = torch.load(runs[world] / "initial.pt")
+    expected = hf_model.state_dict()
+    assert list(initial) == list(expected)
+    for k, v in expected.items():
+        assert initial[k].device.type == "cpu" and initial[k].is_contiguous()
+        torch.testing.assert_close(initial[k], v, atol=0, rtol=0, msg=k)
+    ranks = [json.loads((runs[world] / f"rank{r}.json").read_text()) for r in range(world)]
+    assert [r["initial_is_none"] for r in ranks] == [False] + [True] * (world - 1)
+    assert [r["final_is_none"] for r in ranks] == [False] + [True] * (world - 1)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_published_weights_reload_with_identical_outputs(runs, batch, world):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(runs[world] / "weights", dtype=torch.float32).eval()
+    engine_lp = _gather_lp(runs[world], world, "lp1")
+    for g, want in zip(engine_lp, reference_logprobs(model, batch), strict=True):
+        np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+
+
+def _optional_inputs_main(model_path: str, batch: Batch, out: str, rank: int, world: int) -> None:
+    """decoupled_ppo + entropy bonus + KL: the engine fills prox_logprobs, entropy, ref_logprobs."""
+    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
+                 loss=LossConfig(name="decoupled_ppo", kl_beta=0.1, entropy_coef=0.01),
+                 trainer=TrainerConfig(device="cpu", micro_batch_size=4))
+    engine = TrainEngine(cfg, model_path, rank, world)
+    assert engine.requirements == {"prox_logprobs", "entropy", "ref_logprobs"}
+    bare = copy.copy(batch)
+    bare.ref_logprobs = None
+    try:
+        engine.train_step(bare)
+        raise AssertionError("a batch without ref_logprobs must be refused when kl_beta > 0")
+    except ConfigError as exc:
+        Path(out, "refused.txt").write_text(str(exc))
+    with_ref = copy.copy(batch)
+    # Reference = behaviour policy shifted by 0.1 nat per token: the k3 KL is then known in closed form.
+    with_ref.ref_logprobs = [r.logprobs - 0.1 for r in batch.rollouts]
+    Path(out, "metrics.json").write_text(json.dumps(engine.train_step(with_ref)))
+
+
+def test_prox_entropy_and_ref_inputs_reach_the_loss(tiny, batch, tmp_path):
+    launch(1, functools.partial(_optional_inputs_main, str(tiny), batch, str(tmp_path)))
+    assert "kl_beta > 0" in (tmp_path / "refused.txt").read_text()
+    m = json.loads((tmp_path / "metrics.json").read_text())
+    # On-policy first step: prox == current == behaviour, so the ratio is exactly 1 and nothing clips.
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert m["clip_frac_low"] == m["clip_frac_high"] == 0.0
+    assert m["kl"] == pytest.approx(np.exp(-0.1) + 0.1 - 1, rel=1e-3)  # k3 with log(ref/pi) = -0.1
+    assert 0 < m["entropy"] < np.log(100) and m["skipped_step"] == 0 and np.isfinite(m["grad_norm"])
+
+
+def _fail_on_rank_1(rank: int, world: int) -> None:
+    if rank == 1:
+        raise ValueError("boom from the test")
+    dist.barrier()  # left waiting: launch must terminate it rather than hang
+
+
+def _fail_alone(rank: int, world: int) -> None:
+    raise KeyError("lonely")
+
+
+def test_launch_names_the_failing_rank():
+    with pytest.raises(RankFailed, match=r"rank 1 failed(.|\n)*ValueError: boom from the test") as err:
+        launch(2, _fail_on_rank_1)
+    assert err.value.rank == 1
+    with pytest.raises(RankFailed, match="rank 0 failed: KeyError") as err:
+        launch(1, _fail_alone)
+    assert not dist.is_initialized()

@@ -1,0 +1,126 @@
+"""pad_batch / token_logprobs / num_micro_batches: the pure tensor plumbing of the train engine.
+
+    pytest tests/unit/test_batching.py
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from streamrl.batch import Batch
+from streamrl.errors import StreamRLError
+from streamrl.messages import Rollout
+from workers.train_engine import num_micro_batches, pad_batch, token_logprobs
+
+PAD = 0
+
+
+def make_batch(shapes: list[tuple[int, int]], with_ref: bool = False, seed: int = 0) -> Batch:
+    """Rollouts with (prompt_len, completion_len) shapes; ids start at 5 so no real token equals PAD."""
+    rng = np.random.default_rng(seed)
+    rollouts = [
+        Rollout(rollout_id=f"g{i}:0", group_id=f"g{i}", sample=0, group_size=1,
+                prompt_ids=rng.integers(5, 50, p).astype(np.int32),
+                completion_ids=rng.integers(5, 50, c).astype(np.int32),
+                logprobs=-rng.random(c).astype(np.float32), version=0)
+        for i, (p, c) in enumerate(shapes)
+    ]
+    n = len(rollouts)
+    return Batch(
+        rollouts=rollouts, group_index=np.arange(n), rewards=np.zeros(n, np.float32),
+        advantages=np.linspace(-1, 1, n).astype(np.float32),
+        ref_logprobs=[-rng.random(c).astype(np.float32) for _, c in shapes] if with_ref else None,
+        staleness=np.zeros(n, np.int64),
+    )
+
+
+def test_shapes_and_masks():
+    batch = make_batch([(3, 4), (5, 1), (1, 6)])
+    t = pad_batch(batch, PAD)
+    assert t["input_ids"].shape == t["attention_mask"].shape == (3, 7)  # longest prompt+completion
+    for key in ("positions", "targets", "mask", "old_logprobs"):
+        assert t[key].shape == (3, 6), key  # longest completion
+    assert t["advantages"].shape == (3,)
+    assert t["attention_mask"].sum(1).tolist() == [7, 6, 7]
+    assert t["mask"].sum(1).tolist() == [4.0, 1.0, 6.0]
+    assert t["mask"].dtype == torch.float32 and t["input_ids"].dtype == torch.long
+    assert "ref_logprobs" not in t
+    # padding is right-aligned and uses the pad id
+    assert t["input_ids"][1, 6:].tolist() == [PAD]
+    assert t["targets"][1, 1:].eq(PAD).all()
+
+
+def test_completion_token_t_is_predicted_by_prompt_len_plus_t_minus_1():
+    batch = make_batch([(3, 4), (5, 2), (1, 6)])
+    t = pad_batch(batch, PAD)
+    for i, r in enumerate(batch.rollouts):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        assert t["positions"][i, :c].tolist() == list(range(p - 1, p + c - 1))
+        assert t["positions"][i, c:].eq(0).all()
+        # the token at position pos+1 of the full sequence is exactly the target for that position
+        for k in range(c):
+            pos = int(t["positions"][i, k])
+            assert int(t["input_ids"][i, pos + 1]) == int(r.completion_ids[k]) == int(t["targets"][i, k])
+        np.testing.assert_array_equal(t["old_logprobs"][i, :c].numpy(), r.logprobs)
+        assert t["old_logprobs"][i, c:].eq(0).all()
+    np.testing.assert_allclose(t["advantages"].numpy(), batch.advantages)
+
+
+def test_ref_logprobs_are_padded_like_the_completion():
+    batch = make_batch([(2, 3), (2, 1)], with_ref=True)
+    t = pad_batch(batch, PAD)
+    np.testing.assert_array_equal(t["ref_logprobs"][0].numpy(), batch.ref_logprobs[0])
+    assert t["ref_logprobs"][1, 0].item() == pytest.approx(float(batch.ref_logprobs[1][0]))
+    assert t["ref_logprobs"][1, 1:].eq(0).all()
+
+
+def test_ref_logprobs_of_the_wrong_length_name_the_rollout():
+    batch = make_batch([(2, 3)], with_ref=True)
+    batch.ref_logprobs = [np.zeros(2, np.float32)]
+    with pytest.raises(StreamRLError, match="g0:0.*2 reference log-probs for 3"):
+        pad_batch(batch, PAD)
+
+
+def test_empty_prompt_is_rejected_with_the_fix():
+    with pytest.raises(StreamRLError, match="at least one token"):
+        pad_batch(make_batch([(0, 3)]), PAD)
+
+
+def test_empty_batch_gives_one_fully_masked_row():
+    t = pad_batch(make_batch([]), PAD)
+    assert t["input_ids"].shape == (1, 1) and t["mask"].sum() == 0 and t["advantages"].tolist() == [0.0]
+
+
+def test_zero_length_completion_is_fully_masked():
+    t = pad_batch(make_batch([(3, 0), (2, 2)]), PAD)
+    assert t["mask"].tolist() == [[0.0, 0.0], [1.0, 1.0]]
+
+
+def test_token_logprobs_match_a_direct_log_softmax():
+    torch.manual_seed(0)
+    batch = make_batch([(3, 4), (5, 2)])
+    t = pad_batch(batch, PAD)
+    logits = torch.randn(2, t["input_ids"].shape[1], 50)
+    logp, ent = token_logprobs(logits, t["positions"], t["targets"], temperature=0.7, with_entropy=True)
+    for i, r in enumerate(batch.rollouts):
+        p = len(r.prompt_ids)
+        for k, tok in enumerate(r.completion_ids):
+            row = torch.log_softmax(logits[i, p + k - 1] / 0.7, -1)
+            assert logp[i, k].item() == pytest.approx(row[int(tok)].item(), abs=1e-6)
+            assert ent[i, k].item() == pytest.approx(-(row.exp() * row).sum().item(), abs=1e-5)
+    assert token_logprobs(logits, t["positions"], t["targets"], 1.0, with_entropy=False)[1] is None
+
+
+@pytest.mark.parametrize(("n", "world", "mbs", "expected"), [
+    (8, 1, 8, 1), (8, 1, 3, 3), (8, 2, 2, 2), (5, 2, 2, 2), (5, 2, 1, 3), (1, 2, 4, 1), (64, 4, 64, 1),
+])
+def test_micro_batch_count_is_the_same_on_every_rank(n, world, mbs, expected):
+    k = num_micro_batches(n, world, mbs)
+    assert k == expected
+    batch = make_batch([(1, 1)] * n)
+    for rank in range(world):
+        shard = batch.shard(rank, world)
+        sizes = [len(shard.shard(i, k)) for i in range(k)]
+        assert sum(sizes) == len(shard) and max(sizes) <= mbs

@@ -1,0 +1,255 @@
+"""The trainer's compute engine: an FSDP2-sharded Hugging Face causal LM, log-prob recomputation,
+the configured loss over micro-batches, one optimizer step per batch, and the full state dict.
+
+Runs inside every torch.distributed rank of the trainer (see workers/dist.py):
+
+    def rank_main(rank, world):
+        engine = TrainEngine(cfg, model_path, rank, world)
+        batch = broadcast_batch(batch_or_none_on_other_ranks, rank)
+        metrics = engine.train_step(batch)          # identical on every rank
+        state = engine.full_state_dict()            # HF names on rank 0, None elsewhere
+    launch(cfg.trainer.world_size, rank_main)
+
+Sharding: each decoder layer (the model's `_no_split_modules` classes) is one FSDP2 unit, then the
+root (embeddings, final norm, lm_head). FSDP2 averages gradients over ranks; the loss library
+pre-scales by dp_world_size and divides by the whole batch's token/sequence counts, so summing
+micro-batch gradients here gives exactly the single-process full-batch gradient.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from streamrl.batch import Batch
+from streamrl.config import Config
+from streamrl.errors import ConfigError, StreamRLError
+from streamrl.losses import LossInputs, compute_loss, loss_requirements
+from streamrl.modeling import pick_device
+
+
+def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
+    """Right-padded tensors for one (micro-)batch of B rollouts; pure, CPU tensors.
+
+    input_ids, attention_mask [B, L]: prompt + completion, L = longest prompt+completion.
+    positions [B, T]: index of the logit that predicts completion token t, i.e. len(prompt)+t-1;
+        T = longest completion; padded entries point at 0 (any valid index; they are masked).
+    targets [B, T] (the completion ids), mask [B, T] float (1 on real completion tokens),
+    old_logprobs [B, T] (behaviour log-probs), advantages [B], and ref_logprobs [B, T] when the
+    batch carries them. An empty batch gives one fully masked row, so a rank with nothing to
+    train on still runs the forward/backward that FSDP's collectives need on every rank.
+    """
+    rows = batch.rollouts
+    if not rows:
+        one = torch.zeros((1, 1), dtype=torch.long)
+        out = {"input_ids": one + pad_id, "attention_mask": one + 1, "positions": one.clone(),
+               "targets": one + pad_id, "mask": one.float(), "old_logprobs": one.float(),
+               "advantages": torch.zeros(1)}
+        if batch.ref_logprobs is not None:
+            out["ref_logprobs"] = one.float()
+        return out
+    for r in rows:
+        if len(r.prompt_ids) == 0:
+            raise StreamRLError(
+                f"rollout {r.rollout_id} has an empty prompt, so its first completion token has no "
+                "predicting position; prompts must hold at least one token (e.g. BOS)"
+            )
+    B = len(rows)
+    L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
+    T = max(1, max(len(r.completion_ids) for r in rows))
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    positions = torch.zeros((B, T), dtype=torch.long)
+    targets = torch.full((B, T), pad_id, dtype=torch.long)
+    mask = torch.zeros((B, T), dtype=torch.float32)
+    old = torch.zeros((B, T), dtype=torch.float32)
+    ref = torch.zeros((B, T), dtype=torch.float32) if batch.ref_logprobs is not None else None
+    for i, r in enumerate(rows):
+        p, c = len(r.prompt_ids), len(r.completion_ids)
+        seq = np.concatenate([r.prompt_ids, r.completion_ids]).astype(np.int64)
+        input_ids[i, : p + c] = torch.from_numpy(seq)
+        attention_mask[i, : p + c] = 1
+        positions[i, :c] = torch.arange(p - 1, p + c - 1)
+        targets[i, :c] = torch.from_numpy(np.asarray(r.completion_ids, dtype=np.int64))
+        mask[i, :c] = 1.0
+        old[i, :c] = torch.from_numpy(np.asarray(r.logprobs, dtype=np.float32))
+        if ref is not None:
+            ref_row = np.asarray(batch.ref_logprobs[i], dtype=np.float32)
+            if len(ref_row) != c:
+                raise StreamRLError(
+                    f"rollout {r.rollout_id}: {len(ref_row)} reference log-probs for {c} completion "
+                    "tokens; the reference worker must annotate every completion token"
+                )
+            ref[i, :c] = torch.from_numpy(ref_row)
+    out = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions,
+           "targets": targets, "mask": mask, "old_logprobs": old,
+           "advantages": torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32))}
+    if ref is not None:
+        out["ref_logprobs"] = ref
+    return out
+
+
+def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperature: float,
+                   with_entropy: bool) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each target under softmax(logits / temperature) at `positions`, and the entropy."""
+    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    logp_all = torch.log_softmax(picked.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    return logp, entropy
+
+
+def num_micro_batches(batch_size: int, world: int, micro_batch_size: int) -> int:
+    """Micro-batches per rank: the same on every rank (FSDP's collectives must line up)."""
+    largest_shard = -(-batch_size // world)
+    return max(1, -(-largest_shard // micro_batch_size))
+
+
+def broadcast_batch(batch: Batch | None, rank: int) -> Batch:
+    """Rank 0's batch on every rank (pickled over the trainer's own process group, never the wire)."""
+    box = [batch if rank == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def _load_model(model_path: str, dtype: str):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_path)
+    # Dropout off: recomputed log-probs must be deterministic (they are compared with the sampler's,
+    # and prox_logprobs reuses this forward's values).
+    for key, value in vars(config).items():
+        if "dropout" in key and isinstance(value, float):
+            setattr(config, key, 0.0)
+    # Master weights stay float32; a lower model.dtype becomes FSDP's compute dtype instead.
+    model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=torch.float32)
+    return model, getattr(torch, dtype)
+
+
+def shard_model(model: torch.nn.Module, mesh, compute_dtype: torch.dtype) -> None:
+    """fully_shard each decoder layer, then the root (in place)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    mp = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
+    layer_names = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in layer_names]
+    if not layers:
+        raise ConfigError(
+            f"{type(model).__name__} declares no decoder layer classes (_no_split_modules), so the "
+            "trainer cannot shard it per layer; use a transformers model class that declares them"
+        )
+    for layer in layers:
+        fully_shard(layer, mesh=mesh, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)
+
+
+class TrainEngine:
+    """One rank's FSDP2 model + AdamW; every method is collective (all ranks call it in step)."""
+
+    def __init__(self, cfg: Config, model_path: str, rank: int, world_size: int):
+        from torch.distributed.device_mesh import init_device_mesh
+
+        if not dist.is_initialized() or dist.get_world_size() != world_size:
+            raise StreamRLError(
+                f"TrainEngine needs a torch.distributed group of {world_size} ranks; "
+                "start the trainer through workers.dist.launch (or torchrun)"
+            )
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        tc = cfg.trainer
+        self.device = pick_device(tc.device)
+        if self.device.type == "cuda":
+            self.device = torch.device("cuda", torch.cuda.current_device())
+        torch.manual_seed(tc.seed)
+        model, compute_dtype = _load_model(model_path, cfg.model.dtype)
+        self.pad_id = int(model.config.pad_token_id or 0)
+        if tc.activation_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.to(self.device)
+        model.train()
+        shard_model(model, init_device_mesh(self.device.type, (world_size,)), compute_dtype)
+        self.model = model
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        self.requirements = loss_requirements(cfg.loss)
+        self.steps_done = 0
+
+    def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward)."""
+        logits = self.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                            use_cache=False).logits
+        return token_logprobs(logits, padded["positions"], padded["targets"],
+                              self.cfg.generator.temperature, with_entropy)
+
+    def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
+        padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
+        logp, entropy = self.logprobs(padded, with_entropy="entropy" in self.requirements)
+        inp = LossInputs(
+            logprobs=logp, old_logprobs=padded["old_logprobs"], advantages=padded["advantages"],
+            mask=padded["mask"], ref_logprobs=padded.get("ref_logprobs"),
+            # The weights before this step are the ones that just ran the forward (one optimizer
+            # step per batch, dropout off), so the proximal policy is this forward, detached.
+            prox_logprobs=logp.detach() if "prox_logprobs" in self.requirements else None,
+            entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs, dp_world_size=self.world_size,
+        )
+        loss, metrics = compute_loss(self.cfg.loss, inp)
+        loss.backward()
+        return metrics
+
+    def train_step(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on the whole batch (every rank passes the same full batch)."""
+        start = time.perf_counter()
+        if len(batch) == 0:
+            raise StreamRLError("train_step got an empty batch; the assembler must hand over complete groups")
+        if "ref_logprobs" in self.requirements and batch.ref_logprobs is None:
+            raise ConfigError("the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
+                              "the assembler must wait for the reference workers' annotation")
+        total_tokens, total_seqs = float(batch.num_tokens), float(len(batch))
+        shard = batch.shard(self.rank, self.world_size)
+        n_micro = num_micro_batches(len(batch), self.world_size, self.cfg.trainer.micro_batch_size)
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = defaultdict(float)
+        for i in range(n_micro):
+            for key, value in self._micro_step(shard.shard(i, n_micro), total_tokens, total_seqs).items():
+                sums[key] += float(value)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        # A non-finite norm would turn every weight into NaN: skip the step, report it, keep going.
+        skipped = not np.isfinite(grad_norm)
+        if skipped:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.optimizer.step()
+            self.steps_done += 1
+        out = self._all_reduce(dict(sums), op=dist.ReduceOp.SUM)
+        out.update(self._all_reduce({"time_s": time.perf_counter() - start}, op=dist.ReduceOp.MAX))
+        out.update(grad_norm=grad_norm, lr=float(self.optimizer.param_groups[0]["lr"]),
+                   tokens=total_tokens, seqs=total_seqs, skipped_step=float(skipped))
+        return out
+
+    def _all_reduce(self, values: dict[str, float], op) -> dict[str, float]:
+        keys = sorted(values)
+        buf = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
+        dist.all_reduce(buf, op=op)
+        return dict(zip(keys, buf.tolist()))
+
+    def full_state_dict(self) -> dict[str, Tensor] | None:
+        """Full HF-named weights on rank 0 (detached CPU copies), None elsewhere; collective."""
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        # cpu_offload gathers one tensor at a time to rank 0's CPU: no full copy on other ranks.
+        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.rank != 0:
+            return None
+        # With one CPU rank the "gathered" tensor IS the live parameter; the caller publishes this
+        # dict while training continues, so copy exactly those (other ranks' gathers are fresh).
+        live = {p.to_local().untyped_storage().data_ptr() for p in self.model.parameters()}
+        live |= {b.untyped_storage().data_ptr() for b in self.model.buffers()}
+        out = {}
+        for key, value in state.items():
+            value = value.detach().to("cpu").contiguous()
+            out[key] = value.clone() if value.untyped_storage().data_ptr() in live else value
+        return out
