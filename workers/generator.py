@@ -1,0 +1,272 @@
+"""The generator role: prompt groups in, one rollout per finished completion out, weights swapped in flight.
+
+Reads `prompts` with consumer group "generator" (own pending first, then crashed consumers'
+entries, then new ones) up to `generator.max_inflight_groups` groups, runs `group_size`
+separate vLLM requests per group and publishes each completion to `rollouts` the moment it
+finishes; the prompt entry is acked once all of its completions are published. A background
+task polls the weight store; a newer version is fetched while generation continues, then the
+engine is paused (running requests keep their KV cache), reloaded and resumed, and every token
+after the switch is recorded with the new version.
+
+    streamrl worker generator --config configs/tiny-cpu.yaml    # (through the CLI)
+    worker = GeneratorWorker(cfg, broker, "generator-0", run_dir); await worker.run()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+import zlib
+from pathlib import Path
+
+from streamrl.broker import Broker, Entry
+from streamrl.config import Config
+from streamrl.errors import ConfigError
+from streamrl.messages import Prompt, Rollout, encode
+from streamrl.weights import WeightHandle, WeightStore, WeightStoreError, make_weight_store
+from streamrl.worker import Worker
+from workers.vllm_engine import VLLMEngine
+
+GROUP = "generator"
+ROLLOUTS_MAXLEN = 1_000_000
+
+
+def sample_seed(run_seed: int, group_id: str, sample: int) -> int:
+    """A per-request sampling seed that depends only on (run seed, group, sample): reproducible runs."""
+    return zlib.crc32(f"{run_seed}:{group_id}:{sample}".encode()) & 0x7FFFFFFF
+
+
+class _Sample:
+    """Tokens of one request as they stream in, with the weights version of each stretch."""
+
+    def __init__(self) -> None:
+        self.token_ids: list[int] = []
+        self.logprobs: list[float] = []
+        self.text: list[str] = []
+        self.version: int | None = None
+        self.switches: list[list[int]] = []
+        self.finish_reason = "length"
+
+    def add(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
+        if not token_ids:
+            return
+        if self.version is None:
+            self.version = version
+        elif version != (self.switches[-1][1] if self.switches else self.version):
+            self.switches.append([len(self.token_ids), version])
+        self.token_ids.extend(token_ids)
+        self.logprobs.extend(logprobs)
+
+
+class GeneratorWorker(Worker):
+    role = "generator"
+
+    def __init__(self, cfg: Config, broker: Broker, worker_id: str, run_dir: Path | None = None,
+                 store: WeightStore | None = None):
+        super().__init__(cfg, broker, worker_id, run_dir)
+        if not cfg.model.path:
+            raise ConfigError("the generator needs model.path; the supervisor sets it (or pass --set model.path=DIR)")
+        self.store = store or make_weight_store(cfg, broker, self.run_dir)
+        self.engine = VLLMEngine(cfg.model.path, cfg.generator, cfg.model.dtype, cfg.run.seed)
+        self.version = 0
+        """Weights version the engine generates with right now (0: the initial model)."""
+        self._groups: dict[str, asyncio.Task] = {}
+        self._version_cond: asyncio.Condition | None = None
+        self._watcher: asyncio.Task | None = None
+        self._deliveries = 0
+        self._active = 0
+        self._busy_since = 0.0
+        self._busy_s = 0.0
+        self._fatal: BaseException | None = None
+        self._started_mono = time.monotonic()
+
+    # -- lifecycle -------------------------------------------------------------------------
+    async def start(self) -> None:
+        self._version_cond = asyncio.Condition()
+        await self.broker.ensure_group(self.keys.prompts, GROUP)
+        t0 = time.monotonic()
+        await self.engine.start()
+        self.log.info("engine_started", seconds=round(time.monotonic() - t0, 2), model=self.cfg.model.path)
+        # A late joiner loads the newest version before its first request.
+        newest = await self.store.latest()
+        if newest is not None and newest.version > self.version:
+            await self._switch(newest, await self.store.fetch(newest), joining=True)
+        self.stats["policy_version"] = self.version
+        self._watcher = asyncio.create_task(self._watch_weights())
+
+    async def step(self) -> bool:
+        if self._fatal is not None:
+            raise self._fatal
+        free = self.cfg.generator.max_inflight_groups - len(self._groups)
+        if free <= 0:
+            await asyncio.wait(list(self._groups.values()), timeout=self.cfg.broker.block_ms / 1000,
+                               return_when=asyncio.FIRST_COMPLETED)
+            return False
+        items = await self.read(self.keys.prompts, GROUP, count=free, expect=Prompt)
+        for entry, prompt in items:
+            if entry.id in self._groups:  # our own in-flight entry, re-claimed after a long idle
+                continue
+            task = asyncio.create_task(self._run_group(entry, prompt))
+            self._groups[entry.id] = task
+            task.add_done_callback(lambda t, eid=entry.id: self._group_done(eid, t))
+        return bool(items)
+
+    async def close(self) -> None:
+        if self._groups:
+            grace = self.cfg.generator.drain_timeout_s
+            self.log.info("draining", groups=len(self._groups), grace_s=grace)
+            _, pending = await asyncio.wait(list(self._groups.values()), timeout=grace)
+            for task in pending:  # cancelling a stream aborts its vLLM request; the prompt stays un-acked
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            self.count("groups_aborted", len(pending))
+        if self._watcher is not None:
+            self._watcher.cancel()
+            await asyncio.gather(self._watcher, return_exceptions=True)
+        self._update_busy()
+        self.engine.shutdown()
+        await self.store.close()
+
+    # -- one prompt group ------------------------------------------------------------------
+    def _group_done(self, entry_id: str, task: asyncio.Task) -> None:
+        self._groups.pop(entry_id, None)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.count("group_errors")
+            self.log.error("group_failed", entry_id=entry_id, error=repr(exc))
+            if _is_engine_dead(exc):
+                self._fatal = exc
+
+    async def _run_group(self, entry: Entry, prompt: Prompt) -> None:
+        await self._wait_for_version(prompt.admitted_version)
+        try:
+            async with asyncio.TaskGroup() as tg:
+                for s in range(prompt.group_size):
+                    tg.create_task(self._run_sample(prompt, s))
+        except ExceptionGroup as eg:
+            if not all(_is_bad_request(e) for e in eg.exceptions):
+                raise
+            # vLLM rejected the request itself (e.g. prompt longer than max_model_len): retrying
+            # elsewhere cannot help, so it goes to the dead-letter stream and is acked.
+            await self.dead_letter(self.keys.prompts, entry, f"vLLM rejected the prompt: {eg.exceptions[0]}")
+            await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
+            self.count("groups_rejected")
+            return
+        await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
+        self.count("groups_done")
+
+    async def _wait_for_version(self, needed: int) -> None:
+        """Hold the group until the engine has weights at least as new as at its admission."""
+        if self.version >= needed:
+            return
+        self.log.info("waiting_for_weights", needed=needed, policy_version=self.version)
+        async with self._version_cond:
+            await self._version_cond.wait_for(lambda: self.version >= needed)
+
+    async def _run_sample(self, prompt: Prompt, sample: int) -> None:
+        params = self.engine.sampling_params(sample_seed(self.cfg.run.seed, prompt.group_id, sample))
+        request_id = f"{self.worker_id}:{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
+        s = _Sample()
+        self._set_active(+1)
+        try:
+            async for delta in self.engine.stream(prompt.prompt_ids.tolist(), params, request_id):
+                self._deliveries += 1
+                # Deltas produced before a pause are all consumed before self.version changes
+                # (see _switch), so the version current at consumption is the one that made them.
+                s.add(delta.token_ids, delta.logprobs, self.version)
+                s.text.append(delta.text)
+                if delta.finish_reason is not None:
+                    s.finish_reason = delta.finish_reason
+        finally:
+            self._set_active(-1)
+        rollout = Rollout(
+            rollout_id=f"{prompt.group_id}:{sample}", group_id=prompt.group_id, sample=sample,
+            group_size=prompt.group_size, prompt_ids=prompt.prompt_ids, completion_ids=s.token_ids,
+            logprobs=s.logprobs, version=self.version if s.version is None else s.version,
+            version_switches=s.switches, finish_reason=s.finish_reason, text="".join(s.text),
+            prompt_text=prompt.text, meta=prompt.meta, worker=self.worker_id, finished_at=time.time(),
+        )
+        await self.broker.add(self.keys.rollouts, encode(rollout), maxlen=ROLLOUTS_MAXLEN)
+        self.count("rollouts")
+        self.count("tokens_generated", len(s.token_ids))
+
+    # -- weights ---------------------------------------------------------------------------
+    async def _watch_weights(self) -> None:
+        poll = self.cfg.generator.weights_poll_s
+        while True:
+            try:
+                newest = await self.store.latest()
+                if newest is not None and newest.version > self.version:
+                    path = await self.store.fetch(newest)  # prefetch: generation keeps running
+                    await self._switch(newest, path)
+            except WeightStoreError as exc:
+                self.log.warning("weights_fetch_failed", error=str(exc))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.log.exception("weights_switch_failed", error=repr(exc))
+                if _is_engine_dead(exc):
+                    self._fatal = exc
+                    return
+            await asyncio.sleep(poll)
+
+    async def _switch(self, handle: WeightHandle, path: str, joining: bool = False) -> None:
+        """Pause (keep running requests), drain their delivered tokens, reload, resume."""
+        t0 = time.monotonic()
+        await self.engine.pause()
+        try:
+            await self._drain_deliveries()
+            await self.engine.reload(path)
+            self.version = handle.version
+        finally:
+            await self.engine.resume()
+        paused_s = time.monotonic() - t0
+        latency = time.time() - handle.created_at
+        self.count("weight_switches")
+        self.stats.update(policy_version=self.version, last_switch_paused_s=round(paused_s, 4))
+        if not joining:  # at start-up the publish->ready time mostly measures the engine start
+            self.stats["last_switch_latency_s"] = round(latency, 4)
+        self.log.info("weights_loaded", policy_version=self.version, switch_latency_s=round(latency, 4),
+                      paused_s=round(paused_s, 4), active_requests=self._active, joining=joining)
+        async with self._version_cond:
+            self._version_cond.notify_all()
+
+    async def _drain_deliveries(self, quiet_s: float = 0.005) -> None:
+        """Let request consumers take every delta the paused engine already emitted.
+
+        pause(mode="keep") returns only after the engine's output queue is flushed, so once no
+        consumer has received anything for two short intervals, nothing made with the old
+        weights is still waiting to be attributed.
+        """
+        quiet = 0
+        while quiet < 2:
+            before = self._deliveries
+            await asyncio.sleep(quiet_s)
+            quiet = quiet + 1 if self._deliveries == before else 0
+
+    # -- stats -----------------------------------------------------------------------------
+    def _set_active(self, delta: int) -> None:
+        now = time.monotonic()
+        if self._active > 0:
+            self._busy_s += now - self._busy_since
+        self._busy_since = now
+        self._active += delta
+        self._update_busy()
+
+    def _update_busy(self) -> None:
+        up = max(time.monotonic() - self._started_mono, 1e-9)
+        busy = self._busy_s + (time.monotonic() - self._busy_since if self._active > 0 else 0.0)
+        self.stats["busy_fraction"] = round(min(busy / up, 1.0), 4)
+
+
+def _is_bad_request(exc: BaseException) -> bool:
+    """vLLM refused the request: ValueError in older builds, VLLMClientError subclasses in newer ones."""
+    return isinstance(exc, ValueError) or any(c.__name__ == "VLLMClientError" for c in type(exc).__mro__)
+
+
+def _is_engine_dead(exc: BaseException) -> bool:
+    """vLLM's EngineDeadError (by name: its module moved between vLLM versions)."""
+    return type(exc).__name__ == "EngineDeadError"

