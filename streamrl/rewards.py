@@ -1,0 +1,90 @@
+"""Reward functions: (prompt_text, completion_text, meta) -> float, resolved from `reward.fn`.
+
+    fn = resolve_reward(cfg.reward.fn)      # "charclass", "math" or "package.module:function"
+    r = fn(prompt, completion, item["meta"])
+
+Built-ins are pure functions of their arguments (no I/O), so a reward worker can call them
+for every rollout and tests can call them directly.
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import re
+from typing import Callable
+
+from streamrl.errors import ConfigError
+
+RewardFn = Callable[[str, str, dict], float]
+
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
+_BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
+_HASHES = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
+
+
+def charclass_reward(prompt: str, completion: str, meta: dict) -> float:
+    """Fraction of the first meta["length"] characters that are in meta["chars"].
+
+    Missing characters count as misses, so stopping early scores low.
+    """
+    length = int(meta["length"])
+    chars = set(meta["chars"])
+    return sum(c in chars for c in completion[:length]) / length
+
+
+def _to_float(text: str) -> float | None:
+    try:
+        return float(text.replace(",", "").strip().rstrip("."))
+    except ValueError:
+        return None
+
+
+def extract_final_number(completion: str) -> float | None:
+    """The answer a completion commits to: last '#### N', else last \\boxed{N}, else the last number."""
+    for pattern in (_HASHES, _BOXED):
+        found = pattern.findall(completion)
+        if found:
+            value = _to_float(found[-1].replace("$", ""))
+            if value is not None:
+                return value
+    numbers = _NUMBER.findall(completion)
+    return _to_float(numbers[-1]) if numbers else None
+
+
+def math_reward(prompt: str, completion: str, meta: dict) -> float:
+    """1.0 if the completion's final number equals meta["answer"] (to 1e-6 relative), else 0.0."""
+    got = extract_final_number(completion)
+    want = _to_float(str(meta["answer"]))
+    if got is None or want is None:
+        return 0.0
+    return 1.0 if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6) else 0.0
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {"charclass": charclass_reward, "math": math_reward}
+
+
+def resolve_reward(spec: str) -> RewardFn:
+    """A built-in reward by name, or the function named by `package.module:function`."""
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    if ":" not in spec:
+        raise ConfigError(
+            f"reward.fn={spec!r} is not a built-in reward ({', '.join(sorted(BUILTIN_REWARDS))}); "
+            "use one of those or `package.module:function`"
+        )
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(
+            f"reward.fn={spec!r}: cannot import module {module_name!r} ({exc}); "
+            "install it or put its directory on PYTHONPATH"
+        ) from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(
+            f"reward.fn={spec!r}: module {module_name!r} has no function {attr!r}; "
+            "define `def NAME(prompt: str, completion: str, meta: dict) -> float` there"
+        )
+    return fn
