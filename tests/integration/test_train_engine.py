@@ -64,21 +64,21 @@ def reference_logprobs(model, batch: Batch) -> list[np.ndarray]:
 def _save_shard_logprobs(engine: TrainEngine, batch: Batch, path: Path) -> None:
     shard = batch.shard(engine.rank, engine.world_size)
     with torch.no_grad():
-        padded = pad_batch(shard, engine.pad_id)
+        padded = {k: v.to(engine.device) for k, v in pad_batch(shard, engine.pad_id).items()}
         logp, _ = engine.logprobs(padded)
-    rows = [logp[i, : len(r.completion_ids)].clone() for i, r in enumerate(shard.rollouts)]
+    rows = [logp[i, : len(r.completion_ids)].cpu() for i, r in enumerate(shard.rollouts)]
     torch.save(rows, path)
 
 
 def _rank_main(model_path: str, batch: Batch, out: str, mbs: int, ac: bool, extra_steps: int,
-               rank: int, world: int) -> None:
+               rank: int, world: int, device: str = "cpu") -> None:
     """Runs on every rank: the sequence of engine calls whose results the tests inspect."""
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
     out_dir = Path(out)
     cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
-                 trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device="cpu",
+                 trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device=device,
                                        activation_checkpointing=ac, grad_clip=1.0))
     batch = broadcast_batch(batch if rank == 0 else None, rank)
     engine = TrainEngine(cfg, model_path, rank, world)
@@ -195,6 +195,27 @@ def test_published_weights_reload_with_identical_outputs(runs, batch, world):
     engine_lp = _gather_lp(runs[world], world, "lp1")
     for g, want in zip(engine_lp, reference_logprobs(model, batch), strict=True):
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+
+
+@pytest.mark.gpu
+def test_nccl_ranks_on_gpu_match_the_cpu_run(runs, batch, tiny, tmp_path):
+    """The NCCL path: same batch on 1-2 GPUs gives the CPU run's log-probs and updated weights."""
+    world = min(2, torch.cuda.device_count())
+    if world == 0:
+        pytest.skip("needs a CUDA GPU")
+    launch(world, functools.partial(_rank_main, str(tiny), batch, str(tmp_path), 2, False, 0, device="cuda"))
+    for g, want in zip(_gather_lp(tmp_path, world, "lp0"), [r.logprobs for r in batch.rollouts], strict=True):
+        np.testing.assert_allclose(g, want, atol=1e-4, rtol=0)
+    m_gpu = json.loads((tmp_path / "rank0.json").read_text())["history"][0]
+    m_cpu = json.loads((runs[1] / "rank0.json").read_text())["history"][0]
+    assert m_gpu["grad_norm"] == pytest.approx(m_cpu["grad_norm"], rel=1e-4)
+    from safetensors.torch import load_file
+
+    w_gpu, w_cpu = (load_file(d / "weights" / "model.safetensors") for d in (tmp_path, runs[1]))
+    assert list(w_gpu) == list(w_cpu)
+    for k in w_cpu:
+        assert w_gpu[k].device.type == "cpu"
+        torch.testing.assert_close(w_gpu[k], w_cpu[k], atol=1e-4, rtol=0, msg=k)
 
 
 def _optional_inputs_main(model_path: str, batch: Batch, out: str, rank: int, world: int) -> None:
