@@ -159,6 +159,9 @@ class TrainEngine:
                 f"TrainEngine needs a torch.distributed group of {world_size} ranks; "
                 "start the trainer through workers.dist.launch (or torchrun)"
             )
+        if not model_path:
+            raise ConfigError("TrainEngine got no model folder; pass streamrl.tiny.resolve_model_path(cfg.model, "
+                              "cache_dir, cfg.run.seed), which builds the tiny model when model.path is unset")
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         tc = cfg.trainer
         self.device = pick_device(tc.device)
