@@ -156,6 +156,10 @@ class RedisBroker:
     async def ack(self, stream: str, group: str, ids: list[str]) -> int:
         return int(await self.client.xack(stream, group, *ids)) if ids else 0
 
+    async def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
+        if ids:
+            await self.client.xclaim(stream, group, consumer, 0, list(ids), justid=True)
+
     async def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64) -> list[Entry]:
         out: list[Entry] = []
         cursor = "0-0"
@@ -257,7 +261,10 @@ async def connect(
     kwargs = {"decode_responses": False, "retry": retry, "socket_connect_timeout": 5.0,
               "socket_keepalive": True, "health_check_interval": 30, **client_kwargs}
     try:
-        client = aioredis.Redis.from_url(url, **kwargs)
+        # A blocking pool makes a burst of concurrent commands (a generator publishing hundreds of
+        # completions at once) wait for a free connection instead of failing with MaxConnectionsError.
+        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=64, timeout=60, **kwargs)
+        client = aioredis.Redis(connection_pool=pool, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError])
     except ValueError as exc:
         raise BrokerError(f"broker URL {shown} is malformed ({exc}); use redis://:PASSWORD@HOST:6379/0") from None
     # The client's own retry would make each ping attempt wait out a whole schedule; a separate

@@ -53,6 +53,10 @@ class Broker(Protocol):
     async def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64) -> list[Entry]:
         """Take over entries pending longer than `min_idle_ms` on any consumer (XAUTOCLAIM)."""
 
+    async def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
+        """Reset the idle time of `consumer`'s own pending entries (XCLAIM JUSTID), so work that
+        is still in progress is not taken over by XAUTOCLAIM."""
+
     async def read(self, stream: str, last_id: str = "0", count: int = 100, block_ms: int | None = None) -> list[Entry]:
         """Plain read after `last_id` (no group): control and metrics streams."""
 

@@ -94,6 +94,12 @@ def cmd_up(args) -> int:
     finally:
         if embedded is not None:
             embedded.stop()
+        if cfg.weights.backend == "shm":
+            import shutil
+
+            from streamrl.weightstores.shm import shm_root
+
+            shutil.rmtree(shm_root(cfg.run.name), ignore_errors=True)
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
     return code

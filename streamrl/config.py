@@ -220,7 +220,8 @@ class TrainerConfig(Section):
     world_size: int = Field(1, ge=1)
     """torch.distributed ranks (FSDP2 shards over them); gloo on CPU, NCCL on GPU."""
     steps: int = Field(60, ge=1)
-    lr: float = Field(1e-3, gt=0)
+    lr: float = Field(5e-3, gt=0)
+    """AdamW learning rate (5e-3 suits the tiny model; real models want ~1e-6)."""
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
@@ -230,6 +231,11 @@ class TrainerConfig(Section):
     """Model definitions: `hf` = transformers AutoModelForCausalLM (torchtitan models to come)."""
     seed: int = 0
     """torch seed set on every rank before the model loads."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay over trainer.steps, down to lr * min_lr_ratio at the last step."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 over this many steps, then the schedule."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward: less memory, ~30% more compute."""
 

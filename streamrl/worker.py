@@ -39,6 +39,7 @@ class Worker:
         self.stats: dict[str, float] = {}
         self._started = time.time()
         self._pending_cursor: dict[str, str | None] = {}
+        self._held: dict[tuple[str, str], set[str]] = {}
         self._last_claim: dict[str, float] = {}
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -58,13 +59,14 @@ class Worker:
 
     async def run(self) -> None:
         await self.start()
-        hb = asyncio.create_task(self._heartbeat_loop())
+        background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._keepalive_loop())]
         self.log.info("started", pid=os.getpid())
         try:
             while not self.stopping.is_set() and not self.done:
                 await self.step()
         finally:
-            hb.cancel()
+            for task in background:
+                task.cancel()
             await self.close()
             await self.broker.delete(self.keys.worker(self.role, self.worker_id))
             self.log.info("stopped", uptime_s=round(time.time() - self._started, 1), **self.stats)
@@ -82,6 +84,23 @@ class Worker:
             except Exception as exc:  # a broker hiccup must not kill the worker
                 self.log.warning("heartbeat_failed", error=str(exc))
             await asyncio.sleep(HEARTBEAT_TTL_S / 3)
+
+    def hold(self, stream: str, group: str, entry_id: str) -> None:
+        """Mark an entry as in progress: its idle time is reset periodically until `release`."""
+        self._held.setdefault((stream, group), set()).add(entry_id)
+
+    def release(self, stream: str, group: str, entry_id: str) -> None:
+        self._held.get((stream, group), set()).discard(entry_id)
+
+    async def _keepalive_loop(self) -> None:
+        period = self.cfg.broker.claim_idle_ms / 3000
+        while True:
+            await asyncio.sleep(period)
+            for (stream, group), ids in list(self._held.items()):
+                try:
+                    await self.broker.touch(stream, group, self.worker_id, sorted(ids))
+                except Exception as exc:  # a missed touch only risks a duplicate, which is idempotent
+                    self.log.warning("keepalive_failed", stream=stream, error=str(exc))
 
     async def dead_letter(self, stream: str, entry: Entry, reason: str) -> None:
         """Move a bad entry to the dead-letter stream with the reason (the caller acks it)."""

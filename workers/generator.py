@@ -29,6 +29,7 @@ from streamrl.worker import Worker
 from workers.vllm_engine import VLLMEngine
 
 GROUP = "generator"
+MAX_GROUP_ATTEMPTS = 3
 ROLLOUTS_MAXLEN = 1_000_000
 
 
@@ -107,9 +108,7 @@ class GeneratorWorker(Worker):
         for entry, prompt in items:
             if entry.id in self._groups:  # our own in-flight entry, re-claimed after a long idle
                 continue
-            task = asyncio.create_task(self._run_group(entry, prompt))
-            self._groups[entry.id] = task
-            task.add_done_callback(lambda t, eid=entry.id: self._group_done(eid, t))
+            self._launch(entry, prompt, attempt=1)
         return bool(items)
 
     async def close(self) -> None:
@@ -129,16 +128,28 @@ class GeneratorWorker(Worker):
         await self.store.close()
 
     # -- one prompt group ------------------------------------------------------------------
-    def _group_done(self, entry_id: str, task: asyncio.Task) -> None:
-        self._groups.pop(entry_id, None)
+    def _launch(self, entry: Entry, prompt: Prompt, attempt: int) -> None:
+        task = asyncio.create_task(self._run_group(entry, prompt))
+        self._groups[entry.id] = task
+        self.hold(self.keys.prompts, GROUP, entry.id)
+        task.add_done_callback(lambda t: self._group_done(entry, prompt, attempt, t))
+
+    def _group_done(self, entry: Entry, prompt: Prompt, attempt: int, task: asyncio.Task) -> None:
+        self._groups.pop(entry.id, None)
+        self.release(self.keys.prompts, GROUP, entry.id)
         if task.cancelled():
             return
         exc = task.exception()
         if exc is not None:
             self.count("group_errors")
-            self.log.error("group_failed", entry_id=entry_id, error=repr(exc))
+            self.log.error("group_failed", entry_id=entry.id, attempt=attempt, error=repr(exc))
             if _is_engine_dead(exc):
                 self._fatal = exc
+            elif attempt < MAX_GROUP_ATTEMPTS and not self.stopping.is_set():
+                # A transient failure (e.g. the broker restarting): run the group again now rather
+                # than leave its prompt pending until another worker's XAUTOCLAIM; completions
+                # already published are redelivered under the same rollout ids (idempotent).
+                self._launch(entry, prompt, attempt + 1)
 
     async def _run_group(self, entry: Entry, prompt: Prompt) -> None:
         await self._wait_for_version(prompt.admitted_version)

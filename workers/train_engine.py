@@ -18,8 +18,10 @@ micro-batch gradients here gives exactly the single-process full-batch gradient.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import defaultdict
+from functools import partial
 
 import numpy as np
 import torch
@@ -110,6 +112,19 @@ def num_micro_batches(batch_size: int, world: int, micro_batch_size: int) -> int
     return max(1, -(-largest_shard // micro_batch_size))
 
 
+def lr_factor(tc, step: int) -> float:
+    """Multiplier of trainer.lr before optimizer step `step` (0-based): warm-up, then the decay."""
+    if step < tc.warmup_steps:
+        return (step + 1) / (tc.warmup_steps + 1)
+    span = max(1, tc.steps - tc.warmup_steps - 1)
+    t = min(1.0, (step - tc.warmup_steps) / span)
+    if tc.lr_schedule == "linear":
+        return 1.0 - (1.0 - tc.min_lr_ratio) * t
+    if tc.lr_schedule == "cosine":
+        return tc.min_lr_ratio + (1.0 - tc.min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+    return 1.0
+
+
 def broadcast_batch(batch: Batch | None, rank: int) -> Batch:
     """Rank 0's batch on every rank (pickled over the trainer's own process group, never the wire)."""
     box = [batch if rank == 0 else None]
@@ -177,6 +192,7 @@ class TrainEngine:
         shard_model(model, init_device_mesh(self.device.type, (world_size,)), compute_dtype)
         self.model = model
         self.optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, tc))
         self.requirements = loss_requirements(cfg.loss)
         self.steps_done = 0
 
@@ -227,6 +243,7 @@ class TrainEngine:
         else:
             self.optimizer.step()
             self.steps_done += 1
+        self.scheduler.step()
         out = self._all_reduce(dict(sums), op=dist.ReduceOp.SUM)
         out.update(self._all_reduce({"time_s": time.perf_counter() - start}, op=dist.ReduceOp.MAX))
         out.update(grad_norm=grad_norm, lr=float(self.optimizer.param_groups[0]["lr"]),

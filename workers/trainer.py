@@ -90,6 +90,7 @@ class TrainerWorker(Worker):
 
     def _record(self, batch, m: dict, overlap: int, train_s: float, stall_s: float) -> None:
         tokens = [len(r.completion_ids) for r in batch.rollouts]
+        engine = {("engine_time_s" if k == "time_s" else k): v for k, v in m.items() if k not in ("tokens", "seqs")}
         rec = {
             "step": self.version, "policy_version": self.version,
             "reward_mean": float(np.mean(batch.rewards)), "reward_std": float(np.std(batch.rewards)),
@@ -102,7 +103,7 @@ class TrainerWorker(Worker):
             "overlap_rollouts": overlap, "overlap_frac": overlap / max(1, len(batch)),
             "completion_len_mean": float(np.mean(tokens)),
             **{k: v for k, v in batch.stats.items() if k != "wait_s"},
-            **m,
+            **engine,
         }
         line = self.metrics.write(rec)
         asyncio.get_running_loop().create_task(self.broker.add(self.keys.metrics, line.encode(), maxlen=10_000))

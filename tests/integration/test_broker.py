@@ -223,3 +223,19 @@ async def test_a_control_message_round_trips_through_the_stream(broker, run_name
     await broker.add(s, encode(Control(action="stop", reason="test")))
     (entry,) = await broker.read(s)
     assert decode(entry.data) == Control(action="stop", reason="test")
+
+
+@pytest.mark.anyio
+async def test_touch_keeps_in_progress_entries_from_being_claimed(broker, run_name):
+    import asyncio as _asyncio
+
+    stream = f"streamrl:{run_name}:touch"
+    await broker.ensure_group(stream, "g")
+    await broker.add(stream, b"x")
+    [entry] = await broker.read_group(stream, "g", "busy", count=1, block_ms=None)
+    await _asyncio.sleep(0.3)
+    await broker.touch(stream, "g", "busy", [entry.id])
+    assert await broker.claim_idle(stream, "g", "thief", min_idle_ms=200) == []
+    await _asyncio.sleep(0.3)
+    stolen = await broker.claim_idle(stream, "g", "thief", min_idle_ms=200)
+    assert [e.id for e in stolen] == [entry.id]
