@@ -1,0 +1,48 @@
+"""Helpers shared by subcommands: config arguments, loading, the tiny-model cache, broker URL lookup."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+
+from streamrl.config import Config, load_config
+from streamrl.errors import ConfigError
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("STREAMRL_CACHE", Path.home() / ".cache" / "streamrl"))
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="YAML config (default: configs/tiny-cpu.yaml)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override one config value, e.g. --set trainer.steps=20 (repeatable)")
+
+
+def load(args) -> Config:
+    overrides = list(args.overrides)
+    if getattr(args, "run", None):
+        overrides.append(f"run.name={args.run}")
+    return load_config(args.config, overrides)
+
+
+def resolve_model(cfg: Config) -> Config:
+    """Set model.path (building the tiny offline model into the cache when it is unset)."""
+    from streamrl.tiny import resolve_model_path
+
+    path = resolve_model_path(cfg.model, cache_dir() / "models", cfg.run.seed)
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(path)})})
+
+
+def broker_url(args) -> str:
+    """--broker, then $STREAMRL_BROKER_URL, then RUN_DIR/broker/url of a running `streamrl up`."""
+    if getattr(args, "broker", None):
+        return args.broker
+    if os.environ.get("STREAMRL_BROKER_URL"):
+        return os.environ["STREAMRL_BROKER_URL"]
+    run_dir = getattr(args, "run_dir", None)
+    if run_dir and (Path(run_dir) / "broker" / "url").exists():
+        return (Path(run_dir) / "broker" / "url").read_text().strip()
+    raise ConfigError("no broker URL: pass --broker redis://HOST:6379/0, set STREAMRL_BROKER_URL, "
+                      "or --run-dir of a running `streamrl up`")

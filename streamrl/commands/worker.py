@@ -1,0 +1,34 @@
+"""`streamrl worker ROLE`: one role process against a broker (multi-host, elastic scale-out)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from streamrl.commands.common import add_config_args, broker_url, load, resolve_model
+
+NAME = "worker"
+HELP = "run one role process against a broker (multi-host, elastic)"
+DESCRIPTION = ("Run one role. Joins a running job: the same command on any host that reaches the broker "
+               "adds a worker of that role.")
+ROLES = ["feeder", "generator", "reward", "reference", "trainer"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("role", choices=ROLES)
+    add_config_args(p)
+    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run", help="run name (overrides run.name)")
+    p.add_argument("--run-dir", help="folder for this worker's logs (and the trainer's metrics)")
+    p.add_argument("--id", help="worker id, unique within its role (default: ROLE-HOST-PID)")
+
+
+def run(args) -> int:
+    from streamrl.runtime import run_role
+
+    cfg = load(args)
+    url = broker_url(args)
+    if cfg.model.path is None:
+        cfg = resolve_model(cfg)
+    wid = args.id or f"{args.role}-{os.uname().nodename}-{os.getpid()}"
+    return run_role(args.role, cfg, url, wid, Path(args.run_dir) if args.run_dir else None)
