@@ -1,0 +1,38 @@
+"""`streamrl bench NAME`: the benchmarks in bench/<name>.py. Each prints a table and, with
+`--out DIR`, writes DIR/result.json (and PNG plots where it has them).
+
+    streamrl bench broker --out /tmp/b      streamrl bench pipeline      streamrl bench weights
+"""
+
+from __future__ import annotations
+
+import importlib
+
+NAME = "bench"
+HELP = "run a benchmark (broker, pipeline, e2e, weights, soak)"
+DESCRIPTION = "Benchmarks that print their numbers; `--out DIR` also writes DIR/result.json and plots."
+BENCHES = ["broker", "pipeline", "e2e", "weights", "soak"]
+"""Modules under bench/ exposing HELP, add_arguments(parser) and run(args) -> int."""
+
+
+def _benches() -> dict:
+    found = {}
+    for name in BENCHES:
+        try:
+            found[name] = importlib.import_module(f"bench.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"bench.{name}":
+                raise
+    return found
+
+
+def add_arguments(p) -> None:
+    sub = p.add_subparsers(dest="bench", required=True)
+    for name, mod in _benches().items():
+        bp = sub.add_parser(name, help=mod.HELP, description=getattr(mod, "DESCRIPTION", mod.HELP))
+        bp.add_argument("--out", help="write DIR/result.json (and plots) here")
+        mod.add_arguments(bp)
+
+
+def run(args) -> int:
+    return _benches()[args.bench].run(args)
