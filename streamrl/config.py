@@ -220,8 +220,8 @@ class TrainerConfig(Section):
     world_size: int = Field(1, ge=1)
     """torch.distributed ranks (FSDP2 shards over them); gloo on CPU, NCCL on GPU."""
     steps: int = Field(60, ge=1)
-    lr: float = Field(5e-3, gt=0)
-    """AdamW learning rate (5e-3 suits the tiny model; real models want ~1e-6)."""
+    lr: float = Field(1e-6, gt=0)
+    """AdamW learning rate (1e-6 suits billion-parameter models; the tiny CPU model uses 3e-3)."""
     weight_decay: float = Field(0.0, ge=0)
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
@@ -249,6 +249,39 @@ class WeightsConfig(Section):
     """Versions kept; older ones are garbage-collected."""
 
 
+class ExternalAnnotation(Section):
+    key: str = Field(pattern=r"^[A-Za-z0-9_.-]+$")
+    """Annotation key an external producer writes (`streamrl reward --key`, examples/node); its
+    name in Batch.reward_components and in metrics.jsonl's `reward_components`."""
+    weight: float = 1.0
+    """Weight of this key's value in the combined reward (see annotations.reward_weight)."""
+    timeout_s: float = Field(30.0, gt=0)
+    """Seconds the assembler waits for this key once all of a group's rollouts have arrived."""
+    on_timeout: Literal["default", "drop"] = "default"
+    """`default`: use `default` for the missing values; `drop`: drop the whole group (counted as
+    `dropped_timeout`; the feeder admits a replacement). Also applies to an `error` annotation."""
+    default: float = 0.0
+    """Value used for a timed-out (or errored) annotation under on_timeout=default."""
+
+
+class AnnotationsConfig(Section):
+    reward_weight: float = 1.0
+    """Weight of the built-in `reward` annotation. The trained reward is
+    reward_weight * reward + sum(weight * value) over annotations.external."""
+    external: list[ExternalAnnotation] = []
+    """Keys written by external producers; every rollout needs each one (or its timeout policy)."""
+
+    @field_validator("external")
+    @classmethod
+    def _unique(cls, value: list[ExternalAnnotation]) -> list[ExternalAnnotation]:
+        keys = [e.key for e in value]
+        for key in keys:
+            if key in ("reward", "ref_logprobs") or keys.count(key) > 1:
+                raise ValueError(f"annotations.external: key {key!r} is built-in or listed twice; give each "
+                                 "external producer its own key, e.g. key: judge")
+        return value
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     broker: BrokerConfig = BrokerConfig()
@@ -261,6 +294,7 @@ class Config(Section):
     loss: LossConfig = LossConfig()
     trainer: TrainerConfig = TrainerConfig()
     weights: WeightsConfig = WeightsConfig()
+    annotations: AnnotationsConfig = AnnotationsConfig()
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
@@ -285,7 +319,7 @@ class Config(Section):
         keys = ["reward"]
         if self.loss.kl_beta > 0:
             keys.append("ref_logprobs")
-        return keys
+        return keys + [e.key for e in self.annotations.external]
 
 
 def _parse_scalar(text: str) -> Any:
