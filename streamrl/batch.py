@@ -32,6 +32,8 @@ class Batch:
     stats: dict[str, float] = field(default_factory=dict)
     """Assembler counters for this batch (dropped_stale, filtered, wait_s, ...)."""
     group_ids: list[str] = field(default_factory=list)
+    loss_mask: np.ndarray | None = None
+    """Per-rollout 0/1 weight of its tokens in the loss (DAPO overlong filtering); None = all 1."""
 
     def __len__(self) -> int:
         return len(self.rollouts)
@@ -39,6 +41,13 @@ class Batch:
     @property
     def num_tokens(self) -> int:
         return int(sum(len(r.completion_ids) for r in self.rollouts))
+
+    @property
+    def num_loss_tokens(self) -> int:
+        """Tokens that count in the loss (the global normaliser of token-mean aggregation)."""
+        if self.loss_mask is None:
+            return self.num_tokens
+        return int(sum(len(r.completion_ids) * float(w) for r, w in zip(self.rollouts, self.loss_mask)))
 
     def shard(self, rank: int, world: int) -> "Batch":
         """The slice of rollouts a data-parallel rank trains on (contiguous, balanced)."""
@@ -54,4 +63,5 @@ class Batch:
             reward_components={k: v[lo:hi] for k, v in self.reward_components.items()},
             stats=dict(self.stats),
             group_ids=list(self.group_ids),
+            loss_mask=None if self.loss_mask is None else self.loss_mask[lo:hi],
         )

@@ -189,6 +189,9 @@ class LossConfig(Section):
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: the assembler drops groups whose rewards are all equal
     (streamrl.advantages.dynamic_sampling_keep) and waits for more. On by default for dapo."""
+    overlong_filter: bool = False
+    """DAPO overlong filtering: completions cut at generator.max_tokens (finish_reason "length")
+    contribute no loss (their tokens are masked), so truncation noise is not learned."""
     overlong_buffer: int = Field(0, ge=0)
     """DAPO soft overlong punishment: length of the interval before generator.max_tokens over
     which the reward ramps down (streamrl.advantages.overlong_penalty). 0 disables it."""

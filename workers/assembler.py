@@ -20,6 +20,7 @@ from streamrl.broker import Broker, Keys
 from streamrl.config import Config
 from streamrl.messages import Annotation, Prompt, Rollout, encode
 from streamrl.staleness import is_stale
+from workers.annotations import JoinPolicy
 
 GROUP = "trainer"
 
@@ -31,6 +32,8 @@ class _Group:
     rollouts: dict[str, tuple[str, Rollout]] = field(default_factory=dict)
     """rollout_id -> (entry id, rollout)."""
     completed_at: float = 0.0
+    full_at: float = 0.0
+    """When its last rollout arrived: external annotation timeouts count from here."""
 
 
 class Assembler:
@@ -42,11 +45,13 @@ class Assembler:
         self.keys = Keys(cfg.run.name)
         self.consumer = consumer
         self.required = cfg.required_annotations()
+        self.join = JoinPolicy(cfg)
         self.groups: dict[str, _Group] = {}
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         self.ready: list[str] = []
         self.closed: set[str] = set()
-        self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0}
+        self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0,
+                         "dropped_timeout": 0, "annotation_timeouts": 0}
 
     async def start(self) -> None:
         for stream in (self.keys.rollouts, self.keys.annotations):
@@ -88,7 +93,7 @@ class Assembler:
                 self.annotations.pop(a.rollout_id, None)
             return
         slot[a.key] = (entry_id, a)
-        if a.error:
+        if a.error and self.join.on_error(a.key) != "default":
             await self._close(group_id, "failed", reason=f"{a.key}: {a.error}")
             return
         g = self.groups.get(group_id)
@@ -98,10 +103,9 @@ class Assembler:
     async def _check_group(self, g: _Group) -> None:
         if g.completed_at or len(g.rollouts) < g.group_size:
             return
-        for rid in g.rollouts:
-            have = self.annotations.get(rid, {})
-            if any(k not in have for k in self.required):
-                return
+        g.full_at = g.full_at or time.time()
+        if self.join.missing(list(g.rollouts), self.annotations):
+            return
         g.completed_at = time.time()
         if self.cfg.loss.dynamic_sampling and np.ptp(self._rewards(g)) == 0:
             # DAPO dynamic sampling: a group with equal rewards has zero advantage; drop it and let
@@ -116,7 +120,7 @@ class Assembler:
     def _rewards(self, g: _Group) -> np.ndarray:
         """Rewards of a group's rollouts in sample order, with DAPO's soft overlong penalty if configured."""
         rollouts = self._ordered(g)
-        rewards = np.asarray([float(self.annotations[r.rollout_id]["reward"][1].value) for r in rollouts], np.float32)
+        rewards = self.join.combine(self._components(g))
         loss = self.cfg.loss
         if loss.overlong_buffer > 0:
             lengths = np.asarray([len(r.completion_ids) for r in rollouts])
@@ -124,12 +128,33 @@ class Assembler:
                                                  loss.overlong_penalty).astype(np.float32)
         return rewards
 
+    def _components(self, g: _Group) -> dict[str, np.ndarray]:
+        """Each reward key's values (built-in `reward`, external keys) in sample order."""
+        return self.join.components([{k: a for k, (_, a) in self.annotations[r.rollout_id].items()}
+                                     for r in self._ordered(g)])
+
+    async def _expire(self) -> None:
+        """Apply annotations.external timeouts to groups whose rollouts are all in (workers/annotations.py)."""
+        now = time.time()
+        for g in [g for g in self.groups.values() if g.full_at and not g.completed_at]:
+            missing = self.join.missing(list(g.rollouts), self.annotations)
+            verdict = self.join.verdict(missing, now - g.full_at)
+            if verdict == "drop":
+                await self._close(g.group_id, "dropped_timeout", reason=f"no {sorted(missing)} in time")
+            elif verdict == "default":
+                for rid in g.rollouts:  # stand-ins have no stream entry (""), so nothing to ack for them
+                    slot = self.annotations.setdefault(rid, {})
+                    for key in [k for k in missing if k not in slot]:
+                        slot[key] = ("", self.join.stand_in(rid, key))
+                        self.counters["annotation_timeouts"] += 1
+                await self._check_group(g)
+
     # -- closing groups ----------------------------------------------------------------------
     def _entry_ids(self, group_id: str) -> tuple[list[str], list[str]]:
         g = self.groups.get(group_id)
         rids = list(g.rollouts) if g else []
         r_ids = [g.rollouts[r][0] for r in rids] if g else []
-        a_ids = [eid for r in rids for eid, _ in self.annotations.get(r, {}).values()]
+        a_ids = [eid for r in rids for eid, _ in self.annotations.get(r, {}).values() if eid]
         return r_ids, a_ids
 
     async def _ack_group(self, group_id: str) -> None:
@@ -171,6 +196,7 @@ class Assembler:
         need = self.cfg.rollout.groups_per_step
         t0 = time.time()
         while True:
+            await self._expire()
             for gid in list(self.ready):
                 g = self.groups[gid]
                 oldest = min(r.oldest_version() for _, r in g.rollouts.values())
@@ -185,13 +211,14 @@ class Assembler:
         return self._build(gids, version, wait_s=time.time() - t0)
 
     def _build(self, gids: list[str], version: int, wait_s: float) -> Batch:
-        rollouts, gidx, rewards, refs = [], [], [], []
+        rollouts, gidx, rewards, refs, parts = [], [], [], [], []
         for i, gid in enumerate(gids):
             g = self.groups[gid]
             ordered = self._ordered(g)
             rollouts += ordered
             gidx += [i] * len(ordered)
             rewards.append(self._rewards(g))
+            parts.append(self._components(g))
             if "ref_logprobs" in self.required:
                 refs += [np.asarray(self.annotations[r.rollout_id]["ref_logprobs"][1].value, np.float32)
                          for r in ordered]
@@ -206,10 +233,12 @@ class Assembler:
             advantages=batch_advantages(rewards_a, gidx_a, self.cfg.loss.advantage).astype(np.float32),
             ref_logprobs=refs if refs else None,
             staleness=version - oldest,
-            reward_components={"reward": rewards_a},
+            reward_components={k: np.concatenate([p[k] for p in parts]) for k in self.join.reward_keys},
             stats={"wait_s": wait_s, **{k: float(v) for k, v in self.counters.items()}},
             group_ids=list(gids),
         )
+        if self.cfg.loss.overlong_filter:
+            batch.loss_mask = np.asarray([r.finish_reason != "length" for r in rollouts], dtype=np.float32)
         return batch
 
     async def commit(self, batch: Batch) -> None:

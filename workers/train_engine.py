@@ -78,7 +78,7 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
         attention_mask[i, : p + c] = 1
         positions[i, :c] = torch.arange(p - 1, p + c - 1)
         targets[i, :c] = torch.from_numpy(np.asarray(r.completion_ids, dtype=np.int64))
-        mask[i, :c] = 1.0
+        mask[i, :c] = 1.0 if batch.loss_mask is None else float(batch.loss_mask[i])
         old[i, :c] = torch.from_numpy(np.asarray(r.logprobs, dtype=np.float32))
         if ref is not None:
             ref_row = np.asarray(batch.ref_logprobs[i], dtype=np.float32)
@@ -226,7 +226,7 @@ class TrainEngine:
         if "ref_logprobs" in self.requirements and batch.ref_logprobs is None:
             raise ConfigError("the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
                               "the assembler must wait for the reference workers' annotation")
-        total_tokens, total_seqs = float(batch.num_tokens), float(len(batch))
+        total_tokens, total_seqs = float(max(1, batch.num_loss_tokens)), float(len(batch))
         shard = batch.shard(self.rank, self.world_size)
         n_micro = num_micro_batches(len(batch), self.world_size, self.cfg.trainer.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)

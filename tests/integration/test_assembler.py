@@ -173,3 +173,17 @@ async def test_overlong_penalty_shapes_rewards(config, broker):
     await publish_group(broker, owner.keys, "g", [1, 1])  # completions of 3 tokens: halfway into the buffer
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     np.testing.assert_allclose(batch.rewards, [0.5, 0.5])
+
+
+async def test_overlong_filter_masks_truncated_completions(config, broker):
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0, loss__overlong_filter=True)
+    await asm.start()
+    keys = owner.keys
+    for i, reason in enumerate(["length", "stop"]):
+        r = rollout("g", i, n=2)
+        r.finish_reason = reason
+        await broker.add(keys.rollouts, encode(r))
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=f"g:{i}", key="reward", value=float(i))))
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    np.testing.assert_array_equal(batch.loss_mask, [0.0, 1.0])
+    assert batch.num_loss_tokens == 3 and batch.num_tokens == 6

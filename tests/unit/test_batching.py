@@ -124,3 +124,12 @@ def test_micro_batch_count_is_the_same_on_every_rank(n, world, mbs, expected):
         shard = batch.shard(rank, world)
         sizes = [len(shard.shard(i, k)) for i in range(k)]
         assert sum(sizes) == len(shard) and max(sizes) <= mbs
+
+
+def test_loss_mask_zeroes_filtered_rows_and_the_normaliser():
+    batch = make_batch([(2, 3), (1, 4)])
+    batch.loss_mask = np.array([0.0, 1.0], np.float32)
+    out = pad_batch(batch, PAD)
+    assert out["mask"][0].sum() == 0 and out["mask"][1].sum() == 4
+    assert batch.num_loss_tokens == 4 and batch.num_tokens == 7
+    assert batch.shard(1, 2).loss_mask.tolist() == [1.0]
