@@ -40,6 +40,7 @@ BUILTIN_LOSSES: dict[str, str] = {
     "tis": "tis",
     "decoupled_ppo": "decoupled_ppo",
     "clipped_reinforce": "clipped_reinforce",
+    "reinforce": "reinforce",
 }
 """Objective name -> module of this package that registers it. Lets the config check a name
 without importing torch; a module missing here is still found (by importing every module)."""

@@ -73,6 +73,8 @@ def reference_sequence(cfg, l, lb, lprox, a):
             tau = cfg.sapo_tau_pos if a > 0 else cfg.sapo_tau_neg
             p = SIG(tau * (r - 1))
             v[t], J[t][t] = -(4 / tau) * p * a, -4 * p * (1 - p) * r * a
+        elif cfg.name == "reinforce":
+            v[t], J[t][t] = -a * l[t], -a
         elif cfg.name == "clipped_reinforce":
             keep = 1.0 if 1 - cfg.eps_low <= r <= 1 + cfg.eps_high else 0.0
             v[t], J[t][t] = -keep * a * l[t], -keep * a
@@ -117,7 +119,7 @@ def make_batch():
 
 CASES = [
     (name, agg)
-    for name in ("grpo", "gspo", "cispo", "sapo", "tis", "decoupled_ppo", "clipped_reinforce")
+    for name in ("grpo", "gspo", "cispo", "sapo", "tis", "decoupled_ppo", "clipped_reinforce", "reinforce")
     for agg in ("token_mean", "seq_mean", "fixed_horizon")
 ] + [("dr_grpo", "fixed_horizon"), ("dapo", "token_mean")]
 
@@ -168,7 +170,8 @@ def test_ppo_clip_fractions_and_ratio_metrics():
     assert m["abs_log_ratio_mean"] == pytest.approx(sum(abs(x) for x in flat) / ntok)
 
 
-@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo", "sapo", "tis", "decoupled_ppo", "clipped_reinforce"])
+@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo", "sapo", "tis", "decoupled_ppo", "clipped_reinforce",
+                                  "reinforce"])
 def test_equal_rewards_give_zero_policy_gradient(name):
     from streamrl.advantages import batch_advantages
 
