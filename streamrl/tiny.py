@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import string
 import sys
@@ -155,10 +156,17 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, seed: int) -> Path:
     return out_dir
 
 
+_HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
+
+
 def resolve_model_path(model_cfg: ModelConfig, cache_dir: Path, seed: int) -> Path:
     """`model.path` if set (checked), else the tiny build under `cache_dir` (built on first use)."""
     if model_cfg.path:
         path = Path(model_cfg.path).expanduser()
+        if not path.exists() and _HUB_ID.fullmatch(model_cfg.path):
+            # A hub id ("Qwen/Qwen3-1.7B"): transformers and vLLM resolve it from the local Hugging Face
+            # cache (or download it where the machine may); streamrl itself never downloads.
+            return Path(model_cfg.path)
         if not path.is_dir():
             raise ConfigError(
                 f"model.path={model_cfg.path!r} is not a directory; point it at a local Hugging Face "
