@@ -102,6 +102,7 @@ class TrainerWorker(Worker):
             "train_s": round(train_s, 4), "publish_stall_s": round(stall_s, 4),
             "overlap_rollouts": overlap, "overlap_frac": overlap / max(1, len(batch)),
             "completion_len_mean": float(np.mean(tokens)),
+            "reward_components": {k: float(np.mean(v)) for k, v in batch.reward_components.items()},
             **{k: v for k, v in batch.stats.items() if k != "wait_s"},
             **engine,
         }

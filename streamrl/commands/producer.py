@@ -1,0 +1,129 @@
+"""`streamrl producer add|remove|list`: broker users (Redis ACL) for external reward producers.
+
+    streamrl producer add judge --key judge --run tiny --run-dir runs/demo     # prints the producer's URL
+    streamrl producer remove judge --run tiny --broker redis://:ADMIN@host:6379/0
+
+`add` creates the consumer group NAME on `rollouts` (as the admin) and a user that may only run
+the stream commands a producer needs (ACL_COMMANDS) on its run's `rollouts`, `annotations` and
+`deadletter` keys. What Redis can and cannot restrict is spelled out in docs/protocol.md
+("Security"): on Redis 6.2 commands and key patterns are granted independently; on Redis >= 7
+selectors pair XADD with `annotations`/`deadletter` only and SET/DEL with the heartbeat keys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from streamrl.broker import Keys
+from streamrl.errors import ConfigError
+
+NAME = "producer"
+HELP = "create or remove a restricted broker user for an external reward producer"
+DESCRIPTION = ("Manage Redis ACL users for external producers: each may read `rollouts` (through its own consumer "
+               "group) and append to `annotations`/`deadletter` of one run, nothing else.")
+ACL_COMMANDS = ["ping", "xreadgroup", "xack", "xautoclaim", "xclaim", "xpending", "xrange", "xinfo|groups",
+                "xgroup|create"]
+"""Reading through a consumer group, taking over a dead replica's entries, creating the own group."""
+WRITE_COMMANDS = ["xadd"]
+HEARTBEAT_COMMANDS = ["set", "del"]
+
+
+def user_name(run: str, name: str) -> str:
+    return f"producer-{run}-{name}"
+
+
+def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[str]:
+    """ACL SETUSER arguments for producer `name` (after the user name)."""
+    read = [f"~{keys.rollouts}"]
+    write = [f"~{keys.annotations}", f"~{keys.deadletter}"]
+    heartbeat = f"~{keys.prefix}workers:producer:{name}-*"
+    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
+    if server_major >= 7:
+        # Selectors pair commands with keys: XADD only to annotations/deadletter, SET/DEL only the heartbeat.
+        return [*base, *read, f"({' '.join(write + ['+' + c for c in WRITE_COMMANDS])})",
+                f"({heartbeat} {' '.join('+' + c for c in HEARTBEAT_COMMANDS)})"]
+    # Redis 6.2: one command set x one key set. XADD must be granted, so it also works on `rollouts`;
+    # SET/DEL are not granted (they would work on every granted key): no heartbeats for this user.
+    return [*base, *(f"+{c}" for c in WRITE_COMMANDS), *read, *write]
+
+
+def producer_url(admin_url: str, user: str, password: str) -> str:
+    parts = urlsplit(admin_url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"))
+
+
+async def add(admin_url: str, run: str, name: str) -> str:
+    """Create (or reset) the producer's user and group; return its URL."""
+    from brokers.redis_streams import connect
+
+    broker = await connect(admin_url, retries=3)
+    try:
+        keys = Keys(run)
+        await broker.ensure_group(keys.rollouts, name)
+        major = int((await broker.client.info("server"))["redis_version"].split(".")[0])
+        password = secrets.token_urlsafe(24)
+        user = user_name(run, name)
+        await broker.client.execute_command("ACL", "SETUSER", user, *acl_rules(keys, name, password, major))
+        return producer_url(admin_url, user, password)
+    finally:
+        await broker.close()
+
+
+async def remove(admin_url: str, run: str, name: str, drop_group: bool) -> int:
+    from brokers.redis_streams import connect
+
+    broker = await connect(admin_url, retries=3)
+    try:
+        n = int(await broker.client.execute_command("ACL", "DELUSER", user_name(run, name)))
+        if drop_group:
+            await broker.client.xgroup_destroy(Keys(run).rollouts, name)
+        return n
+    finally:
+        await broker.close()
+
+
+async def listing(admin_url: str, run: str) -> list[str]:
+    from brokers.redis_streams import connect
+
+    broker = await connect(admin_url, retries=3)
+    try:
+        users = [u.decode() if isinstance(u, bytes) else u for u in await broker.client.execute_command("ACL", "USERS")]
+        return [u for u in users if u.startswith(user_name(run, ""))]
+    finally:
+        await broker.close()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["add", "remove", "list"])
+    p.add_argument("name", nargs="?", help="producer name: its consumer group on `rollouts` and its user")
+    p.add_argument("--key", help="annotation key it will write (shown in the printed commands; the broker "
+                   "cannot check message contents)")
+    p.add_argument("--run", required=True, help="run name (run.name of the job)")
+    p.add_argument("--broker", help="admin redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL)")
+    p.add_argument("--drop-group", action="store_true", help="remove: also destroy the consumer group")
+
+
+def run(args) -> int:
+    from streamrl.commands.common import broker_url
+
+    if args.action != "list" and not (args.name and re.fullmatch(r"[A-Za-z0-9_-]+", args.name)):
+        raise ConfigError("give the producer a NAME of letters, digits, '_' or '-', e.g. `streamrl producer add judge`")
+    url = broker_url(args)
+    if args.action == "add":
+        purl = asyncio.run(add(url, args.run, args.name))
+        key = args.key or args.name
+        print(purl)
+        print(f"# user {user_name(args.run, args.name)}: XREADGROUP/XACK `rollouts` as group '{args.name}', "
+              f"XADD to `annotations`; add `{{key: {key}, weight: 1.0, timeout_s: 30}}` to annotations.external")
+        print(f"# streamrl reward --fn MODULE:FUNCTION --key {key} --name {args.name} --run {args.run} --broker '{purl}'")
+    elif args.action == "remove":
+        n = asyncio.run(remove(url, args.run, args.name, args.drop_group))
+        print(f"removed {n} user(s)")
+    else:
+        print("\n".join(asyncio.run(listing(url, args.run))))
+    return 0

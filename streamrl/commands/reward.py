@@ -1,0 +1,72 @@
+"""`streamrl reward`: attach an external reward producer (a Python function) to a running job.
+
+    streamrl reward --fn my_judge:judge --run tiny --broker redis://judge:PW@host:6379/0 [--key judge --name judge]
+
+The function takes a list of decoded `Rollout`s and returns one score per rollout (sync or
+async; see streamrl/sdk.py). List its key in the trainer's `annotations.external` so the
+assembler waits for it. Run the command several times (any host) for more throughput: replicas
+with the same --name share the work.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from streamrl.errors import ConfigError
+
+NAME = "reward"
+HELP = "attach an external reward producer (a Python function) to a running job"
+DESCRIPTION = ("Read rollouts with the producer's own consumer group, score them in batches with --fn, and "
+               "write annotations under --key (docs/protocol.md).")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--fn", required=True, metavar="package.module:function",
+                   help="scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.sdk.producer)")
+    p.add_argument("--run", required=True, help="run name (run.name of the job)")
+    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
+    p.add_argument("--key", help="annotation key (default: the decorator's, required without one)")
+    p.add_argument("--name", help="producer name = consumer group (default: the key)")
+    p.add_argument("--batch-size", type=int, help="rollouts per call (default 16)")
+    p.add_argument("--concurrency", type=int, help="calls in flight (default 4)")
+    p.add_argument("--timeout", type=float, dest="timeout_s", help="seconds per call before its batch fails")
+    p.add_argument("--claim-idle-ms", type=int, default=30_000,
+                   help="take over a dead replica's entries after they are idle this long")
+    p.add_argument("--id", help="replica id (default: NAME-HOST-PID)")
+
+
+def load_function(spec: str):
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ConfigError(f"--fn {spec!r} must be package.module:function, e.g. --fn my_judge:judge")
+    sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to where the user runs the command
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"--fn {spec!r}: cannot import {module_name!r} ({exc}); install it or add its "
+                          "folder to PYTHONPATH") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"--fn {spec!r}: {module_name!r} has no function {attr!r}; define "
+                          f"`def {attr}(rollouts: list[Rollout]) -> list[float]` there")
+    return fn
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from streamrl.commands.common import broker_url
+    from streamrl.logs import setup_logging
+    from streamrl.sdk import serve_producer, spec_of
+
+    fn = load_function(args.fn)
+    spec = spec_of(fn, key=args.key, name=args.name, batch_size=args.batch_size, concurrency=args.concurrency,
+                   timeout_s=args.timeout_s)
+    url = broker_url(args)
+    wid = args.id or f"{spec.name}-{os.uname().nodename}-{os.getpid()}"
+    setup_logging("producer", wid, Path(args.run_dir) if args.run_dir else None, run=args.run)
+    serve_producer(fn, spec, url, args.run, wid, claim_idle_ms=args.claim_idle_ms)
+    return 0

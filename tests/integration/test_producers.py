@@ -1,0 +1,207 @@
+"""External producers against a real redis-server: the Python SDK (batches, concurrency limit, sync
+and async functions, errors, dead letters, takeover of a dead replica's entries), the restricted
+broker user of `streamrl producer add`, and the Node.js example producer under that user."""
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from redis.exceptions import NoPermissionError
+
+from brokers.redis_streams import connect
+from streamrl.broker import Keys
+from streamrl.messages import Annotation, Rollout, decode, encode
+from streamrl.sdk import ProducerWorker, producer, spec_of
+from tests.nodejs import start_node_producer
+
+pytestmark = pytest.mark.anyio
+
+
+def rollout(i: int, length: int) -> Rollout:
+    return Rollout(rollout_id=f"g{i // 4}:{i % 4}", group_id=f"g{i // 4}", sample=i % 4, group_size=4,
+                   prompt_ids=np.array([1, 2]), completion_ids=np.arange(length), logprobs=np.zeros(length),
+                   version=0, text="x" * length)
+
+
+async def publish(broker, keys, n: int, garbage: bool = True) -> None:
+    await broker.add_many(keys.rollouts, [encode(rollout(i, 1 + i % 16)) for i in range(n)])
+    if garbage:
+        await broker.add(keys.rollouts, b"\x93not a streamrl message")
+
+
+async def annotations(broker, keys, want: int, timeout: float = 20.0) -> list[Annotation]:
+    deadline = time.time() + timeout
+    while await broker.stream_len(keys.annotations) < want:
+        assert time.time() < deadline, f"only {await broker.stream_len(keys.annotations)} of {want} annotations"
+        await asyncio.sleep(0.05)
+    return [decode(e.data) for e in await broker.read(keys.annotations, count=10_000)]
+
+
+async def run_until(worker, broker, keys, want):
+    task = asyncio.create_task(worker.run())
+    try:
+        return await annotations(broker, keys, want)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+
+
+async def test_sdk_async_batches_under_the_concurrency_limit(broker, run_name):
+    keys, active, sizes = Keys(run_name), {"now": 0, "max": 0}, []
+
+    @producer(key="judge", batch_size=4, concurrency=2)
+    async def judge(rollouts):
+        sizes.append(len(rollouts))
+        active["now"] += 1
+        active["max"] = max(active["max"], active["now"])
+        await asyncio.sleep(0.1)
+        active["now"] -= 1
+        return [len(r.completion_ids) / 16 for r in rollouts]
+
+    await publish(broker, keys, 20)
+    worker = ProducerWorker(judge, spec_of(judge), broker, run_name, "judge-0", claim_idle_ms=200, block_ms=50)
+    got = await run_until(worker, broker, keys, 20)
+    assert sorted(a.rollout_id for a in got) == sorted(rollout(i, 1).rollout_id for i in range(20))
+    assert all(a.key == "judge" and a.producer == "judge-0" and not a.error for a in got)
+    assert {a.rollout_id: a.value for a in got}["g1:2"] == pytest.approx((1 + 6) / 16)
+    assert active["max"] == 2 and max(sizes) <= 4 and sum(sizes) == 20
+    dead = await broker.read(keys.deadletter)
+    assert len(dead) == 1 and b"not valid msgpack" in dead[0].data
+    info = {g["name"]: g for g in await broker.group_info(keys.rollouts)}
+    assert info["judge"]["pending"] == 0 and info["judge"]["lag"] == 0
+
+
+async def test_sdk_sync_function_failures_become_error_annotations(broker, run_name):
+    keys = Keys(run_name)
+
+    def flaky(rollouts):  # a plain function runs in a thread
+        if any(r.group_id == "g1" for r in rollouts):
+            raise RuntimeError("judge backend returned 503")
+        return [float("nan") if r.sample == 3 else 1.0 for r in rollouts]
+
+    await publish(broker, keys, 8, garbage=False)
+    worker = ProducerWorker(flaky, spec_of(flaky, key="judge", batch_size=4), broker, run_name, "j-0",
+                            claim_idle_ms=200, block_ms=50)
+    got = {a.rollout_id: a for a in await run_until(worker, broker, keys, 8)}
+    assert got["g0:0"].value == 1.0 and not got["g0:0"].error
+    assert "returned nan" in got["g0:3"].error
+    assert all("RuntimeError: judge backend returned 503" in got[f"g1:{i}"].error for i in range(4))
+    assert len(await broker.read(keys.deadletter)) == 5
+    assert worker.stats["errors"] == 5 and worker.stats["scored"] == 8
+
+
+async def test_a_dead_replicas_pending_rollouts_are_taken_over(broker, run_name):
+    keys = Keys(run_name)
+    await broker.ensure_group(keys.rollouts, "judge")
+    await publish(broker, keys, 6, garbage=False)
+    taken = await broker.read_group(keys.rollouts, "judge", "judge-crashed", count=6)  # read, never acked
+    assert len(taken) == 6
+    worker = ProducerWorker(lambda rs: [0.5] * len(rs), spec_of(lambda rs: [], key="judge"), broker, run_name,
+                            "judge-1", claim_idle_ms=200, block_ms=50)
+    got = await run_until(worker, broker, keys, 6)
+    assert {a.producer for a in got} == {"judge-1"}
+    info = {g["name"]: g for g in await broker.group_info(keys.rollouts)}
+    assert info["judge"]["pending"] == 0
+
+
+def producer_add(url: str, run: str, name: str) -> str:
+    res = subprocess.run([sys.executable, "-m", "streamrl.cli", "producer", "add", name, "--key", name, "--run", run,
+                          "--broker", url], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "streamrl reward --fn" in res.stdout
+    return res.stdout.splitlines()[0]
+
+
+async def test_producer_user_cannot_touch_keys_outside_its_grant(redis_server, broker, run_name):
+    keys, other = Keys(run_name), Keys(run_name + "-other")
+    await broker.set(keys.weights_latest, "secret")
+    await broker.add(keys.prompts, b"p")
+    await broker.add(other.annotations, b"x")
+    url = producer_add(redis_server.url, run_name, "judge")
+    assert url.startswith(f"redis://producer-{run_name}-judge:") and "@127.0.0.1:" in url
+    pb = await connect(url, retries=0)
+    try:
+        await publish(pb_admin := broker, keys, 2, garbage=False)
+        # Inside the grant: read rollouts through its group, append annotations and dead letters, ack.
+        got = await pb.read_group(keys.rollouts, "judge", "judge-0", count=10)
+        assert len(got) == 2
+        await pb.add(keys.annotations, encode(Annotation(rollout_id="g0:0", key="judge", value=1.0)))
+        await pb.add(keys.deadletter, b"{}")
+        assert await pb.ack(keys.rollouts, "judge", [e.id for e in got]) == 2
+        assert await pb.claim_idle(keys.rollouts, "judge", "judge-0", 0) == []
+        # Outside: other keys of the run, other runs, plain reads, destructive and admin commands.
+        c = pb.client
+        denied = [
+            c.get(keys.weights_latest), c.set(keys.weights_latest, "x"), c.xadd(keys.prompts, {"d": b"x"}),
+            c.xrange(keys.prompts), c.xreadgroup("judge", "j", {keys.prompts: ">"}),
+            c.xadd(other.annotations, {"d": b"x"}), c.xrange(other.annotations),
+            c.xreadgroup("judge", "j", {other.rollouts: ">"}), c.delete(keys.rollouts), c.set(keys.rollouts, "x"),
+            c.expire(keys.annotations, 1), c.xtrim(keys.annotations, 0), c.xdel(keys.rollouts, got[0].id),
+            c.xgroup_destroy(keys.rollouts, "trainer"), c.xgroup_setid(keys.rollouts, "trainer", "$"),
+            c.keys("*"), c.flushall(), c.config_get("*"), c.execute_command("ACL", "LIST"),
+            c.eval("return 1", 0), c.incr(keys.trainer_version),
+        ]
+        for call in denied:
+            with pytest.raises(NoPermissionError):
+                await call
+        assert await broker.get(keys.weights_latest) == b"secret" and await pb_admin.stream_len(keys.prompts) == 1
+        # What Redis 6.2 cannot express (docs/protocol.md, Security): XADD is granted for annotations,
+        # so it also works on the other granted key, rollouts. Redis >= 7 selectors close that.
+        major = int((await broker.client.info("server"))["redis_version"].split(".")[0])
+        if major >= 7:
+            with pytest.raises(NoPermissionError):
+                await c.xadd(keys.rollouts, {"d": b"x"})
+        else:
+            await c.xadd(keys.rollouts, {"d": b"x"})
+    finally:
+        await pb.close()
+
+
+async def test_node_producer_under_its_acl_user(redis_server, broker, run_name, tmp_path):
+    keys = Keys(run_name)
+    url = producer_add(redis_server.url, run_name, "judge")
+    await publish(broker, keys, 12)
+    proc = start_node_producer(url, run_name, "judge", tmp_path / "node.log", "--claim-idle-ms", "500")
+    try:
+        got = await annotations(broker, keys, 12, timeout=60)
+        by_id = {a.rollout_id: a for a in got}
+        for i in range(12):
+            r = rollout(i, 1 + i % 16)
+            assert by_id[r.rollout_id].value == pytest.approx(len(r.completion_ids) / 16)
+        assert all(a.key == "judge" and a.producer.startswith("judge-") and not a.error for a in got)
+        deadline = time.time() + 20
+        while not (dead := await broker.read(keys.deadletter)) and time.time() < deadline:
+            await asyncio.sleep(0.1)
+        assert len(dead) == 1
+        record = json.loads(dead[0].data.split(b"\n", 1)[0])
+        assert record["stream"] == keys.rollouts and record["reason"]
+        deadline = time.time() + 20
+        while (await broker.group_info(keys.rollouts))[0]["pending"] and time.time() < deadline:
+            await asyncio.sleep(0.1)
+        assert (await broker.group_info(keys.rollouts))[0]["pending"] == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(timeout=20)
+    log = (tmp_path / "node.log").read_text()
+    assert code == 0, log
+    assert '"event":"stopped"' in log and '"scored":12' in log
+
+
+async def test_sdk_runs_under_the_restricted_user(redis_server, broker, run_name):
+    keys = Keys(run_name)
+    url = producer_add(redis_server.url, run_name, "judge")
+    await publish(broker, keys, 4)
+    pb = await connect(url, retries=0)
+    try:
+        worker = ProducerWorker(lambda rs: [1.0] * len(rs), spec_of(lambda rs: [], key="judge"), pb, run_name,
+                                "judge-0", claim_idle_ms=200, block_ms=50)
+        got = await run_until(worker, broker, keys, 4)  # exits cleanly although heartbeats are not permitted
+    finally:
+        await pb.close()
+    assert len(got) == 4 and not worker.heartbeats
+    assert len(await broker.read(keys.deadletter)) == 1
