@@ -1,0 +1,334 @@
+"""`streamrl bench broker`: the whole message path with no model, one process per role.
+
+    streamrl bench broker                                  # 1,024-token rollouts, reward + reference + assembler
+    streamrl bench broker --rollouts 2000 --consumers 2 --out /tmp/bb
+
+A generator process publishes encoded rollouts (128-token prompt, N-token completion with
+logprobs; a group's samples together, as vLLM finishes fixed-length samples in one step); the
+real RewardWorker (a constant reward function), a reference process (Worker.read, a per-token
+`ref_logprobs` annotation like workers/reference.py minus the model), `--consumers` external
+annotators, and the real Assembler (join, complete groups, advantages, acks) in a trainer
+process. Three runs, side by side: a plain XADD/XREAD reader/writer pair without consumer
+groups (baseline), the full path at full speed, and the full path rate-limited (latency).
+Latency = the rollout's `finished_at` to its group's completion in the assembler (`batch` also
+includes waiting for the batch to fill).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bench.common import (Servers, machine, percentiles_ms, print_table, pyplot, queue, quiet_logging, run_async,
+                          scratch_servers, serve_worker, spawn, stop_all, write_result)
+from brokers.sharded import parse_placement
+from streamrl.broker import Keys
+from streamrl.config import BrokerConfig, Config, LossConfig, ReferenceConfig, RewardConfig, RolloutConfig, RunConfig
+from streamrl.messages import Annotation, Rollout, decode, encode
+from streamrl.worker import Worker
+
+HELP = "message path throughput and latency (no model)"
+DESCRIPTION = __doc__.split("\n\n", 1)[1]
+ROLLOUTS_MAXLEN = 1_000_000
+"""As workers/generator.py: the rollouts stream is trimmed approximately to this length."""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--rollouts", type=int, default=16_000, help="rollouts per run (default 16000)")
+    p.add_argument("--completion-tokens", type=int, default=1024)
+    p.add_argument("--prompt-tokens", type=int, default=128)
+    p.add_argument("--group-size", type=int, default=8)
+    p.add_argument("--groups-per-step", type=int, default=1, help="groups per assembled batch (default 1)")
+    p.add_argument("--consumers", type=int, default=0, help="external annotators besides reward + reference")
+    p.add_argument("--window", type=int, default=1024,
+                   help="rollouts published but not yet batched, at most (a job's feeder bounds this; default 1024)")
+    p.add_argument("--rate", type=float, default=1000.0, help="rollouts/s of the rate-limited latency run (0: skip)")
+    p.add_argument("--no-baseline", action="store_true", help="skip the plain reader/writer baseline")
+    p.add_argument("--block-ms", type=int, default=None, help="broker.block_ms of the consumers (default: the config's)")
+    p.add_argument("--url", action="append", help="an existing redis:// server (repeat for several; default: "
+                   "private embedded ones)")
+    p.add_argument("--shards", type=int, default=1, help="embedded redis-servers to spread the streams over "
+                   "(brokers/sharded.py; default 1)")
+    p.add_argument("--placement", default="rollouts=0,annotations=1",
+                   help="stream name -> server index with several servers (default rollouts=0,annotations=1)")
+
+
+def bench_reward(prompt: str, completion: str, meta: dict) -> float:
+    """The reward function of the bench: constant, so the path, not the scoring, is measured."""
+    return 1.0
+
+
+def _config(url: str, run: str, args) -> Config:
+    # Roles get their broker from `Servers`; broker.url only has to be valid.
+    broker = BrokerConfig(url=url) if args.block_ms is None else BrokerConfig(url=url, block_ms=args.block_ms)
+    return Config(run=RunConfig(name=run), broker=broker,
+                  rollout=RolloutConfig(group_size=args.group_size, groups_per_step=args.groups_per_step),
+                  reward=RewardConfig(fn="bench.broker:bench_reward"), reference=ReferenceConfig(),
+                  loss=LossConfig(kl_beta=0.001))  # kl_beta > 0: the assembler waits for ref_logprobs too
+
+
+# -- roles -------------------------------------------------------------------------------------
+def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
+    """Publish `args.rollouts` rollouts, a whole group per XADD pipeline, at `rate` (0: flat out)."""
+    quiet_logging("generator")
+    rng = np.random.default_rng(0)
+    prompt = rng.integers(0, 32_000, args.prompt_tokens).astype(np.int32)
+    completion = rng.integers(0, 32_000, args.completion_tokens).astype(np.int32)
+    logprobs = -rng.random(args.completion_tokens, dtype=np.float32)
+    gs = args.group_size
+
+    async def main() -> None:
+        broker = await servers.connect()
+        stream, nbytes, t0 = Keys(run).rollouts, 0, time.perf_counter()
+        consumed_key, consumed = Keys(run).stat("bench_batched"), 0
+        for g in range(args.rollouts // gs):
+            while g * gs - consumed >= args.window:  # backpressure, as the feeder's admission bound gives a job
+                consumed = int(await broker.get(consumed_key) or 0)
+                if g * gs - consumed >= args.window:
+                    time.sleep(0.002)
+            if rate:
+                delay = t0 + g * gs / rate - time.perf_counter()
+                if delay > 0:
+                    time.sleep(delay)  # the loop has nothing else to do; sleep() is the precise wait
+            blobs = [encode(Rollout(rollout_id=f"g{g}:{s}", group_id=f"g{g}", sample=s, group_size=gs,
+                                    prompt_ids=prompt, completion_ids=completion, logprobs=logprobs, version=0,
+                                    worker="generator-0", finished_at=time.time())) for s in range(gs)]
+            nbytes += sum(map(len, blobs))
+            await broker.add_many(stream, blobs, maxlen=ROLLOUTS_MAXLEN)
+        report.put(("generator", {"bytes": nbytes, "cpu_s": time.process_time()}))
+        await broker.close()
+
+    run_async(main())
+
+
+class BenchReference(Worker):
+    """workers/reference.py without the model: a per-token `ref_logprobs` annotation for each rollout."""
+
+    role = "reference"
+
+    async def start(self) -> None:
+        await self.broker.ensure_group(self.keys.rollouts, "reference")
+
+    async def step(self) -> bool:
+        items = await self.read(self.keys.rollouts, "reference", count=self.cfg.reference.batch_size, expect=Rollout)
+        if not items:
+            return False
+        out = [encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=r.logprobs, producer=self.worker_id))
+               for _, r in items]
+        await self.broker.add_many(self.keys.annotations, out)
+        await self.broker.ack(self.keys.rollouts, "reference", [e.id for e, _ in items])
+        return True
+
+
+class ExternalAnnotator(Worker):
+    """A bolt-on producer with its own consumer group: one scalar annotation (not required) per rollout."""
+
+    role = "external"
+
+    async def start(self) -> None:
+        await self.broker.ensure_group(self.keys.rollouts, self.worker_id)
+
+    async def step(self) -> bool:
+        items = await self.read(self.keys.rollouts, self.worker_id, count=64, expect=Rollout)
+        if not items:
+            return False
+        out = [encode(Annotation(rollout_id=r.rollout_id, key=self.worker_id, value=float(len(r.completion_ids)),
+                                 producer=self.worker_id)) for _, r in items]
+        await self.broker.add_many(self.keys.annotations, out)
+        await self.broker.ack(self.keys.rollouts, self.worker_id, [e.id for e, _ in items])
+        return True
+
+
+class BenchTrainer(Worker):
+    """The trainer role minus training: the real Assembler's batches, timed, then committed (acked)."""
+
+    role = "trainer"
+
+    def __init__(self, cfg: Config, broker, total: int, report):
+        super().__init__(cfg, broker, "trainer-0")
+        self.total, self.report = total, report
+        self.joined: list[float] = []
+        self.batched: list[float] = []
+        self.first = float("inf")
+
+    async def start(self) -> None:
+        from workers.assembler import Assembler
+
+        self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
+        await self.assembler.start()
+
+    async def step(self) -> bool:
+        batch = await self.assembler.next_batch(0, stop=self.stopping.is_set)
+        if batch is None:
+            return False
+        now = time.time()
+        done_at = {gid: self.assembler.groups[gid].completed_at for gid in batch.group_ids}
+        for r in batch.rollouts:
+            self.joined.append(done_at[r.group_id] - r.finished_at)
+            self.batched.append(now - r.finished_at)
+            self.first = min(self.first, r.finished_at)
+        await self.assembler.commit(batch)
+        await self.broker.incr(self.keys.stat("bench_batched"), len(batch))
+        if len(self.batched) >= self.total:
+            self.done = True
+            self.report.put(("trainer", {"n": len(self.batched), "first": self.first, "last": time.time(),
+                                         "joined": self.joined, "batched": self.batched,
+                                         "counters": dict(self.assembler.counters), "cpu_s": time.process_time()}))
+        return True
+
+
+def _role(name: str, cfg: Config, servers: Servers, report, total: int = 0) -> None:
+    quiet_logging(name)
+    from workers.reward import RewardWorker
+
+    make = {"reward": lambda b: RewardWorker(cfg, b, "reward-0"),
+            "reference": lambda b: BenchReference(cfg, b, "reference-0"),
+            "trainer": lambda b: BenchTrainer(cfg, b, total, report)}.get(name) or (
+        lambda b: ExternalAnnotator(cfg, b, name))
+    serve_worker(make, servers)
+    if name != "trainer":
+        report.put((name, {"cpu_s": time.process_time()}))
+
+
+# -- baseline: one writer, one plain reader ------------------------------------------------------
+def _plain_reader(servers: Servers, run: str, total: int, report) -> None:
+    quiet_logging("reader")
+
+    async def main() -> None:
+        broker = await servers.connect()
+        stream, last, lat, first = Keys(run).rollouts, "0", [], float("inf")
+        while len(lat) < total:
+            entries = await broker.read(stream, last, count=512, block_ms=1000)
+            now = time.time()
+            for e in entries:
+                r = decode(e.data)
+                lat.append(now - r.finished_at)
+                first = min(first, r.finished_at)
+            if entries:
+                last = entries[-1].id
+                await broker.incr(Keys(run).stat("bench_batched"), len(entries))
+        report.put(("trainer", {"n": len(lat), "first": first, "last": time.time(), "joined": lat, "batched": lat,
+                                "counters": {}, "cpu_s": time.process_time()}))
+        await broker.close()
+
+    run_async(main())
+
+
+# -- one run ------------------------------------------------------------------------------------
+def _wait_for_groups(servers: Servers, stream: str, names: set[str], timeout_s: float = 60.0) -> None:
+    import redis
+
+    from brokers.sharded import shard_of
+
+    client = redis.Redis.from_url(servers.urls[shard_of(stream, len(servers.urls), servers.placement)])
+    deadline = time.monotonic() + timeout_s
+    try:
+        while time.monotonic() < deadline:
+            try:
+                if names <= {g["name"].decode() for g in client.xinfo_groups(stream)}:
+                    return
+            except redis.ResponseError:
+                pass  # the stream does not exist yet
+            time.sleep(0.05)
+    finally:
+        client.close()
+    raise RuntimeError(f"bench consumers did not create their groups on {stream} within {timeout_s}s")
+
+
+def _server_cpu_s(servers: Servers) -> float:
+    import redis
+
+    total = 0.0
+    for url in servers.urls:
+        with redis.Redis.from_url(url) as c:
+            info = c.info("cpu")
+            c.flushall()  # a fresh keyspace per run; the memory of the last one is freed
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
+    """One run: `plain` (baseline pair) or `full` (every role); returns its row."""
+    run = f"bench-{mode}-{int(rate)}-{time.time_ns() % 10**9}"
+    cfg, report, keys = _config(servers.urls[0], run, args), queue(), Keys(run)
+    redis_cpu0 = _server_cpu_s(servers)
+    if mode == "plain":
+        consumers = [spawn(_plain_reader, servers, run, args.rollouts, report)]
+    else:
+        names = ["reward", "reference", "trainer"] + [f"ext{i}" for i in range(args.consumers)]
+        consumers = [spawn(_role, n, cfg, servers, report, args.rollouts) for n in names]
+        _wait_for_groups(servers, keys.rollouts, {"reward", "reference", "trainer"} | set(names[3:]))
+    producer = spawn(_generator, servers, run, args, rate, report)
+    got: dict = {}
+    try:
+        while "trainer" not in got or "generator" not in got:
+            name, data = report.get(timeout=600)
+            got[name] = data
+    finally:
+        stop_all(consumers + [producer])
+    while not report.empty():
+        name, data = report.get()
+        got[name] = data
+    t = got["trainer"]
+    elapsed = t["last"] - t["first"]
+    cpu = {name: round(d["cpu_s"], 2) for name, d in got.items()}
+    cpu["redis-server"] = round(_server_cpu_s(servers) - redis_cpu0, 2)
+    row = {"run": "plain XADD/XREAD pair" if mode == "plain" else "full path" + (f" @ {rate:,.0f}/s" if rate else ""),
+           "mode": mode, "target_rate": rate, "rollouts": t["n"], "seconds": round(elapsed, 3),
+           "rollouts_per_s": round(t["n"] / elapsed, 1),
+           "mb_per_s": round(got["generator"]["bytes"] / elapsed / 1e6, 1),
+           **percentiles_ms(t["joined"]), "batch_p99_ms": percentiles_ms(t["batched"])["p99_ms"],
+           "cpu_s": cpu, "assembler": t["counters"], "load_avg_after": list(np.round(__import__("os").getloadavg(), 2))}
+    row["_latency_ms"] = (np.asarray(t["joined"]) * 1000).tolist()
+    return row
+
+
+def _plot(rows: list[dict], out: str) -> None:
+    plt = pyplot()
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4))
+    a.bar([r["run"] for r in rows], [r["rollouts_per_s"] for r in rows], color="tab:blue")
+    a.set_ylabel("rollouts/s")
+    a.tick_params(axis="x", labelrotation=15)
+    for r in rows:
+        lat = np.sort(r["_latency_ms"])
+        b.plot(lat, np.linspace(0, 1, len(lat)), label=r["run"])
+    b.set_xscale("log")
+    b.set_xlabel("latency, ms (publish -> group joined)")
+    b.set_ylabel("fraction of rollouts")
+    b.legend()
+    fig.tight_layout()
+    fig.savefig(f"{out}/broker.png", dpi=100)
+
+
+def run(args) -> int:
+    import workers.assembler  # noqa: F401  imported once here, so forked roles do not each pay for it
+    import workers.reward  # noqa: F401
+
+    info = machine()
+    rows = []
+    with scratch_servers(args.url, args.shards, "broker") as urls:
+        servers = Servers(tuple(urls), parse_placement(args.placement) if len(urls) > 1 else {})
+        if not args.no_baseline:
+            rows.append(run_path(servers, args, "plain", 0.0))
+        rows.append(run_path(servers, args, "full", 0.0))
+        if args.rate:
+            rows.append(run_path(servers, args, "full", args.rate))
+    print(f"{args.rollouts} rollouts of {args.prompt_tokens}+{args.completion_tokens} tokens (with logprobs), "
+          f"group size {args.group_size}, consumers: reward + reference + assembler"
+          f"{f' + {args.consumers} external' if args.consumers else ''}; {len(urls)} redis-server(s), {info['cpus']} CPUs, "
+          f"load average before {info['load_avg']}")
+    print_table(rows, ["run", "rollouts_per_s", "mb_per_s", "p50_ms", "p99_ms", "batch_p99_ms", "seconds"])
+    for r in rows:
+        print(f"  cpu seconds, {r['run']}: {r['cpu_s']}")
+    full = next(r for r in rows if r["mode"] == "full" and not r["target_rate"])
+    limited = next((r for r in rows if r["target_rate"]), full)
+    result = {"bench": "broker", "rollouts_per_s": full["rollouts_per_s"], "mb_per_s": full["mb_per_s"],
+              "p50_ms": limited["p50_ms"], "p99_ms": limited["p99_ms"], "latency_rate": limited["target_rate"],
+              "baseline_rollouts_per_s": next((r["rollouts_per_s"] for r in rows if r["mode"] == "plain"), None),
+              "settings": {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)},
+              "machine": info, "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}
+    if write_result(args.out, result):
+        _plot(rows, args.out)
+        print(f"wrote {args.out}/result.json and {args.out}/broker.png")
+    return 0
