@@ -8,6 +8,7 @@ Each role is its own process (`streamrl worker ROLE ...`) with its output in RUN
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -21,6 +22,9 @@ from streamrl.errors import WorkerDied
 from streamrl.metrics import read_metrics
 
 GRACE_S = 15.0
+SCALE_FILE = "scale.json"
+"""Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
+SCALABLE_ROLES = ("generator", "reward", "reference")
 
 
 @dataclass
@@ -74,6 +78,8 @@ class Supervisor:
         self.config_path = run_dir / "config.yaml"
         self._stop_requested = 0
         self._printed = 0
+        self.retiring: list[Child] = []
+        """Children asked to leave by `streamrl scale` (SIGTERM sent), until they exit."""
 
     def spawn(self, role: str, index: int) -> Child:
         wid = f"{role}-{index}"
@@ -108,6 +114,7 @@ class Supervisor:
                      f"logs in {self.run_dir / 'logs'}")
             return self._watch()
         finally:
+            self.children += self.retiring
             self.stop_all()
             for s, h in old.items():
                 signal.signal(s, h)
@@ -116,6 +123,7 @@ class Supervisor:
         trainer = next(c for c in self.children if c.role == "trainer")
         while True:
             self._progress()
+            self.apply_scale()
             if self._stop_requested:
                 return 130
             code = trainer.proc.poll()
@@ -128,6 +136,35 @@ class Supervisor:
                     raise WorkerDied(f"{c.worker_id} ({c.role}) {describe_exit(code)}; last lines of "
                                      f"{c.log_path}:\n{tail(c.log_path)}")
             time.sleep(0.5)
+
+    # -- elastic scaling (`streamrl scale ROLE=N` writes RUN_DIR/scale.json) ---------------------
+    def desired_counts(self) -> dict[str, int]:
+        """Counts asked for by `streamrl scale` (roles it never named keep their current count)."""
+        path = self.run_dir / SCALE_FILE
+        try:
+            return {r: int(n) for r, n in json.loads(path.read_text()).items() if r in SCALABLE_ROLES}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return {}  # no file yet, or one being replaced: try again on the next poll
+
+    def apply_scale(self) -> None:
+        """Start or stop children so each scaled role runs its desired count; reap the ones that left."""
+        for c in [c for c in self.retiring if c.proc.poll() is not None]:
+            self.retiring.remove(c)
+            kill_group(c.proc)  # its engine processes, if any outlived it
+            self.say(f"{c.worker_id} left ({describe_exit(c.proc.returncode)})")
+        for role, want in self.desired_counts().items():
+            live = sorted((c for c in self.children if c.role == role), key=lambda c: int(c.worker_id.rsplit("-", 1)[1]))
+            for _ in range(want - len(live)):
+                used = {c.worker_id for c in self.children + self.retiring}
+                index = next(i for i in range(len(used) + 1) if f"{role}-{i}" not in used)
+                self.say(f"scale: started {self.spawn(role, index).worker_id} ({role} -> {want})")
+            for c in live[want:]:
+                # SIGTERM: the worker drains (a generator finishes or un-acks its in-flight groups), and
+                # whatever it leaves pending is taken over by the others through XAUTOCLAIM.
+                self.children.remove(c)
+                self.retiring.append(c)
+                c.proc.send_signal(signal.SIGTERM)
+                self.say(f"scale: stopping {c.worker_id} ({role} -> {want})")
 
     def _progress(self) -> None:
         rows = read_metrics(self.run_dir)

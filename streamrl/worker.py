@@ -78,7 +78,8 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         key = self.keys.worker(self.role, self.worker_id)
         while True:
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(), **self.stats}
+            info = {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(),
+                    "uptime_s": round(time.time() - self._started, 1), **self.stats}
             try:
                 await self.broker.set(key, json.dumps(info), ttl_s=HEARTBEAT_TTL_S)
             except Exception as exc:  # a broker hiccup must not kill the worker

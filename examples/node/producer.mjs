@@ -41,7 +41,7 @@ const HEARTBEAT = k(`workers:producer:${consumer}`);
 const log = (event, fields = {}) =>
   console.log(JSON.stringify({ ts: new Date().toISOString(), event, producer: name, consumer, ...fields }));
 
-const client = createClient({ url });
+const client = createClient({ url, disableOfflineQueue: true });  // fail fast while disconnected
 client.on("error", (err) => log("redis_error", { error: String(err) }));
 const cmd = (args) => client.sendCommand(args, { returnBuffers: true });
 const str = (b) => (Buffer.isBuffer(b) ? b.toString("utf8") : String(b));
@@ -127,7 +127,7 @@ try {
 let beats = await heartbeat();
 let lastBeat = Date.now(), lastClaim = 0, pendingDone = false;
 log("started", { run: opt.run, key: opt.key, group: name });
-while (!stopping) {
+async function poll() {
   let entries = [];
   if (!pendingDone) {
     // Own pending entries first (delivered to this consumer id before a restart, never acked).
@@ -152,6 +152,18 @@ while (!stopping) {
     lastBeat = Date.now();
   }
 }
+
+while (!stopping) {
+  try {
+    await poll();
+  } catch (err) {
+    // Broker restarts and network blips: the client reconnects by itself; un-acked entries stay
+    // pending on this consumer and are read again (own pending first) once it is back.
+    log("broker_error", { error: String(err.message ?? err) });
+    pendingDone = false;
+    await new Promise((resolve) => setTimeout(resolve, 1000));
+  }
+}
 if (beats) await cmd(["DEL", HEARTBEAT]).catch(() => {});
-await client.quit();
+await client.disconnect().catch(() => {});
 log("stopped", { scored });

@@ -1,0 +1,192 @@
+"""`streamrl status`: a live terminal view of a run, read from its broker.
+
+    streamrl status --run-dir runs/demo              # live, refreshed every --interval seconds
+    streamrl status --broker redis://... --run tiny --once     # one snapshot (scripts, tests)
+
+Shows the trainer's step and published weights version, each stream's length with every consumer
+group's pending and lag (XINFO GROUPS), each worker's heartbeat (age, host, counters, throughput
+= its main counter / uptime), the staleness histogram of recent steps and the reward trend (from
+the `metrics` stream the trainer appends to).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections import deque
+
+from rich.console import Console, Group
+from rich.table import Table
+from rich.text import Text
+
+from streamrl.broker import Keys
+
+NAME = "status"
+HELP = "live view of a run: trainer, streams, consumer lag, workers, staleness, reward"
+DESCRIPTION = "A live terminal view of a run read from its broker (--once prints one snapshot)."
+STREAMS = ["prompts", "rollouts", "annotations", "deadletter", "metrics", "control"]
+MAIN_COUNTER = {"generator": "rollouts", "reward": "scored", "reference": "scored", "producer": "scored",
+                "feeder": "admitted"}
+"""The counter whose rate is a role's throughput."""
+RECENT = 20
+"""Steps the staleness histogram and the reward trend cover."""
+BARS = "▁▂▃▄▅▆▇█"
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--run-dir", help="run directory of a `streamrl up` (broker URL and run name from it)")
+    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run", help="run name (default: run.name in RUN_DIR/config.yaml, else tiny)")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit")
+    p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
+
+
+class Collector:
+    """Reads a snapshot of the run from the broker; keeps the metrics it has seen between refreshes."""
+
+    def __init__(self, broker, run: str):
+        self.broker, self.keys = broker, Keys(run)
+        self.metrics: deque[dict] = deque(maxlen=200)
+        self._metrics_cursor = "0"
+
+    async def _int(self, key: str) -> int | None:
+        raw = await self.broker.get(key)
+        return None if raw is None else int(raw)
+
+    async def snapshot(self) -> dict:
+        k = self.keys
+        streams = []
+        for name in STREAMS:
+            key = k.prefix + name
+            streams.append({"name": name, "length": await self.broker.stream_len(key),
+                            "groups": await self.broker.group_info(key)})
+        workers = []
+        for key in sorted(await self.broker.scan(k.prefix + "workers:*")):
+            raw = await self.broker.get(key)
+            if raw is None:
+                continue  # expired between SCAN and GET: the worker left
+            role, _, wid = key[len(k.prefix + "workers:"):].partition(":")
+            try:
+                info = json.loads(raw)
+            except ValueError:
+                info = {}
+            workers.append({"role": role, "id": wid, **(info if isinstance(info, dict) else {})})
+        while batch := await self.broker.read(k.metrics, self._metrics_cursor, count=1000):
+            self._metrics_cursor = batch[-1].id
+            for entry in batch:
+                try:
+                    self.metrics.append(json.loads(entry.data))
+                except (TypeError, ValueError):
+                    pass  # not a metrics line; status shows what it can
+        weights = await self.broker.hgetall(k.weights_latest)
+        return {
+            "run": k.run, "now": time.time(), "trainer_version": await self._int(k.trainer_version),
+            "weights_version": int(weights["version"]) if "version" in weights else None,
+            "admitted": await self._int(k.feeder_admitted), "released": await self._int(k.groups_released),
+            "streams": streams, "workers": workers, "metrics": list(self.metrics),
+        }
+
+
+def sparkline(values: list[float]) -> str:
+    if not values:
+        return ""
+    lo, hi = min(values), max(values)
+    span = (hi - lo) or 1.0
+    return "".join(BARS[min(len(BARS) - 1, int((v - lo) / span * len(BARS)))] for v in values)
+
+
+def staleness_bars(rows: list[dict], width: int = 30) -> list[str]:
+    """Samples per staleness over `rows` (their staleness_hist), one bar per staleness value."""
+    hist: dict[int, int] = {}
+    for r in rows:
+        for s, n in (r.get("staleness_hist") or {}).items():
+            hist[int(s)] = hist.get(int(s), 0) + int(n)
+    total = sum(hist.values()) or 1
+    return [f"{s:>3} {'█' * max(1, round(width * n / total))} {n} ({100 * n / total:.0f}%)"
+            for s, n in sorted(hist.items())]
+
+
+def render(snap: dict) -> Group:
+    rows = snap["metrics"][-RECENT:]
+    last = rows[-1] if rows else {}
+    head = Text(f"run {snap['run']} | trainer step {last.get('step', '-')} | trainer version "
+                f"{snap['trainer_version'] if snap['trainer_version'] is not None else '-'} | weights version "
+                f"{snap['weights_version'] if snap['weights_version'] is not None else '-'} | groups admitted "
+                f"{snap['admitted'] or 0}, released {snap['released'] or 0}", style="bold")
+
+    streams = Table(title="streams", expand=False)
+    for col in ("stream", "length", "group", "consumers", "pending", "lag"):
+        streams.add_column(col, justify="left" if col in ("stream", "group") else "right")
+    for s in snap["streams"]:
+        groups = s["groups"] or [{"name": "-", "consumers": "", "pending": "", "lag": ""}]
+        for i, g in enumerate(groups):
+            lag = "?" if g["lag"] is None else g["lag"]
+            streams.add_row(s["name"] if i == 0 else "", str(s["length"]) if i == 0 else "", g["name"],
+                            str(g["consumers"]), str(g["pending"]), str(lag))
+
+    workers = Table(title="workers (heartbeats)", expand=False)
+    for col in ("role", "id", "host", "age s", "uptime s", "throughput", "counters"):
+        workers.add_column(col)
+    for w in snap["workers"]:
+        main = MAIN_COUNTER.get(w["role"])
+        uptime = w.get("uptime_s")
+        rate = f"{w[main] / uptime:.1f} {main}/s" if main in w and uptime else "-"
+        age = f"{snap['now'] - w['ts']:.1f}" if isinstance(w.get("ts"), (int, float)) else "-"
+        counters = ", ".join(f"{k}={v:g}" for k, v in w.items()
+                             if k not in ("role", "id", "host", "pid", "ts", "uptime_s") and isinstance(v, (int, float)))
+        workers.add_row(w["role"], w["id"], str(w.get("host", "-")), age, str(uptime or "-"), rate, counters)
+
+    parts = [head, streams, workers]
+    if rows:
+        trend = [r.get("reward_mean", 0.0) for r in rows]
+        comps = last.get("reward_components") or {}
+        parts.append(Text(f"reward (last {len(rows)} steps) {sparkline(trend)}  {trend[0]:.3f} -> {trend[-1]:.3f}"
+                          + ("  components: " + ", ".join(f"{k}={v:.3f}" for k, v in comps.items()) if comps else "")))
+        parts.append(Text(f"staleness of trained samples (last {len(rows)} steps):\n" + "\n".join(staleness_bars(rows))))
+    else:
+        parts.append(Text("no trainer steps yet (the metrics stream is empty)"))
+    return Group(*parts)
+
+
+def _run_name(args) -> str:
+    if args.run:
+        return args.run
+    if args.run_dir:
+        from pathlib import Path
+
+        import yaml
+
+        path = Path(args.run_dir) / "config.yaml"
+        if path.is_file():
+            return yaml.safe_load(path.read_text())["run"]["name"]
+    return "tiny"
+
+
+async def _main(args) -> int:
+    from brokers.redis_streams import connect
+    from streamrl.commands.common import broker_url
+
+    broker = await connect(broker_url(args), retries=3)
+    collector = Collector(broker, _run_name(args))
+    console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: no 80-column wrapping
+    try:
+        if args.once:
+            console.print(render(await collector.snapshot()))
+            return 0
+        from rich.live import Live
+
+        with Live(render(await collector.snapshot()), console=console, refresh_per_second=4) as live:
+            while True:
+                await asyncio.sleep(args.interval)
+                live.update(render(await collector.snapshot()))
+    finally:
+        await broker.close()
+
+
+def run(args) -> int:
+    try:
+        return asyncio.run(_main(args))
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,202 @@
+"""Elastic jobs end to end: `streamrl up` on the tiny config with an external reward key served by the
+Node.js producer (scores reach the trainer; a killed producer's key times out to its default), and
+workers joining and leaving a running job through `streamrl worker` and `streamrl scale`.
+
+    pytest tests/e2e/test_elastic.py        # ~6 runs of `streamrl up`, several minutes on 2 cores
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from tests.nodejs import start_node_producer
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 8
+ELASTIC_STEPS = 16
+"""Long enough that workers started after `up` have joined before the run ends."""
+BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000"]
+
+pytestmark = pytest.mark.slow
+
+
+def env(run_dir: Path) -> dict:
+    return {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache"), "PYTHONUNBUFFERED": "1"}
+
+
+def cli(run_dir: Path, *args: str, log: str | None = None, **kw) -> subprocess.Popen:
+    out = open(run_dir.parent / (log or f"{args[0]}.log"), "ab")
+    return subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, env=env(run_dir), stdout=out,
+                            stderr=subprocess.STDOUT, **kw)
+
+
+def start_up(run_dir: Path, *sets: str, steps: int = STEPS) -> subprocess.Popen:
+    args = ["up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "--run-dir", str(run_dir)]
+    for s in BASE + [f"trainer.steps={steps}"] + list(sets):
+        args += ["--set", s]
+    return cli(run_dir, *args, log="up.log")
+
+
+def up_output(run_dir: Path) -> str:
+    return (run_dir.parent / "up.log").read_text(errors="replace")
+
+
+def wait_for(what: str, cond, up: subprocess.Popen, run_dir: Path, timeout: float = 400):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if (got := cond()):
+            return got
+        assert up.poll() is None, f"`streamrl up` ended (code {up.returncode}) before {what}:\n{up_output(run_dir)[-4000:]}"
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}:\n{up_output(run_dir)[-4000:]}")
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def broker(run_dir: Path) -> redis.Redis:
+    return redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip())
+
+
+def heartbeat(run_dir: Path, role: str, wid: str) -> dict:
+    raw = broker(run_dir).get(f"streamrl:tiny:workers:{role}:{wid}")
+    return json.loads(raw) if raw else {}
+
+
+def finish(up: subprocess.Popen, run_dir: Path, steps: int = STEPS, timeout: float = 600) -> list[dict]:
+    code = up.wait(timeout=timeout)
+    assert code == 0, up_output(run_dir)[-4000:]
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(r["samples"] == 64 for r in rows)
+    return rows
+
+
+def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 60) -> int:
+    if proc.poll() is None:
+        proc.send_signal(sig)
+    return proc.wait(timeout=timeout)
+
+
+JUDGE = "annotations.external=[{key: judge, weight: 0.5, timeout_s: %s, on_timeout: default, default: -1.0}]"
+
+
+def attach_node_judge(up, run_dir: Path) -> subprocess.Popen:
+    """`streamrl producer add` (a restricted broker user), then the Node.js producer under it."""
+    wait_for("the broker", lambda: (run_dir / "broker" / "url").exists(), up, run_dir, timeout=120)
+    res = subprocess.run([sys.executable, "-m", "streamrl.cli", "producer", "add", "judge", "--run", "tiny",
+                          "--run-dir", str(run_dir)], cwd=ROOT, env=env(run_dir), capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    return start_node_producer(res.stdout.splitlines()[0], "tiny", "judge", run_dir.parent / "node.log",
+                               "--max-tokens", "16", "--claim-idle-ms", "3000")
+
+
+@pytest.mark.timeout(900)
+def test_node_producer_scores_reach_the_trainer(tmp_path):
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, JUDGE % 60)
+    node = attach_node_judge(up, run_dir)
+    try:
+        rows = finish(up, run_dir)
+    finally:
+        code = stop(node)  # the broker is gone by now: the producer keeps retrying until SIGTERM
+    for r in rows:
+        parts = r["reward_components"]
+        assert set(parts) == {"reward", "judge"}
+        # The toy judge scores completion tokens / 16: its mean is the batch's mean length / 16.
+        assert parts["judge"] == pytest.approx(r["completion_len_mean"] / 16, abs=1e-5)
+        assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"], abs=1e-5)
+        assert r["annotation_timeouts"] == 0 and r["failed"] == 0
+    log = (tmp_path / "node.log").read_text()
+    assert code == 0 and '"event":"stopped"' in log, log[-2000:]
+
+
+@pytest.mark.timeout(900)
+def test_killed_producer_times_out_to_the_default(tmp_path):
+    run_dir = tmp_path / "run"
+    up = start_up(run_dir, JUDGE % 3)
+    node = attach_node_judge(up, run_dir)
+    try:
+        wait_for("step 2", lambda: len(metrics(run_dir)) >= 2, up, run_dir)
+    finally:
+        assert stop(node, signal.SIGKILL) == -signal.SIGKILL
+    rows = finish(up, run_dir)
+    assert rows[0]["reward_components"]["judge"] == pytest.approx(rows[0]["completion_len_mean"] / 16, abs=1e-5)
+    assert rows[0]["annotation_timeouts"] == 0
+    last = rows[-1]
+    assert last["reward_components"]["judge"] == -1.0  # every rollout of the last batch got the default
+    assert last["reward_mean"] == pytest.approx(last["reward_components"]["reward"] - 0.5, abs=1e-5)
+    assert last["annotation_timeouts"] >= 64 and last["failed"] == 0
+
+
+@pytest.mark.timeout(900)
+def test_workers_join_and_leave_a_running_job(tmp_path):
+    run_dir = tmp_path / "run"
+    # No supervised generator or reward worker: the job advances only through the ones added here.
+    up = start_up(run_dir, "generator.count=0", "reward.count=0", steps=ELASTIC_STEPS)
+    wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists() and (run_dir / "broker" / "url").exists(),
+             up, run_dir, timeout=120)
+    joined = {}
+    try:
+        for role, wid in [("generator", "gen-a"), ("reward", "rew-a"), ("generator", "gen-b")]:
+            joined[wid] = cli(run_dir, "worker", role, "--config", str(run_dir / "config.yaml"),
+                              "--run-dir", str(run_dir), "--id", wid, log=f"{wid}.log")
+        wait_for("both generators producing", lambda: all(heartbeat(run_dir, "generator", w).get("rollouts", 0) > 0
+                                                          for w in ("gen-a", "gen-b")), up, run_dir)
+        assert len(metrics(run_dir)) < ELASTIC_STEPS
+        assert stop(joined["gen-a"]) == 0  # leaves cleanly: drains its in-flight groups first
+        rows = finish(up, run_dir, ELASTIC_STEPS)
+    finally:
+        codes = {w: stop(p) for w, p in joined.items()}
+    assert codes == {"gen-a": 0, "rew-a": 0, "gen-b": 0}
+    assert all(r["failed"] == 0 for r in rows)
+    logs = {w: [json.loads(x) for x in (run_dir / "logs" / f"{w}.jsonl").read_text().splitlines()] for w in joined}
+    stopped = next(e for e in logs["gen-a"] if e["event"] == "stopped")
+    assert stopped["rollouts"] > 0 and stopped.get("groups_aborted", 0) == 0
+    assert any(e["event"] == "stopped" and e["scored"] > 0 for e in logs["rew-a"])
+    assert "died" not in up_output(run_dir)
+
+
+def scale(run_dir: Path, *counts: str) -> None:
+    res = subprocess.run([sys.executable, "-m", "streamrl.cli", "scale", *counts, "--run-dir", str(run_dir)],
+                         cwd=ROOT, env=env(run_dir), capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.timeout(900)
+def test_scale_changes_the_supervised_count(tmp_path):
+    run_dir = tmp_path / "run"
+    # No generator to begin with: the run advances only through the ones `streamrl scale` starts.
+    up = start_up(run_dir, "generator.count=0", steps=ELASTIC_STEPS)
+    wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
+    scale(run_dir, "generator=2", "reward=2")
+    wait_for("both generators and both reward workers working", lambda: all(
+        heartbeat(run_dir, role, f"{role}-{i}").get(counter, 0) > 0
+        for role, counter in (("generator", "rollouts"), ("reward", "scored")) for i in (0, 1)), up, run_dir)
+    status = subprocess.run([sys.executable, "-m", "streamrl.cli", "status", "--run-dir", str(run_dir), "--once"],
+                            cwd=ROOT, env=env(run_dir), capture_output=True, text=True, timeout=60)
+    assert status.returncode == 0, status.stderr
+    for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
+        assert text in status.stdout, status.stdout
+    assert len(metrics(run_dir)) < ELASTIC_STEPS
+    scale(run_dir, "generator=1", "reward=1")
+    wait_for("generator-1 and reward-1 to leave", lambda: all(
+        f"{w} left (exited with code 0)" in up_output(run_dir) for w in ("generator-1", "reward-1")), up, run_dir)
+    rows = finish(up, run_dir, ELASTIC_STEPS)
+    out = up_output(run_dir)
+    for line in ("scale: started generator-0", "scale: started generator-1", "scale: started reward-1",
+                 "scale: stopping generator-1", "scale: stopping reward-1"):
+        assert line in out, out
+    assert "scale: stopping generator-0" not in out and all(r["failed"] == 0 for r in rows)
