@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -225,3 +226,23 @@ async def test_producer_list_and_remove(redis_server, broker, run_name):
     assert "judge" not in {g["name"] for g in await broker.group_info(keys.rollouts)}
     with pytest.raises(BrokerError, match="rejected the credentials"):
         await connect(url, retries=0)
+
+
+async def test_reward_cli_serves_a_decorated_function(redis_server, broker, run_name, tmp_path):
+    keys = Keys(run_name)
+    await publish(broker, keys, 8)
+    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "reward", "--fn", "length_judge:judge", "--run",
+                             run_name, "--broker", redis_server.url, "--run-dir", str(tmp_path), "--id", "judge-cli"],
+                            cwd=Path(__file__).resolve().parents[2] / "examples" / "python",
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        got = await annotations(broker, keys, 8, timeout=60)
+        assert {a.producer for a in got} == {"judge-cli"} and all(a.key == "judge" for a in got)
+        assert {a.rollout_id: a.value for a in got}["g1:3"] == pytest.approx(8 / 16)
+        assert "uptime_s" in json.loads(await broker.get(keys.worker("producer", "judge-cli")))  # heartbeat
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    assert proc.returncode == 0, out
+    assert (tmp_path / "logs" / "judge-cli.jsonl").exists()
+    assert await broker.get(keys.worker("producer", "judge-cli")) is None  # a clean exit removes the heartbeat
