@@ -1,0 +1,163 @@
+"""`streamrl report RUN_DIR`: a run's summary table and PNG plots, from RUN_DIR/metrics.jsonl and logs.
+
+    streamrl report runs/tiny-20260101-120000                 # plots into RUN_DIR/report/
+    streamrl report runs/demo --out /tmp/plots --json         # also print the summary as JSON
+
+Plots: reward.png (mean +- std per step), throughput.png (trained tokens/s per step),
+busy.png (trainer busy share of each step, rollouts generated while training, and each role's
+busy fraction from its shutdown log line), staleness.png (trained tokens per staleness),
+losses.png (every loss metric the objective logs). `summarize()` is what `streamrl bench e2e`
+reports for each job.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+NAME = "report"
+HELP = "plots and a summary of a finished (or running) run from its metrics.jsonl"
+LOSS_KEYS = ["loss", "pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "abs_log_ratio_mean", "grad_norm"]
+
+
+def add_arguments(p) -> None:
+    p.add_argument("run_dir", help="a run directory (holds metrics.jsonl)")
+    p.add_argument("--out", help="where the PNGs go (default RUN_DIR/report)")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON too")
+
+
+def log_events(run_dir: Path, event: str) -> list[dict]:
+    """Every structured log record named `event` across RUN_DIR/logs/*.jsonl."""
+    out = []
+    for path in sorted((Path(run_dir) / "logs").glob("*.jsonl")):
+        for line in path.read_text(errors="replace").splitlines():
+            if f'"{event}"' in line:
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:
+                    continue  # a line cut by a crash
+                if rec.get("event") == event:
+                    out.append(rec)
+    return out
+
+
+def step_wall(m: dict) -> float:
+    """Wall time of one trainer step: waiting for the batch, training, and the publish stall."""
+    return m.get("wait_s", 0.0) + m.get("train_s", 0.0) + m.get("publish_stall_s", 0.0)
+
+
+def summarize(run_dir: Path, skip: int = 1) -> dict:
+    """Throughput, busy fractions, weight-sync latency and staleness of a run (steps after `skip`)."""
+    from streamrl.metrics import read_metrics
+
+    rows = read_metrics(run_dir)
+    if not rows:
+        raise FileNotFoundError(f"{run_dir}/metrics.jsonl has no steps yet; pass the directory of a run that trained")
+    steady = rows[skip:] or rows  # the first step also waits for every role to start
+    wall = sum(step_wall(m) for m in steady)
+    hist: dict[str, int] = {}
+    for m in rows:
+        for k, v in (m.get("staleness_hist_tokens") or m.get("staleness_hist") or {}).items():
+            hist[k] = hist.get(k, 0) + int(v)
+    busy = {f"{r['role']}:{r['worker_id']}": r["busy_fraction"] for r in log_events(run_dir, "stopped")
+            if "busy_fraction" in r}
+    busy["trainer"] = round(sum(m.get("train_s", 0.0) for m in steady) / max(wall, 1e-9), 4)
+    gen_tokens = sum(r.get("tokens_generated", 0) for r in log_events(run_dir, "stopped"))
+    gen_start = sum(r.get("seconds", 0.0) for r in log_events(run_dir, "engine_started"))
+    gen_up = sum(r.get("uptime_s", 0.0) for r in log_events(run_dir, "stopped") if r.get("role") == "generator")
+    switches = [r for r in log_events(run_dir, "weights_loaded") if not r.get("joining")]
+    lat = [r["switch_latency_s"] for r in switches if "switch_latency_s" in r]
+    return {
+        "steps": len(rows), "samples": int(sum(m.get("samples", 0) for m in rows)),
+        "trained_tokens": int(sum(m.get("tokens", 0) for m in rows)),
+        "trained_tokens_per_s": round(sum(m.get("tokens", 0) for m in steady) / max(wall, 1e-9), 2),
+        "steps_per_s": round(len(steady) / max(wall, 1e-9), 4),
+        "generated_tokens_per_s": round(gen_tokens / max(gen_up - gen_start, 1e-9), 2) if gen_up else None,
+        "busy": busy,
+        "weight_sync_latency_s": {"p50": round(float(np.median(lat)), 4), "max": round(float(np.max(lat)), 4),
+                                  "count": len(lat)} if lat else None,
+        "weight_sync_paused_s_mean": round(float(np.mean([r["paused_s"] for r in switches if "paused_s" in r])), 4)
+        if switches else None,
+        "staleness_hist_tokens": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "reward_first": rows[0].get("reward_mean"), "reward_last": rows[-1].get("reward_mean"),
+        "wait_s_mean": round(float(np.mean([m.get("wait_s", 0.0) for m in steady])), 4),
+        "train_s_mean": round(float(np.mean([m.get("train_s", 0.0) for m in steady])), 4),
+    }
+
+
+def plot_run(run_dir: Path, out: Path) -> list[Path]:
+    """Write the run's PNGs into `out`; returns their paths."""
+    from bench.common import pyplot
+    from streamrl.metrics import read_metrics
+
+    plt = pyplot()
+    rows = read_metrics(run_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = [m["step"] for m in rows]
+    col = lambda key: np.asarray([m.get(key) if m.get(key) is not None else np.nan for m in rows], dtype=float)  # noqa: E731
+    written = []
+
+    def save(fig, name: str) -> None:
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=90)
+        plt.close(fig)
+        written.append(out / name)
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    mean, std = col("reward_mean"), np.nan_to_num(col("reward_std"))
+    ax.plot(steps, mean)
+    ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
+    ax.set(xlabel="step", ylabel="reward (mean +- std)", title="reward")
+    save(fig, "reward.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot(steps, col("tokens") / np.maximum([step_wall(m) for m in rows], 1e-9))
+    ax.set(xlabel="step", ylabel="trained tokens/s", title="throughput per step")
+    save(fig, "throughput.png")
+
+    summary = summarize(run_dir)
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
+    a.plot(steps, col("train_s") / np.maximum([step_wall(m) for m in rows], 1e-9), label="trainer busy")
+    if "overlap_frac" in rows[0]:
+        a.plot(steps, col("overlap_frac"), label="rollouts generated while training")
+    a.set(xlabel="step", ylim=(0, 1.05), title="per step")
+    a.legend()
+    b.bar(list(summary["busy"]), list(summary["busy"].values()))
+    b.set(ylim=(0, 1.05), title="busy fraction per role")
+    b.tick_params(axis="x", labelrotation=20)
+    save(fig, "busy.png")
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    hist = summary["staleness_hist_tokens"]
+    ax.bar([int(k) for k in hist], list(hist.values()))
+    ax.set(xlabel="staleness (trainer version - oldest token version)", ylabel="trained tokens", title="staleness")
+    save(fig, "staleness.png")
+
+    keys = [k for k in LOSS_KEYS if any(isinstance(m.get(k), (int, float)) for m in rows)]
+    if keys:
+        fig, axes = plt.subplots(1, len(keys), figsize=(3 * len(keys), 3), squeeze=False)
+        for ax, k in zip(axes[0], keys):
+            ax.plot(steps, col(k))
+            ax.set(xlabel="step", title=k)
+        save(fig, "losses.png")
+    return written
+
+
+def run(args) -> int:
+    from streamrl.errors import ConfigError
+
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file():
+        raise ConfigError(f"{run_dir} has no metrics.jsonl; pass a run directory (runs/<name>-<time>) "
+                          "of a `streamrl up` that has trained at least one step")
+    summary = summarize(run_dir)
+    out = Path(args.out) if args.out else run_dir / "report"
+    written = plot_run(run_dir, out)
+    for key, value in summary.items():
+        print(f"{key:>26}  {value}")
+    print(f"wrote {', '.join(p.name for p in written)} to {out}")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
