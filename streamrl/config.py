@@ -285,6 +285,20 @@ class AnnotationsConfig(Section):
         return value
 
 
+class MetricsConfig(Section):
+    sinks: list[Literal["wandb", "tensorboard", "prometheus"]] = []
+    """Where the trainer's per-step metrics go besides RUN_DIR/metrics.jsonl (streamrl/sinks.py)."""
+    wandb_project: str = "streamrl"
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """`offline` writes RUN_DIR/wandb (upload later with `wandb sync`); `online` needs a login."""
+    tensorboard_dir: str | None = None
+    """Event-file directory (default RUN_DIR/tensorboard)."""
+    prometheus_port: int = Field(9400, ge=0, le=65535)
+    """Port of the /metrics endpoint (trainer rank 0); 0 picks a free one."""
+    prometheus_addr: str = "127.0.0.1"
+    """Address the endpoint binds; 0.0.0.0 to let a Prometheus on another host scrape it."""
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     broker: BrokerConfig = BrokerConfig()
@@ -298,6 +312,7 @@ class Config(Section):
     trainer: TrainerConfig = TrainerConfig()
     weights: WeightsConfig = WeightsConfig()
     annotations: AnnotationsConfig = AnnotationsConfig()
+    metrics: MetricsConfig = MetricsConfig()
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":

@@ -18,20 +18,27 @@ def _clean(value):
 
 
 class MetricsWriter:
-    def __init__(self, run_dir: Path | None):
+    def __init__(self, run_dir: Path | None, cfg=None):
+        """`cfg` (a Config) switches on the sinks of cfg.metrics (streamrl/sinks.py: W&B, TensorBoard, Prometheus)."""
+        from streamrl.sinks import NullSink, make_sink
+
         self.path = Path(run_dir) / "metrics.jsonl" if run_dir else None
         self._fh = open(self.path, "a", buffering=1) if self.path else None
+        self.sink = make_sink(cfg, run_dir) if cfg is not None else NullSink()
 
     def write(self, record: dict) -> str:
-        line = json.dumps({k: _clean(v) for k, v in record.items()}, sort_keys=False)
+        clean = {k: _clean(v) for k, v in record.items()}
+        line = json.dumps(clean, sort_keys=False)
         if self._fh:
             self._fh.write(line + "\n")
+        self.sink.log(clean)
         return line
 
     def close(self) -> None:
         if self._fh:
             self._fh.close()
             self._fh = None
+        self.sink.close()
 
 
 def read_metrics(run_dir: Path) -> list[dict]:

@@ -41,6 +41,10 @@ class Worker:
         self._pending_cursor: dict[str, str | None] = {}
         self._held: dict[tuple[str, str], set[str]] = {}
         self._last_claim: dict[str, float] = {}
+        self._group_streams: dict[str, list[str]] = {}
+        """Streams this worker reads with each consumer group (see `read`)."""
+        self._read_ahead: dict[str, list[Entry]] = {}
+        """New entries delivered by a shared XREADGROUP for a stream not being read at that moment."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -131,8 +135,20 @@ class Worker:
         return good
 
     async def read(self, stream: str, group: str, count: int, expect: type | None = None) -> list[tuple[Entry, Any]]:
-        """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones."""
+        """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones.
+
+        A worker that reads several streams with one group (the assembler: rollouts and annotations)
+        blocks on all of them in one XREADGROUP: waiting on one stream while the other has entries
+        would add up to broker.block_ms of latency per poll. Entries that arrive for the other
+        streams are kept (already delivered, so pending on this consumer) for their next `read`.
+        """
         b = self.cfg.broker
+        streams = self._group_streams.setdefault(group, [])
+        if stream not in streams:
+            streams.append(stream)
+        if ahead := self._read_ahead.get(stream):
+            self._read_ahead[stream] = ahead[count:]
+            return await self.decode_entries(stream, group, ahead[:count], expect)
         cursor = self._pending_cursor.get(stream, "0")
         entries: list[Entry] = []
         if cursor is not None:
@@ -143,5 +159,11 @@ class Worker:
             self._last_claim[stream] = now
             entries = await self.broker.claim_idle(stream, group, self.worker_id, b.claim_idle_ms, count=count)
         if not entries:
-            entries = await self.broker.read_group(stream, group, self.worker_id, count=count, block_ms=b.block_ms)
+            # Only streams past their own-pending phase join: a pending read after a shared one
+            # would deliver the read-ahead entries a second time.
+            shared = [stream] + [s for s in streams if s != stream and self._pending_cursor.get(s, "0") is None]
+            got = await self.broker.read_groups(shared, group, self.worker_id, count=count, block_ms=b.block_ms)
+            entries = got.pop(stream, [])
+            for other, more in got.items():
+                self._read_ahead[other] = self._read_ahead.get(other, []) + more
         return await self.decode_entries(stream, group, entries, expect)

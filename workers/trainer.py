@@ -43,7 +43,7 @@ class TrainerWorker(Worker):
         super().__init__(cfg, broker, worker_id, run_dir)
         self.engine = engine
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
-        self.metrics = MetricsWriter(run_dir)
+        self.metrics = MetricsWriter(run_dir, cfg)
         self.publishing: asyncio.Task | None = None
         self.train_intervals: list[tuple[float, float]] = []
 
