@@ -106,6 +106,7 @@ class RedisBroker:
         self.url = redact(url)
         for command in ("XREAD", "XREADGROUP"):  # per client instance: other clients are unaffected
             client.set_response_callback(command, _raw_xread)
+        self._scripts: dict[str, Any] = {}
 
     # -- streams ---------------------------------------------------------------------------
     async def add(self, stream: str, data: bytes, maxlen: int | None = None) -> str:
@@ -255,6 +256,13 @@ class RedisBroker:
 
     async def scan(self, pattern: str) -> list[str]:
         return [_s(k) async for k in self.client.scan_iter(match=pattern, count=1000)]
+
+    async def script(self, source: str, keys: list[str], args: list) -> Any:
+        # EVALSHA after the first call (redis-py caches the sha); NOSCRIPT after a server restart
+        # is handled by redis-py re-sending the source.
+        if source not in self._scripts:
+            self._scripts[source] = self.client.register_script(source)
+        return await self._scripts[source](keys=keys, args=args)
 
     async def close(self) -> None:
         await self.client.aclose()

@@ -79,6 +79,10 @@ class Broker(Protocol):
 
     async def scan(self, pattern: str) -> list[str]: ...
 
+    async def script(self, source: str, keys: list[str], args: list) -> object:
+        """Run a server-side (Lua) script atomically: multi-key updates that must not be torn by a
+        crash (streamrl.accounting's ledger, streamrl.trimming)."""
+
     async def close(self) -> None: ...
 
 

@@ -241,6 +241,33 @@ class TrainerConfig(Section):
     """Linear warm-up from 0 over this many steps, then the schedule."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward: less memory, ~30% more compute."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Save a checkpoint (RUN_DIR/checkpoints, torch.distributed.checkpoint) every this many steps,
+    and at the end or on a graceful stop. Steps after the newest checkpoint are replayed on resume."""
+    checkpoint_keep: int = Field(2, ge=1)
+    """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
+    trim_every_s: float = Field(10.0, gt=0)
+    """How often the trainer trims the streams below what every consumer group has consumed."""
+
+
+class SupervisorConfig(Section):
+    """How `streamrl up` handles a role process that dies."""
+
+    restart: bool = True
+    """Restart a crashed feeder/generator/reward/reference process (its un-acked work is resumed)."""
+    restart_trainer: bool = False
+    """Also restart a crashed trainer; it resumes from its newest checkpoint. Off: a trainer death ends the run."""
+    restart_broker: bool = True
+    """Restart the embedded redis-server if it dies (same port, password and append-only file)."""
+    max_restarts: int = Field(5, ge=0)
+    """Restarts allowed per worker before its death ends the run."""
+    backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first restart of a worker; doubled after each further restart."""
+    backoff_max_s: float = Field(30.0, ge=0)
+    """Cap of the restart back-off."""
+    grace_s: float = Field(45.0, gt=0)
+    """On stop, time each role gets to finish or hand back its work before it is killed (longer than
+    generator.drain_timeout_s, so a generator can finish its in-flight groups)."""
 
 
 class WeightsConfig(Section):
@@ -311,6 +338,7 @@ class Config(Section):
     loss: LossConfig = LossConfig()
     trainer: TrainerConfig = TrainerConfig()
     weights: WeightsConfig = WeightsConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
     annotations: AnnotationsConfig = AnnotationsConfig()
     metrics: MetricsConfig = MetricsConfig()
 

@@ -4,6 +4,8 @@ stop everything when training ends (or on Ctrl-C), and name the role that died i
     streamrl up --config configs/tiny-cpu.yaml --run-dir runs/demo
 
 Each role is its own process (`streamrl worker ROLE ...`) with its output in RUN_DIR/logs/.
+A crashed role is restarted with back-off (supervisor.*; streamrl/recovery.py), the embedded
+broker too; at the end the accounting invariant is checked and written to RUN_DIR/summary.json.
 """
 
 from __future__ import annotations
@@ -20,8 +22,8 @@ from pathlib import Path
 from streamrl.config import Config, dump_config
 from streamrl.errors import WorkerDied
 from streamrl.metrics import read_metrics
+from streamrl.recovery import BrokerWatch, RestartPolicy
 
-GRACE_S = 15.0
 SCALE_FILE = "scale.json"
 """Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
 SCALABLE_ROLES = ("generator", "reward", "reference")
@@ -33,6 +35,9 @@ class Child:
     worker_id: str
     proc: subprocess.Popen
     log_path: Path
+    restarts: int = 0
+    restart_at: float | None = None
+    """Set while the child waits out its restart back-off."""
 
 
 def describe_exit(code: int) -> str:
@@ -69,8 +74,11 @@ def role_counts(cfg: Config) -> dict[str, int]:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, run_dir: Path, broker_url: str, say=print):
+    def __init__(self, cfg: Config, run_dir: Path, broker_url: str, say=print, broker_server=None):
         self.cfg = cfg
+        self.policy = RestartPolicy(cfg.supervisor)
+        self.broker_watch = BrokerWatch(broker_server, cfg.supervisor.restart_broker, say)
+        self.summary: dict | None = None
         self.run_dir = run_dir
         self.broker_url = broker_url
         self.say = say
@@ -85,14 +93,33 @@ class Supervisor:
         wid = f"{role}-{index}"
         log_path = self.run_dir / "logs" / f"{wid}.out"
         log_path.parent.mkdir(parents=True, exist_ok=True)
+        child = Child(role, wid, self._popen(role, wid, log_path), log_path)
+        self.children.append(child)
+        return child
+
+    def _popen(self, role: str, wid: str, log_path: Path) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "streamrl.cli", "worker", role, "--config", str(self.config_path),
                "--run-dir", str(self.run_dir), "--id", wid]
         env = {**os.environ, "STREAMRL_BROKER_URL": self.broker_url, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "ab") as out:
-            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        child = Child(role, wid, proc, log_path)
-        self.children.append(child)
-        return child
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+
+    def _on_death(self, c: Child, code: int) -> None:
+        """Report how `c` died; schedule its restart (back-off) or end the run (WorkerDied)."""
+        how = describe_exit(code)
+        kill_group(c.proc)  # engine processes or ranks it left behind
+        if not self.policy.allows(c.role, c.restarts):
+            raise WorkerDied(f"{c.worker_id} ({c.role}) {how}; {self.policy.refusal(c.role, c.restarts)}. "
+                             f"Last lines of {c.log_path}:\n{tail(c.log_path)}")
+        delay = self.policy.delay(c.restarts)
+        c.restart_at = time.time() + delay
+        self.say(f"{c.worker_id} ({c.role}) {how}; restarting in {delay:.1f}s "
+                 f"(restart {c.restarts + 1} of {self.cfg.supervisor.max_restarts})")
+
+    def _respawn(self, c: Child) -> None:
+        c.restarts += 1
+        c.restart_at = None
+        c.proc = self._popen(c.role, c.worker_id, c.log_path)
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop_requested += 1
@@ -112,12 +139,30 @@ class Supervisor:
                     self.spawn(role, i)
             self.say(f"started {', '.join(f'{n} {r}' for r, n in role_counts(self.cfg).items() if n)}; "
                      f"logs in {self.run_dir / 'logs'}")
-            return self._watch()
+            code = self._watch()
         finally:
             self.children += self.retiring
             self.stop_all()
             for s, h in old.items():
                 signal.signal(s, h)
+            self._account()
+        if code == 0 and self.summary is not None and not self.summary["invariant_holds"]:
+            return 3
+        return code
+
+    def _account(self) -> None:
+        """Check the accounting invariant (streamrl.accounting) and write RUN_DIR/summary.json."""
+        from streamrl.accounting import write_summary
+
+        try:
+            self.summary = s = write_summary(self.broker_url, self.cfg.run.name, self.run_dir)
+        except Exception as exc:  # the broker is gone: nothing to account against
+            self.say(f"accounting skipped: broker unreachable ({exc})")
+            return
+        line = (f"accounting (groups): admitted {s['admitted']} = trained {s['trained']} + dropped_stale "
+                f"{s['dropped_stale']} + filtered {s['filtered']} + failed {s['failed']} + requeued {s['requeued']} "
+                f"+ in flight {s['in_flight']} + lost {s['lost']}; double-trained rollouts {s['double_trained']}")
+        self.say(line if s["invariant_holds"] else f"ACCOUNTING INVARIANT VIOLATED: {line}; see {self.run_dir / 'summary.json'}")
 
     def _watch(self) -> int:
         trainer = next(c for c in self.children if c.role == "trainer")
@@ -126,16 +171,23 @@ class Supervisor:
             self.apply_scale()
             if self._stop_requested:
                 return 130
-            code = trainer.proc.poll()
-            if code == 0:
+            self.broker_watch.check()
+            if trainer.restart_at is None and trainer.proc.poll() == 0 and self._finished():
                 self._progress()
                 return 0
             for c in self.children:
+                if c.restart_at is not None:
+                    if time.time() >= c.restart_at:
+                        self._respawn(c)
+                    continue
                 code = c.proc.poll()
                 if code is not None:
-                    raise WorkerDied(f"{c.worker_id} ({c.role}) {describe_exit(code)}; last lines of "
-                                     f"{c.log_path}:\n{tail(c.log_path)}")
+                    self._on_death(c, code)
             time.sleep(0.5)
+
+    def _finished(self) -> bool:
+        rows = read_metrics(self.run_dir)
+        return bool(rows) and rows[-1]["step"] >= self.cfg.trainer.steps
 
     # -- elastic scaling (`streamrl scale ROLE=N` writes RUN_DIR/scale.json) ---------------------
     def desired_counts(self) -> dict[str, int]:
@@ -179,12 +231,13 @@ class Supervisor:
         live = [c for c in self.children if c.proc.poll() is None]
         for c in live:
             c.proc.send_signal(signal.SIGTERM)
-        deadline = time.time() + GRACE_S
+        grace = self.cfg.supervisor.grace_s
+        deadline = time.time() + grace
         for c in live:
             try:
                 c.proc.wait(timeout=max(0.1, deadline - time.time()))
             except subprocess.TimeoutExpired:
-                self.say(f"{c.worker_id} did not stop within {GRACE_S:.0f}s; killing it")
+                self.say(f"{c.worker_id} did not stop within {grace:.0f}s; killing it")
                 kill_group(c.proc)
                 c.proc.wait()
         for c in self.children:  # ranks or engine processes a role started, if it left any

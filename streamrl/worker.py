@@ -134,8 +134,10 @@ class Worker:
             await self.broker.ack(stream, group, bad)
         return good
 
-    async def read(self, stream: str, group: str, count: int, expect: type | None = None) -> list[tuple[Entry, Any]]:
+    async def read(self, stream: str, group: str, count: int, expect: type | None = None,
+                   claim: bool = True) -> list[tuple[Entry, Any]]:
         """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones.
+        `claim=False` skips the idle takeover (a group with a single consumer, e.g. the trainer's).
 
         A worker that reads several streams with one group (the assembler: rollouts and annotations)
         blocks on all of them in one XREADGROUP: waiting on one stream while the other has entries
@@ -155,7 +157,7 @@ class Worker:
             entries = await self.broker.read_group(stream, group, self.worker_id, count=count, block_ms=None, start=cursor)
             self._pending_cursor[stream] = entries[-1].id if entries else None
         now = time.monotonic()
-        if not entries and now - self._last_claim.get(stream, 0.0) > b.claim_idle_ms / 4000:
+        if claim and not entries and now - self._last_claim.get(stream, 0.0) > b.claim_idle_ms / 4000:
             self._last_claim[stream] = now
             entries = await self.broker.claim_idle(stream, group, self.worker_id, b.claim_idle_ms, count=count)
         if not entries:

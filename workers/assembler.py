@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamrl.accounting import close_group
 from streamrl.advantages import batch_advantages, overlong_penalty
 from streamrl.batch import Batch
-from streamrl.broker import Broker, Keys
+from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
 from streamrl.messages import Annotation, Prompt, Rollout, encode
 from streamrl.staleness import is_stale
@@ -50,25 +51,69 @@ class Assembler:
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         self.ready: list[str] = []
         self.closed: set[str] = set()
+        self.replay: set[str] = set()
+        self._rescanned = time.monotonic()
+        """Groups of logged steps a resumed trainer retrains exactly as logged (no filter, no staleness drop)."""
+        self.vocab_size: int | None = None
+        """Token ids at or above it are dead-lettered (the trainer's embedding would fail on them)."""
         self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0,
                          "dropped_timeout": 0, "annotation_timeouts": 0}
 
     async def start(self) -> None:
         for stream in (self.keys.rollouts, self.keys.annotations):
             await self.broker.ensure_group(stream, GROUP)
+            # One consumer (trainer rank 0) reads this group: adopt what an earlier trainer process
+            # under another id left pending; our own pending entries are then read first (no idle
+            # claiming later, which would hand our own waiting entries back to us as duplicates).
+            await self.broker.claim_idle(stream, GROUP, self.consumer, 0, count=100_000)
+
+    def restore(self, closed: set[str], replay: set[str]) -> None:
+        """After a resume: groups with a final outcome are closed; `replay` groups are retrained as logged."""
+        self.closed |= closed
+        self.replay = set(replay)
 
     # -- intake ----------------------------------------------------------------------------
     async def poll(self) -> int:
         """Read what is available (own pending first, then new) and file it. Returns entries read."""
         n = 0
+        if time.monotonic() - self._rescanned > self.cfg.broker.claim_idle_ms / 1000:
+            # Re-read our own pending entries now and then: after a broker restart, entries whose
+            # XREADGROUP reply was lost are pending on us but were never seen (nobody else claims them).
+            self._rescanned = time.monotonic()
+            for stream in (self.keys.rollouts, self.keys.annotations):
+                self.owner._pending_cursor[stream] = "0"
         for stream, kind in ((self.keys.rollouts, Rollout), (self.keys.annotations, Annotation)):
-            for entry, msg in await self.owner.read(stream, GROUP, count=512, expect=kind):
+            for entry, msg in await self.owner.read(stream, GROUP, count=512, expect=kind, claim=False):
                 n += 1
-                if kind is Rollout:
+                if reason := self._invalid(msg):
+                    await self.owner.dead_letter(stream, entry, reason)
+                    await self.broker.ack(stream, GROUP, [entry.id])
+                elif kind is Rollout:
                     await self._add_rollout(entry.id, msg)
                 else:
                     await self._add_annotation(entry.id, msg)
         return n
+
+    def _invalid(self, msg) -> str:
+        """Why a decodable message still cannot be used (it would break a group or the train step)."""
+        if isinstance(msg, Rollout):
+            g = self.groups.get(msg.group_id)
+            if msg.rollout_id != f"{msg.group_id}:{msg.sample}":
+                return f"rollout_id {msg.rollout_id!r} is not '<group_id>:<sample>'"
+            if len(msg.prompt_ids) == 0:
+                return "rollout has an empty prompt"
+            if g is not None and g.group_size != msg.group_size:
+                return f"group_size {msg.group_size} differs from the group's {g.group_size}"
+            ids = np.concatenate([msg.prompt_ids, msg.completion_ids])
+            if ids.min() < 0 or (self.vocab_size is not None and ids.max() >= self.vocab_size):
+                return f"token ids outside the vocabulary [0, {self.vocab_size})"
+        elif msg.error:
+            return ""  # an error annotation fails its group whatever its value
+        elif msg.key == "reward" and isinstance(msg.value, np.ndarray):
+            return "a reward annotation must be one number"
+        elif msg.key == "ref_logprobs" and not isinstance(msg.value, np.ndarray):
+            return "a ref_logprobs annotation must be float32 bytes (one value per completion token)"
+        return ""
 
     async def _add_rollout(self, entry_id: str, r: Rollout) -> None:
         if r.group_id in self.closed:
@@ -77,8 +122,9 @@ class Assembler:
             return
         g = self.groups.setdefault(r.group_id, _Group(r.group_id, r.group_size))
         if r.rollout_id in g.rollouts:
-            self.counters["duplicates"] += 1
-            await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+            if g.rollouts[r.rollout_id][0] != entry_id:  # the same entry re-read is still needed
+                self.counters["duplicates"] += 1
+                await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
             return
         g.rollouts[r.rollout_id] = (entry_id, r)
         await self._check_group(g)
@@ -88,7 +134,8 @@ class Assembler:
         slot = self.annotations.setdefault(a.rollout_id, {})
         if group_id in self.closed or a.key in slot:
             self.counters["late" if group_id in self.closed else "duplicates"] += 1
-            await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+            if group_id in self.closed or slot[a.key][0] != entry_id:
+                await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
             if group_id in self.closed and not slot:
                 self.annotations.pop(a.rollout_id, None)
             return
@@ -104,15 +151,31 @@ class Assembler:
         if g.completed_at or len(g.rollouts) < g.group_size:
             return
         g.full_at = g.full_at or time.time()
-        if self.join.missing(list(g.rollouts), self.annotations):
+        if self.join.missing(list(g.rollouts), self.annotations) or await self._bad_ref(g):
             return
         g.completed_at = time.time()
+        if g.group_id in self.replay:
+            self.ready.append(g.group_id)
+            return
         if self.cfg.loss.dynamic_sampling and np.ptp(self._rewards(g)) == 0:
             # DAPO dynamic sampling: a group with equal rewards has zero advantage; drop it and let
             # the feeder admit a replacement, so the batch is refilled with informative groups.
             await self._close(g.group_id, "filtered")
             return
         self.ready.append(g.group_id)
+
+    async def _bad_ref(self, g: _Group) -> bool:
+        """Dead-letter a ref_logprobs annotation whose length differs from its completion (the train
+        step would fail on it); the group waits for a good one (or its timeout)."""
+        for rid, (_, r) in g.rollouts.items():
+            ref = self.annotations.get(rid, {}).get("ref_logprobs")
+            if ref is not None and len(ref[1].value) != len(r.completion_ids):
+                del self.annotations[rid]["ref_logprobs"]
+                reason = "ref_logprobs length differs from the completion"
+                await self.owner.dead_letter(self.keys.annotations, Entry(ref[0], encode(ref[1]), {}), reason)
+                await self.broker.ack(self.keys.annotations, GROUP, [ref[0]])
+                return True
+        return False
 
     def _ordered(self, g: _Group) -> list[Rollout]:
         return [r for _, r in sorted(g.rollouts.values(), key=lambda er: er[1].sample)]
@@ -174,9 +237,10 @@ class Assembler:
         if why == "stale" and self.cfg.rollout.stale_policy == "requeue" and g and g.rollouts:
             await self._requeue(g)
             self.counters["requeued"] += 1
+            await close_group(self.broker, self.keys, group_id, "requeued", release=False)
         else:
             self.counters["dropped_stale" if why == "stale" else why] += 1
-            await self.broker.incr(self.keys.groups_released)
+            await close_group(self.broker, self.keys, group_id, "dropped_stale" if why == "stale" else why)
         if reason:
             self.owner.log.warning("group_dropped", group_id=group_id, why=why, reason=reason)
         if group_id in self.ready:
@@ -186,7 +250,8 @@ class Assembler:
     async def _requeue(self, g: _Group) -> None:
         r = next(iter(g.rollouts.values()))[1]
         version = int(await self.broker.get(self.keys.trainer_version) or 0)
-        prompt = Prompt(group_id=f"{g.group_id}r{self.counters['requeued'] + 1}", prompt_ids=r.prompt_ids,
+        # Deterministic id (streamrl.accounting counts `<id>r` as admitted): a retried requeue is idempotent.
+        prompt = Prompt(group_id=f"{g.group_id}r", prompt_ids=r.prompt_ids,
                         group_size=g.group_size, admitted_version=version, text=r.prompt_text, meta=r.meta)
         await self.broker.add(self.keys.prompts, encode(prompt))
 
@@ -199,6 +264,8 @@ class Assembler:
             await self._expire()
             for gid in list(self.ready):
                 g = self.groups[gid]
+                if gid in self.replay:
+                    continue
                 oldest = min(r.oldest_version() for _, r in g.rollouts.values())
                 if is_stale(version, oldest, self.cfg.rollout.max_staleness):
                     await self._close(gid, "stale")
@@ -209,6 +276,17 @@ class Assembler:
             await self.poll()
         gids, self.ready = self.ready[:need], self.ready[need:]
         return self._build(gids, version, wait_s=time.time() - t0)
+
+    async def replay_batch(self, gids: list[str], version: int, stop=None) -> Batch | None:
+        """The batch of a logged step, rebuilt from its still-pending entries (resume)."""
+        t0 = time.time()
+        while not all(gid in self.ready for gid in gids):
+            if stop is not None and stop():
+                return None
+            await self.poll()
+        self.ready = [g for g in self.ready if g not in gids]
+        self.replay -= set(gids)
+        return self._build(list(gids), version, wait_s=time.time() - t0)
 
     def _build(self, gids: list[str], version: int, wait_s: float) -> Batch:
         rollouts, gidx, rewards, refs, parts = [], [], [], [], []

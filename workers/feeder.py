@@ -4,7 +4,9 @@
 
 Admits a group only while `admitted - released < (v + max_staleness + 1) * groups_per_step`
 (streamrl.staleness.admission_budget); stops admitting once the run's steps are covered.
-The admitted count lives in the broker, so a restarted feeder continues where it stopped.
+The admitted count lives in the broker and moves in the same atomic script that appends the
+prompts (streamrl.accounting.admit), so a feeder killed at any instant neither loses nor double
+counts a group, and a restarted feeder continues where it stopped.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import random
 
 from transformers import AutoTokenizer
 
+from streamrl.accounting import admit
 from streamrl.messages import Prompt, encode
 from streamrl.staleness import admission_budget
 from streamrl.tasks import load_task
@@ -46,8 +49,7 @@ class FeederWorker(Worker):
             await asyncio.sleep(0.02)
             return False
         prompts = [self._prompt(admitted + i, version) for i in range(budget)]
-        await self.broker.add_many(self.keys.prompts, [encode(p) for p in prompts])
-        await self.broker.incr(self.keys.feeder_admitted, len(prompts))
+        await admit(self.broker, self.keys, [encode(p) for p in prompts], admitted + len(prompts))
         self.count("admitted", len(prompts))
         self.log.debug("admitted", groups=len(prompts), policy_version=version, total=admitted + len(prompts))
         return True

@@ -20,6 +20,7 @@ import uuid
 import zlib
 from pathlib import Path
 
+from streamrl.accounting import close_group
 from streamrl.broker import Broker, Entry
 from streamrl.config import Config
 from streamrl.errors import ConfigError
@@ -30,7 +31,8 @@ from workers.vllm_engine import VLLMEngine
 
 GROUP = "generator"
 MAX_GROUP_ATTEMPTS = 3
-ROLLOUTS_MAXLEN = 1_000_000
+MAX_GROUP_SIZE = 4096
+"""A prompt asking for more completions than this is malformed (it would flood the engine)."""
 
 
 def sample_seed(run_seed: int, group_id: str, sample: int) -> int:
@@ -85,6 +87,9 @@ class GeneratorWorker(Worker):
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._version_cond = asyncio.Condition()
+        from transformers import AutoConfig
+
+        self.vocab_size = getattr(AutoConfig.from_pretrained(self.cfg.model.path), "vocab_size", None)
         await self.broker.ensure_group(self.keys.prompts, GROUP)
         t0 = time.monotonic()
         await self.engine.start()
@@ -105,8 +110,12 @@ class GeneratorWorker(Worker):
                                return_when=asyncio.FIRST_COMPLETED)
             return False
         items = await self.read(self.keys.prompts, GROUP, count=free, expect=Prompt)
+        trainer_version = int(await self.broker.get(self.keys.trainer_version) or 0) if items else 0
         for entry, prompt in items:
             if entry.id in self._groups:  # our own in-flight entry, re-claimed after a long idle
+                continue
+            if reason := self._invalid(prompt, trainer_version):
+                await self._reject(entry, prompt, reason)
                 continue
             self._launch(entry, prompt, attempt=1)
         return bool(items)
@@ -151,6 +160,26 @@ class GeneratorWorker(Worker):
                 # already published are redelivered under the same rollout ids (idempotent).
                 self._launch(entry, prompt, attempt + 1)
 
+    def _invalid(self, prompt: Prompt, trainer_version: int) -> str:
+        """Why a decodable prompt cannot be generated (it would hang or flood the engine)."""
+        ids = prompt.prompt_ids
+        if len(ids) == 0:
+            return "empty prompt"
+        if ids.min() < 0 or (self.vocab_size is not None and ids.max() >= self.vocab_size):
+            return f"prompt token ids outside the vocabulary [0, {self.vocab_size})"
+        if prompt.group_size > MAX_GROUP_SIZE:
+            return f"group_size {prompt.group_size} exceeds {MAX_GROUP_SIZE}"
+        if prompt.admitted_version > max(trainer_version, self.version):
+            return f"admitted at version {prompt.admitted_version}, but the trainer is at {trainer_version}"
+        return ""
+
+    async def _reject(self, entry: Entry, prompt: Prompt, reason: str) -> None:
+        """Dead-letter a prompt that can never be generated; its group is closed as failed (slot freed)."""
+        await self.dead_letter(self.keys.prompts, entry, reason)
+        await close_group(self.broker, self.keys, prompt.group_id, "failed")
+        await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
+        self.count("groups_rejected")
+
     async def _run_group(self, entry: Entry, prompt: Prompt) -> None:
         await self._wait_for_version(prompt.admitted_version)
         try:
@@ -162,9 +191,7 @@ class GeneratorWorker(Worker):
                 raise
             # vLLM rejected the request itself (e.g. prompt longer than max_model_len): retrying
             # elsewhere cannot help, so it goes to the dead-letter stream and is acked.
-            await self.dead_letter(self.keys.prompts, entry, f"vLLM rejected the prompt: {eg.exceptions[0]}")
-            await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
-            self.count("groups_rejected")
+            await self._reject(entry, prompt, f"vLLM rejected the prompt: {eg.exceptions[0]}")
             return
         await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
         self.count("groups_done")
@@ -200,7 +227,8 @@ class GeneratorWorker(Worker):
             version_switches=s.switches, finish_reason=s.finish_reason, text="".join(s.text),
             prompt_text=prompt.text, meta=prompt.meta, worker=self.worker_id, finished_at=time.time(),
         )
-        await self.broker.add(self.keys.rollouts, encode(rollout), maxlen=ROLLOUTS_MAXLEN)
+        # No MAXLEN: the trainer trims below what every group consumed (streamrl.trimming).
+        await self.broker.add(self.keys.rollouts, encode(rollout))
         self.count("rollouts")
         self.count("tokens_generated", len(s.token_ids))
 

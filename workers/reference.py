@@ -3,7 +3,8 @@
     streamrl worker reference --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
 Started only when loss.kl_beta > 0. Reads `rollouts` with the consumer group "reference" in
-batches of reference.batch_size, and acks after the annotations are written.
+batches of reference.batch_size, and acks after the annotations are written. A rollout the model
+cannot score (malformed token ids) gets an annotation with `error` and a dead-letter record.
 """
 
 from __future__ import annotations
@@ -33,14 +34,28 @@ class ReferenceWorker(Worker):
             return completion_logprobs(self.model, [r.prompt_ids for r in rollouts],
                                        [r.completion_ids for r in rollouts], self.cfg.generator.temperature)
 
+    async def _one(self, r: Rollout) -> tuple:
+        """Score one rollout alone: its log-probs, or an error annotation's reason."""
+        try:
+            return (await asyncio.to_thread(self._logprobs, [r]))[0], ""
+        except Exception as exc:
+            return 0.0, f"reference model failed on this rollout: {type(exc).__name__}: {exc}"[:500]
+
     async def step(self) -> bool:
         items = await self.read(self.keys.rollouts, GROUP, count=self.cfg.reference.batch_size, expect=Rollout)
         if not items:
             return False
         rollouts = [msg for _, msg in items]
-        lps = await asyncio.to_thread(self._logprobs, rollouts)
-        out = [encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=lp, producer=self.worker_id))
-               for r, lp in zip(rollouts, lps)]
+        try:
+            results = [(lp, "") for lp in await asyncio.to_thread(self._logprobs, rollouts)]
+        except Exception:  # a malformed rollout (e.g. token ids outside the vocabulary) fails the batch
+            results = [await self._one(r) for r in rollouts]
+        out = []
+        for (entry, r), (lp, error) in zip(items, results):
+            if error:
+                await self.dead_letter(self.keys.rollouts, entry, error)
+            out.append(encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=lp,
+                                         producer=self.worker_id, error=error)))
         await self.broker.add_many(self.keys.annotations, out)
         await self.broker.ack(self.keys.rollouts, GROUP, [e.id for e, _ in items])
         self.count("scored", len(items))

@@ -6,6 +6,11 @@ Launches cfg.trainer.world_size torch.distributed ranks (or joins torchrun's). R
 broker side: the assembler, the weight store and metrics; every rank runs the same train step on
 its shard. After each step the version v+1 is snapshot on rank 0 and published in the
 background, so the loop's only publishing cost is the snapshot copy.
+
+Recovery (streamrl/checkpoint.py, streamrl/accounting.py): each step's groups are logged in the
+broker before training; a checkpoint is saved every trainer.checkpoint_every steps, and only then
+are the trained entries acked. A restarted trainer loads the newest checkpoint and replays the
+logged steps above it from their still-pending entries, so no group is trained twice or skipped.
 """
 
 from __future__ import annotations
@@ -19,10 +24,14 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
+from streamrl import accounting
+from streamrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from streamrl.config import Config
+from streamrl.errors import StreamRLError
 from streamrl.messages import Control, encode
 from streamrl.metrics import MetricsWriter
 from streamrl.staleness import staleness_histogram
+from streamrl.trimming import trim_streams
 from streamrl.weights import make_weight_store
 from streamrl.worker import Worker
 from workers.assembler import Assembler
@@ -39,9 +48,16 @@ def _bcast(obj):
 class TrainerWorker(Worker):
     role = "trainer"
 
-    def __init__(self, cfg: Config, broker, worker_id: str, run_dir: Path | None, engine: TrainEngine):
+    def __init__(self, cfg: Config, broker, worker_id: str, run_dir: Path | None, engine: TrainEngine,
+                 resumed: dict | None = None):
         super().__init__(cfg, broker, worker_id, run_dir)
         self.engine = engine
+        self.resumed = resumed
+        """meta.json of the checkpoint this process started from (None: fresh weights, version 0)."""
+        self.unacked: list = []
+        """Batches trained since the last checkpoint: acked once a checkpoint covers them."""
+        self.replay: dict[int, dict] = {}
+        self._clean = True
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="train")
         self.metrics = MetricsWriter(run_dir, cfg)
         self.publishing: asyncio.Task | None = None
@@ -53,12 +69,57 @@ class TrainerWorker(Worker):
     async def start(self) -> None:
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()
+        self.assembler.vocab_size = getattr(getattr(self.engine.model, "config", None), "vocab_size", None)
         self.store = make_weight_store(self.cfg, self.broker, self.run_dir)
-        self.version = int(await self.broker.get(self.keys.trainer_version) or 0)
-        await self.broker.set(self.keys.trainer_version, self.version)
+        self.version = int(self.resumed["version"]) if self.resumed else 0
+        await self._resume()
         self.t_start = time.time()
+        self._trimmer = asyncio.create_task(self._trim_loop())
         self.log.info("trainer_ready", policy_version=self.version, steps=self.cfg.trainer.steps,
                       world_size=self.engine.world_size)
+
+    async def _resume(self) -> None:
+        """Line the broker up with the checkpoint: closed groups, steps to replay, version, weights."""
+        self.replay, closed, replay_groups = await accounting.resume_plan(self.broker, self.keys, self.version)
+        self.assembler.restore(closed, replay_groups)
+        self.checkpointed = self.version
+        await self.broker.set(accounting.LedgerKeys(self.keys).checkpointed, self.version)
+        current = int(await self.broker.get(self.keys.trainer_version) or 0)
+        self.broker_version = max(current, self.version)
+        await self.broker.set(self.keys.trainer_version, self.broker_version)  # never backwards
+        truncate_metrics(self.run_dir, self.version)  # replayed steps write their rows again
+        if self.version > 0:  # the weights of this version may be gone (shm is cleared on exit)
+            await self._call(_bcast, ("gather",))
+            await self.store.publish(self.version, await self._call(self.engine.full_state_dict))
+        if self.resumed or self.replay:
+            self.log.info("resumed", policy_version=self.version, replay_steps=sorted(self.replay),
+                          closed_groups=len(closed), broker_version=current)
+
+    async def _trim_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.trainer.trim_every_s)
+            try:
+                trimmed = await trim_streams(self.broker, self.cfg)
+                self.count("trimmed", sum(n for n in trimmed.values() if n > 0))
+            except Exception as exc:  # trimming is housekeeping: a broker hiccup must not stop training
+                self.log.warning("trim_failed", error=repr(exc))
+
+    async def _checkpoint(self) -> None:
+        """Save (collective), mark it in the broker, THEN ack what it covers (see module docstring)."""
+        if self.run_dir is not None:
+            meta = {"feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
+                    "groups_released": int(await self.broker.get(self.keys.groups_released) or 0),
+                    "assembler": dict(self.assembler.counters),
+                    "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)}}
+            await self._call(_bcast, ("save", self.version))
+            await self._call(save_checkpoint, self.engine, self.run_dir, self.version, meta,
+                             self.cfg.trainer.checkpoint_keep)
+            await self.broker.set(accounting.LedgerKeys(self.keys).checkpointed, self.version)
+            self.checkpointed = self.version
+            self.log.info("checkpoint_saved", policy_version=self.version)
+        for batch in self.unacked:
+            await self.assembler.commit(batch)
+        self.unacked = []
 
     def _overlap(self, rollouts) -> int:
         """Rollouts that finished while the trainer was busy training: generation overlapped training."""
@@ -68,11 +129,17 @@ class TrainerWorker(Worker):
         if self.version >= self.cfg.trainer.steps:
             self.done = True
             return False
-        batch = await self.assembler.next_batch(self.version, stop=self.stopping.is_set)
+        record = self.replay.get(self.version + 1)
+        if record is not None:
+            batch = await self.assembler.replay_batch(record["groups"], self.version, stop=self.stopping.is_set)
+        else:
+            batch = await self.assembler.next_batch(self.version, stop=self.stopping.is_set)
         if batch is None:
             return False
+        self._clean = False
+        await self._log_step(batch, replay=record is not None)
         t0 = time.time()
-        await self._call(_bcast, batch)
+        await self._call(_bcast, ("train", batch))
         m = await self._call(self.engine.train_step, batch)
         t1 = time.time()
         state = await self._call(self.engine.full_state_dict)
@@ -81,12 +148,32 @@ class TrainerWorker(Worker):
         if self.publishing is not None:
             await self.publishing  # one publish in flight at a time
         self.publishing = asyncio.create_task(self.store.publish(self.version, state))
-        await self.broker.set(self.keys.trainer_version, self.version)
-        await self.assembler.commit(batch)
+        if self.version > self.broker_version:  # replayed steps are already announced
+            self.broker_version = self.version
+            await self.broker.set(self.keys.trainer_version, self.version)
+        self.unacked.append(batch)
         overlap = self._overlap(batch.rollouts)
         self.train_intervals = (self.train_intervals + [(t0, t1)])[-8:]
         self._record(batch, m, overlap, train_s=t1 - t0, stall_s=t2 - t1)
+        if self.version % self.cfg.trainer.checkpoint_every == 0 or self.version >= self.cfg.trainer.steps:
+            await self._checkpoint()
+        self._clean = True
         return True
+
+    async def _log_step(self, batch, replay: bool) -> None:
+        """Write-ahead: record which groups/rollouts step v+1 trains before training it."""
+        step = self.version + 1
+        new, logged = await accounting.log_step(self.broker, self.keys, step, batch.group_ids,
+                                                [r.rollout_id for r in batch.rollouts])
+        if not new and logged["groups"] != batch.group_ids:
+            raise StreamRLError(f"step {step} was logged with groups {logged['groups']} but the trainer rebuilt "
+                                f"{batch.group_ids}; the broker's ledger and RUN_DIR/checkpoints disagree "
+                                "(a checkpoint from another run?)")
+        if new and logged["clashes"]:
+            self.log.error("double_training", step=step, groups=logged["clashes"])
+        if replay:
+            self.replay.pop(step, None)
+            self.log.info("step_replayed", step=step)
 
     def _record(self, batch, m: dict, overlap: int, train_s: float, stall_s: float) -> None:
         tokens = [len(r.completion_ids) for r in batch.rollouts]
@@ -112,8 +199,12 @@ class TrainerWorker(Worker):
                       staleness_max=rec["staleness_max"], wait_s=rec["wait_s"], train_s=rec["train_s"])
 
     async def close(self) -> None:
+        if hasattr(self, "_trimmer"):
+            self._trimmer.cancel()
         if self.publishing is not None:
             await self.publishing
+        if self._clean and self.unacked:  # a graceful stop between checkpoints: keep what was trained
+            await self._checkpoint()
         await self._call(_bcast, None)  # releases the follower ranks
         if self.done:
             await self.broker.add(self.keys.control, encode(Control(action="stop", version=self.version,
@@ -122,21 +213,33 @@ class TrainerWorker(Worker):
         self.pool.shutdown(wait=True)
 
 
-def _follow(engine: TrainEngine) -> None:
-    """Ranks > 0: train on each broadcast batch until rank 0 sends None."""
-    while (batch := _bcast(None)) is not None:
-        engine.train_step(batch)
-        engine.full_state_dict()
+def _follow(engine: TrainEngine, cfg: Config, run_dir: Path | None) -> None:
+    """Ranks > 0: run rank 0's collective commands (train, gather, save) until it sends None."""
+    while (msg := _bcast(None)) is not None:
+        if msg[0] == "train":
+            engine.train_step(msg[1])
+            engine.full_state_dict()
+        elif msg[0] == "gather":
+            engine.full_state_dict()
+        elif msg[0] == "save":
+            save_checkpoint(engine, run_dir, msg[1], {}, cfg.trainer.checkpoint_keep)
+
+
+def _load_newest(engine, run_dir: Path | None, rank: int) -> dict | None:
+    """Every rank loads the checkpoint rank 0 picks (the newest complete one), if any."""
+    path = _bcast(str(latest_checkpoint(run_dir)) if rank == 0 and latest_checkpoint(run_dir) else None)
+    return load_checkpoint(engine, Path(path)) if path else None
 
 
 def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
     from streamrl.runtime import serve
 
     engine = TrainEngine(cfg, cfg.model.path, rank, world)
+    resumed = _load_newest(engine, run_dir, rank)
     if rank == 0:
-        serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, engine), broker_url)
+        serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, engine, resumed), broker_url)
     else:
-        _follow(engine)
+        _follow(engine, cfg, run_dir)
 
 
 def main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> None:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, load, resolve_model
+from streamrl.errors import ConfigError
 
 NAME = "up"
 HELP = "run a whole job on this machine (broker + every role)"
@@ -17,11 +18,17 @@ DESCRIPTION = ("Start the broker (if broker.url is 'embedded') and every role wi
 def add_arguments(p) -> None:
     add_config_args(p)
     p.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
+    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR: its config (plus --set), "
+                   "its broker (embedded: the same data dir and append-only file), its newest checkpoint")
 
 
 def run(args) -> int:
     from streamrl.supervisor import Supervisor
 
+    if args.resume:
+        if not (Path(args.resume) / "config.yaml").is_file():
+            raise ConfigError(f"--resume {args.resume}: no config.yaml there; pass the run directory of an earlier `streamrl up`")
+        args.config, args.run_dir = args.config or str(Path(args.resume) / "config.yaml"), args.resume
     cfg = load(args)
     run_dir = Path(args.run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -36,11 +43,12 @@ def run(args) -> int:
         embedded.start()
         url = embedded.url
         print(f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True)
+    sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
     try:
-        code = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True)).run()
+        code = sup.run()
     finally:
         if embedded is not None:
-            embedded.stop()
+            sup.broker_watch.server.stop()  # the one running now (restarted if the first died)
         if cfg.weights.backend == "shm":
             from streamrl.weightstores.shm import shm_root
 

@@ -1,0 +1,161 @@
+"""Fault injection on the whole job: `streamrl up` subprocesses on the tiny config, real processes,
+a real redis-server. Each role is SIGKILLed mid-run, the broker is killed and restarted, and the
+trainer is killed and resumed with `streamrl up --resume`; every run must end with the accounting
+invariant exact (RUN_DIR/summary.json), zero lost groups and zero double-trained rollouts.
+
+    pytest tests/e2e/test_faults.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+SMALL = ["broker.claim_idle_ms=2000", "generator.drain_timeout_s=2", "supervisor.backoff_s=0.5",
+         "supervisor.grace_s=30", "trainer.trim_every_s=2", "rollout.max_staleness=1"]
+
+
+class Up:
+    """One `streamrl up` subprocess and the run directory it writes."""
+
+    def __init__(self, run_dir: Path, *sets: str, resume: bool = False):
+        self.run_dir = run_dir
+        run_dir.mkdir(parents=True, exist_ok=True)
+        cmd = [sys.executable, "-m", "streamrl.cli", "up"]
+        cmd += ["--resume", str(run_dir)] if resume else ["--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
+                                                          "--run-dir", str(run_dir)]
+        for s in sets:
+            cmd += ["--set", s]
+        env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
+        self.out_path = run_dir.parent / f"{run_dir.name}-up-{time.time_ns()}.out"
+        self.out = open(self.out_path, "wb")
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT)
+
+    def output(self) -> str:
+        return self.out_path.read_text(errors="replace")
+
+    def steps(self) -> list[int]:
+        path = self.run_dir / "metrics.jsonl"
+        return [json.loads(ln)["step"] for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+    def wait_step(self, n: int, timeout: float = 400) -> None:
+        deadline = time.time() + timeout
+        while not self.steps() or self.steps()[-1] < n:
+            assert self.proc.poll() is None, f"up exited early ({self.proc.returncode}):\n{self.output()[-4000:]}"
+            assert time.time() < deadline, f"step {n} not reached:\n{self.output()[-4000:]}"
+            time.sleep(0.3)
+
+    def wait(self, timeout: float = 600) -> int:
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self.out.close()
+
+    def redis(self) -> redis.Redis:
+        return redis.Redis.from_url((self.run_dir / "broker" / "url").read_text().strip())
+
+    def kill_role(self, run: str, role: str) -> int:
+        """SIGKILL the live process of `<role>-0` (its pid from its heartbeat)."""
+        with self.redis() as r:
+            pid = json.loads(r.get(f"streamrl:{run}:workers:{role}:{role}-0"))["pid"]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def kill_broker(self) -> int:
+        with self.redis() as r:
+            pid = int(r.info("server")["process_id"])
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def summary(self) -> dict:
+        return json.loads((self.run_dir / "summary.json").read_text())
+
+
+def assert_exact(summary: dict, in_flight_ok: bool = True) -> None:
+    parts = ("trained", "dropped_stale", "filtered", "failed", "requeued", "in_flight", "lost")
+    assert summary["admitted"] == sum(summary[k] for k in parts), summary
+    assert summary["lost"] == 0 and summary["double_trained"] == 0, summary
+    assert summary["invariant_holds"], summary
+    assert in_flight_ok or summary["in_flight"] == 0, summary
+
+
+def assert_metrics(up: Up, steps: int, max_staleness: int = 1) -> None:
+    rows = [json.loads(ln) for ln in (up.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    assert [r["step"] for r in rows] == list(range(1, steps + 1)), "every step exactly once"
+    assert all(r["staleness_max"] <= max_staleness for r in rows), [r["staleness_max"] for r in rows]
+
+
+@pytest.mark.timeout(1200)
+def test_every_worker_role_sigkilled_and_broker_restarted(tmp_path):
+    """generator, reward, reference and feeder each SIGKILLed, then redis-server: nothing lost."""
+    run, steps = "faults-a", 10
+    up = Up(tmp_path / "a", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3", *SMALL)
+    up.wait_step(2)
+    up.kill_role(run, "generator")
+    up.wait_step(4)
+    for role in ("reward", "reference", "feeder"):
+        up.kill_role(run, role)
+    up.wait_step(6)
+    up.kill_broker()
+    code = up.wait()
+    out = up.output()
+    assert code == 0, out[-4000:]
+    for role in ("generator", "reward", "reference", "feeder"):
+        assert f"{role}-0 ({role}) killed by SIGKILL — likely out of memory" in out
+    assert out.count("restarting in") >= 4
+    assert "broker (redis-server) killed by SIGKILL" in out and "broker back after" in out
+    assert_metrics(up, steps)
+    s = up.summary()
+    assert_exact(s)
+    assert s["trained"] == steps * 8 and s["trained_rollouts"] == steps * 64
+    trimmed = [json.loads(ln).get("trimmed", 0) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
+               if '"stopped"' in ln]
+    assert trimmed and trimmed[-1] > 0, "the trainer trims consumed stream entries"
+
+
+@pytest.mark.timeout(1500)
+def test_trainer_sigkilled_then_resumed_and_gracefully_stopped(tmp_path):
+    """SIGKILL the trainer between checkpoints (the run fails, naming it); `up --resume` replays the
+    logged steps above the checkpoint; a SIGINT then stops gracefully (checkpoint, exit 130); a
+    second resume finishes. No group is trained twice or skipped, staleness stays bounded."""
+    run, steps = "faults-b", 8
+    up = Up(tmp_path / "b", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3", *SMALL)
+    up.wait_step(4)
+    up.kill_role(run, "trainer")
+    code = up.wait()
+    out = up.output()
+    assert code == 1, out[-4000:]
+    assert "trainer-0 (trainer) killed by SIGKILL — likely out of memory" in out
+    assert "supervisor.restart_trainer=true" in out
+    s = up.summary()
+    assert_exact(s)
+    assert s["checkpointed_version"] == 3 and s["in_flight"] > 0  # steps 4.. wait for their replay
+
+    up2 = Up(up.run_dir, resume=True)
+    up2.wait_step(6)
+    up2.proc.send_signal(signal.SIGINT)  # graceful: the trainer checkpoints what it trained
+    assert up2.wait() == 130, up2.output()[-4000:]
+    s = up2.summary()
+    assert_exact(s)
+    stopped_at = up2.steps()[-1]
+    assert s["checkpointed_version"] == stopped_at
+    resumed = [json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
+               if '"resumed"' in ln]
+    assert resumed and resumed[0]["policy_version"] == 3 and resumed[0]["replay_steps"][0] == 4
+
+    up3 = Up(up.run_dir, resume=True)
+    assert up3.wait() == 0, up3.output()[-4000:]
+    assert_metrics(up3, steps)
+    s = up3.summary()
+    assert_exact(s, in_flight_ok=False)
+    assert s["trained"] == steps * 8 and s["trained_rollouts"] == steps * 64 and s["double_trained"] == 0

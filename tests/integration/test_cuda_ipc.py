@@ -1,0 +1,90 @@
+"""The `cuda_ipc` weight store: packing (CPU), and on a GPU a real cross-process CUDA IPC round trip + gc.
+
+    pytest tests/integration/test_cuda_ipc.py            # the GPU tests skip without CUDA
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from streamrl.config import Config, ModelConfig, WeightsConfig
+from streamrl.weightstores.cuda_ipc import ALIGN, PackedState, decode_spec, gather_packed, pack_state_dict
+
+REPO = Path(__file__).resolve().parents[2]
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA GPU")
+
+READER = r"""
+import json, sys, torch
+from streamrl.weightstores.cuda_ipc import decode_spec, open_spec
+packed = open_spec(decode_spec(open(sys.argv[1]).read()))
+print(json.dumps({name: [str(t.dtype), list(t.shape), float(t.float().sum())] for name, t in packed.tensors()}))
+"""
+
+
+def _state(seed: int) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return {"model.embed_tokens.weight": torch.randn(100, 32, generator=g),
+            "model.layers.0.mlp.up_proj.weight": torch.randn(48, 32, generator=g),
+            "model.norm.weight": torch.randn(31, generator=g),
+            "step": torch.tensor([seed], dtype=torch.int64)}
+
+
+def test_pack_state_dict_views_are_aligned_copies():
+    sd = _state(0)
+    packed = pack_state_dict(sd, torch.device("cpu"), dtype=torch.bfloat16)
+    views = dict(packed.tensors())
+    assert list(views) == list(sd)
+    for name, t in sd.items():
+        want = t.to(torch.bfloat16) if t.is_floating_point() else t  # ints keep their dtype
+        assert views[name].dtype == want.dtype and torch.equal(views[name], want), name
+    assert all(off % ALIGN == 0 for _, _, _, off in packed.entries)
+    sd["model.norm.weight"].add_(1)  # a copy, not a view of the trainer's tensors
+    assert not torch.equal(views["model.norm.weight"], sd["model.norm.weight"].to(torch.bfloat16))
+
+
+def test_gather_packed_dedups_tied_weights():
+    m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    m[1].weight = m[0].weight  # tied, as Qwen3's lm_head / embed_tokens
+    packed = gather_packed(m, torch.device("cpu"), torch.float32, rank=0)
+    assert [e[0] for e in packed.entries] == ["0.weight"]
+    assert torch.equal(dict(packed.tensors())["0.weight"], m[0].weight)
+    assert gather_packed(m, torch.device("cpu"), torch.float32, rank=1) is None  # only rank 0 keeps it
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.anyio
+async def test_cuda_ipc_round_trip_in_another_process_and_gc(config: Config, broker, tmp_path: Path):
+    from streamrl.weights import make_weight_store
+
+    cfg = config.model_copy(update={"weights": WeightsConfig(backend="cuda_ipc", keep=2),
+                                    "model": ModelConfig(dtype="bfloat16")})
+    store = make_weight_store(cfg, broker, tmp_path)
+    handles = [await store.publish(v, _state(v)) for v in range(1, 5)]
+    assert sorted(store._held) == [3, 4]  # keep=2: older GPU copies released
+    latest = await store.latest()
+    assert latest.version == 4 and latest.transport == "cuda_ipc"
+    assert store.reload_call(await store.fetch(latest)) == ("streamrl_reload_ipc", {"spec": latest.handle})
+    assert len(decode_spec(latest.handle)["entries"]) == 4
+
+    spec_file = tmp_path / "spec"
+    spec_file.write_text(latest.handle)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    out = subprocess.run([sys.executable, "-c", READER, str(spec_file)], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-3000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    for name, t in _state(4).items():
+        want = t.to(torch.bfloat16) if t.is_floating_point() else t
+        dtype, shape, total = seen[name]
+        assert dtype == str(want.dtype) and shape == list(want.shape)
+        assert total == pytest.approx(float(want.float().sum()), rel=1e-6, abs=1e-6), name
+    assert isinstance(store._held[4], PackedState) and handles[-1].bytes == store._held[4].buffer.numel()
+    await store.close()
