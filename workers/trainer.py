@@ -32,7 +32,7 @@ from streamrl.messages import Control, encode
 from streamrl.metrics import MetricsWriter
 from streamrl.staleness import staleness_histogram
 from streamrl.trimming import trim_streams
-from streamrl.weights import make_weight_store
+from streamrl.weights import backend_class, make_weight_store
 from streamrl.worker import Worker
 from workers.assembler import Assembler
 from workers.dist import launch
@@ -90,7 +90,7 @@ class TrainerWorker(Worker):
         truncate_metrics(self.run_dir, self.version)  # replayed steps write their rows again
         if self.version > 0:  # the weights of this version may be gone (shm is cleared on exit)
             await self._call(_bcast, ("gather",))
-            await self.store.publish(self.version, await self._call(self.engine.full_state_dict))
+            await self.store.publish(self.version, await self._call(self.store.gather, self.engine))
         if self.resumed or self.replay:
             self.log.info("resumed", policy_version=self.version, replay_steps=sorted(self.replay),
                           closed_groups=len(closed), broker_version=current)
@@ -142,7 +142,7 @@ class TrainerWorker(Worker):
         await self._call(_bcast, ("train", batch))
         m = await self._call(self.engine.train_step, batch)
         t1 = time.time()
-        state = await self._call(self.engine.full_state_dict)
+        state = await self._call(self.store.gather, self.engine)  # the snapshot: the loop's only publish cost
         t2 = time.time()
         self.version += 1
         if self.publishing is not None:
@@ -213,14 +213,14 @@ class TrainerWorker(Worker):
         self.pool.shutdown(wait=True)
 
 
-def _follow(engine: TrainEngine, cfg: Config, run_dir: Path | None) -> None:
+def _follow(engine: TrainEngine, gather, cfg: Config, run_dir: Path | None) -> None:
     """Ranks > 0: run rank 0's collective commands (train, gather, save) until it sends None."""
     while (msg := _bcast(None)) is not None:
         if msg[0] == "train":
             engine.train_step(msg[1])
-            engine.full_state_dict()
+            gather(engine)  # collective: the same snapshot rank 0 takes
         elif msg[0] == "gather":
-            engine.full_state_dict()
+            gather(engine)
         elif msg[0] == "save":
             save_checkpoint(engine, run_dir, msg[1], {}, cfg.trainer.checkpoint_keep)
 
@@ -239,7 +239,7 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     if rank == 0:
         serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, engine, resumed), broker_url)
     else:
-        _follow(engine, cfg, run_dir)
+        _follow(engine, backend_class(cfg.weights.backend).gather, cfg, run_dir)
 
 
 def main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> None:

@@ -8,7 +8,7 @@ in a child process, so a script that starts an engine needs an `if __name__ == "
     engine = VLLMEngine(model_path, cfg.generator, dtype="float32", seed=0)
     await engine.start()
     async for delta in engine.stream(prompt_ids, engine.sampling_params(seed=7), "req-1"): ...
-    await engine.pause(); await engine.reload(weights_dir); await engine.resume()
+    await engine.pause(); await engine.reload("reload_weights", {"weights_path": d}); await engine.resume()
 """
 
 from __future__ import annotations
@@ -33,14 +33,18 @@ class Delta:
 
 
 class VLLMEngine:
-    def __init__(self, model_path: str, gen: GeneratorConfig, dtype: str, seed: int):
+    def __init__(self, model_path: str, gen: GeneratorConfig, dtype: str, seed: int, extension: str | None = None):
         self.model_path = model_path
+        self.extension = extension
+        """vLLM worker_extension_cls (e.g. the cuda_ipc weight loader), or None."""
         self.gen = gen
         self.dtype = dtype
         self.seed = seed
         self.llm = None
 
     async def start(self) -> None:
+        if self.llm is not None:  # already started (a bench shares one engine between phases)
+            return
         # The CPU build otherwise reserves most of the machine's RAM for its KV cache and fails.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
         from vllm.engine.arg_utils import AsyncEngineArgs
@@ -57,6 +61,7 @@ class VLLMEngine:
             # (temperature and top-p applied); vLLM's default reports the raw model's.
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
+            **({"worker_extension_cls": self.extension} if self.extension else {}),
         )
         self.llm = AsyncLLM.from_engine_args(args)
 
@@ -83,8 +88,9 @@ class VLLMEngine:
         """Freeze running requests (their KV cache stays); returns once their outputs are flushed."""
         await self.llm.pause_generation(mode="keep")
 
-    async def reload(self, weights_dir: str) -> None:
-        await self.llm.collective_rpc("reload_weights", kwargs={"weights_path": weights_dir})
+    async def reload(self, method: str, kwargs: dict) -> None:
+        """Load new weights in place: a WeightStore.reload_call, e.g. ("reload_weights", {"weights_path": dir})."""
+        await self.llm.collective_rpc(method, kwargs=kwargs)
 
     async def resume(self) -> None:
         await self.llm.resume_generation()

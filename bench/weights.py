@@ -1,0 +1,247 @@
+"""Weight sync bench: trainer stall per publish, publish -> generator-ready latency, and generator tok/s
+with streamrl around vLLM vs plain vLLM (same engine, same settings, side by side in one run).
+
+One process holds the trainer side (a real FSDP2 TrainEngine, one rank) and the generator side (a
+real GeneratorWorker; vLLM's EngineCore is its child process). Throughput rounds alternate plain
+vLLM (requests straight into AsyncLLM) and streamrl (prompts through Redis, rollouts back) on the
+one started engine. Then the trainer side changes its weights and publishes `--publishes` times
+while the generator is busy: stall = time of the snapshot call the training loop makes
+(`store.gather`), ready = publish start -> the generator generating with the new version.
+
+    streamrl bench weights --out /tmp/w                                   # CPU: tiny Qwen3, shm
+    streamrl bench weights --shape qwen3-1.7b --dtype bfloat16 --out /tmp/w   # GPU: cuda_ipc
+"""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+HELP = "weight sync: trainer stall, publish->ready latency, streamrl vs plain vLLM tok/s"
+TARGETS = {"ready_s": 0.5, "stall_s": 0.05, "throughput_ratio": 0.95}
+"""The issue's done-when numbers (1.7B shape, bf16, one GPU host)."""
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--shape", default="qwen3-tiny", help="streamrl.shapes shape built with random weights")
+    p.add_argument("--model", help="an existing HF model folder instead of --shape")
+    p.add_argument("--dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
+    p.add_argument("--backend", default=None, help="weights.backend (default: cuda_ipc on GPU, shm on CPU)")
+    p.add_argument("--requests", type=int, default=16, help="concurrent requests per round (groups of 8)")
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=32, help="fixed generation length (ignore_eos)")
+    p.add_argument("--rounds", type=int, default=1, help="plain/streamrl round pairs (alternating)")
+    p.add_argument("--publishes", type=int, default=2)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
+    p.add_argument("--cuda-graphs", action="store_true", help="vLLM CUDA graphs (enforce_eager=False)")
+    p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
+    p.add_argument("--cache", default=None, help="where built models go (default: the temp dir)")
+
+
+def _config(args, url: str, model: str, dtype: str, backend: str):
+    from streamrl.config import (BrokerConfig, Config, GeneratorConfig, ModelConfig, RolloutConfig, RunConfig,
+                                 TrainerConfig, WeightsConfig)
+
+    return Config(
+        run=RunConfig(name=f"benchw-{uuid.uuid4().hex[:6]}"),
+        broker=BrokerConfig(url=url, block_ms=20, claim_idle_ms=600_000),
+        model=ModelConfig(path=model, dtype=dtype),
+        rollout=RolloutConfig(group_size=8),
+        generator=GeneratorConfig(max_tokens=args.max_tokens, ignore_eos=True, temperature=1.0,
+                                  max_inflight_groups=max(1, args.requests // 8), weights_poll_s=0.01,
+                                  gpu_memory_utilization=args.gpu_memory_utilization,
+                                  enforce_eager=not args.cuda_graphs, drain_timeout_s=2.0,
+                                  max_model_len=args.prompt_len + args.max_tokens + 16),
+        trainer=TrainerConfig(lr=1e-6),
+        weights=WeightsConfig(backend=backend, keep=3),
+    )
+
+
+async def _plain(engine, prompts: list[list[int]], seed0: int) -> tuple[int, float]:
+    """Every (prompt, sample) straight into vLLM, all at once: tokens generated, seconds."""
+    async def one(i: int, ids: list[int]) -> int:
+        n = 0
+        async for out in engine.llm.generate({"prompt_token_ids": ids}, engine.sampling_params(seed0 + i),
+                                             f"plain-{seed0}-{i}"):
+            n += len(out.outputs[0].token_ids)  # DELTA outputs: the new tokens only
+        return n
+
+    t0 = time.perf_counter()
+    counts = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(p for p in prompts for _ in range(8))))
+    return sum(counts), time.perf_counter() - t0
+
+
+async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, last_id: str) -> tuple[int, float, str]:
+    """The same requests as prompt groups through Redis; done when every rollout is on the stream."""
+    from streamrl.messages import Prompt, decode, encode
+
+    t0 = time.perf_counter()
+    for g, ids in enumerate(prompts):
+        await broker.add(worker.keys.prompts, encode(Prompt(group_id=f"{tag}-{g}", prompt_ids=ids, group_size=8,
+                                                            admitted_version=worker.version)))
+    want, tokens = 8 * len(prompts), 0
+    while want:
+        for e in await broker.read(worker.keys.rollouts, last_id, count=512, block_ms=100):
+            last_id = e.id
+            r = decode(e.data)
+            if r.group_id.startswith(f"{tag}-"):
+                want -= 1
+                tokens += len(r.completion_ids)
+    return tokens, time.perf_counter() - t0, last_id
+
+
+def _perturb(engine, scale: float = 1e-3) -> None:
+    """Stands in for an optimizer step: every local shard changes in place."""
+    import torch
+
+    with torch.no_grad():
+        for p in engine.model.parameters():
+            local = p.to_local() if hasattr(p, "to_local") else p
+            local.add_(torch.randn_like(local), alpha=scale)
+
+
+async def _bench(args, url: str, tmp: Path) -> dict:
+    import numpy as np
+    import torch
+
+    from brokers.redis_streams import connect
+    from streamrl.shapes import build_random_model
+    from streamrl.weights import backend_class, make_weight_store
+    from workers.generator import GeneratorWorker
+
+    gpu = torch.cuda.is_available()
+    dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    backend = args.backend or ("cuda_ipc" if gpu else "shm")
+    model = args.model or str(build_random_model(args.shape, Path(args.cache or tmp) / f"{args.shape}-{dtype}", dtype))
+    cfg = _config(args, url, model, dtype, backend)
+    broker = await connect(url)
+    worker = GeneratorWorker(cfg, broker, "bench-gen", tmp / "run")
+    await worker.start()  # engine up before the trainer touches the GPU
+    rng = np.random.default_rng(0)
+    n_groups = max(1, args.requests // 8)
+    prompts = [rng.integers(4, 90, size=args.prompt_len).tolist() for _ in range(n_groups)]
+
+    loop_task = asyncio.create_task(_loop(worker))
+    rounds, last_id = [], "0"
+    await _plain(worker.engine, prompts[:1], 10_000)  # warm-up (first-request compiles)
+    for r in range(args.rounds):
+        pt, ps = await _plain(worker.engine, prompts, 1000 * r)
+        st, ss, last_id = await _through_streamrl(worker, broker, prompts, f"tp{r}", last_id)
+        rounds.append({"round": r, "plain_tok_s": pt / ps, "streamrl_tok_s": st / ss, "tokens": st})
+
+    engine = _train_engine(cfg, model)
+    writer = make_weight_store(cfg, broker, tmp / "run")
+    gather = backend_class(backend).gather
+    t0 = time.perf_counter()
+    await asyncio.to_thread(gather, engine)  # the trainer's first snapshot also allocates its buffers
+    first_stall = time.perf_counter() - t0
+    publishes = []
+    background = asyncio.create_task(_keep_busy(worker, broker, prompts))
+    for v in range(1, args.publishes + 1):
+        _perturb(engine)
+        if gpu:
+            torch.cuda.synchronize()  # the step's own kernels are not the snapshot's cost
+        t0 = time.perf_counter()
+        state = await asyncio.to_thread(gather, engine)
+        stall = time.perf_counter() - t0
+        if gpu:
+            torch.cuda.synchronize()
+        stall_sync = time.perf_counter() - t0
+        t_pub = time.time()
+        await writer.publish(v, state)
+        published = time.time() - t_pub
+        while worker.stats.get("policy_version", 0) < v:  # set once the engine has resumed with v
+            await asyncio.sleep(0.001)
+        publishes.append({"version": v, "stall_s": stall, "stall_gpu_done_s": stall_sync,
+                          "publish_s": published, "ready_s": time.time() - t_pub,
+                          "paused_s": worker.stats.get("last_switch_paused_s"), "active_requests": worker._active})
+        await asyncio.sleep(0.5)  # generation runs on between publishes
+    background.cancel()
+    worker.stop()
+    await asyncio.gather(loop_task, background, return_exceptions=True)
+    await _within(worker.close(), 60, "generator close")
+    await writer.close()
+    await broker.close()
+
+    plain = statistics.mean(r["plain_tok_s"] for r in rounds)
+    ours = statistics.mean(r["streamrl_tok_s"] for r in rounds)
+    ready = [p["ready_s"] for p in publishes]
+    stall = [p["stall_s"] for p in publishes]
+    return {
+        "settings": {**{k: v for k, v in vars(args).items() if k not in ("func",)}, "dtype": dtype,
+                     "backend": backend, "model": model, "device": torch.cuda.get_device_name() if gpu else "cpu",
+                     "params": sum(p.numel() for p in engine.model.parameters())},
+        "rounds": rounds, "publishes": publishes,
+        "plain_tok_s": plain, "streamrl_tok_s": ours, "throughput_ratio": ours / plain,
+        "ready_s_median": statistics.median(ready), "ready_s_max": max(ready),
+        "stall_s_median": statistics.median(stall), "stall_s_max": max(stall), "first_stall_s": first_stall,
+        "targets": TARGETS,
+    }
+
+
+async def _within(coro, seconds: float, what: str):
+    """Await with a deadline; on expiry print every task's stack (where it hangs) and raise."""
+    try:
+        return await asyncio.wait_for(coro, seconds)
+    except TimeoutError:
+        for task in asyncio.all_tasks():
+            task.print_stack()
+        raise TimeoutError(f"{what} did not finish within {seconds}s (task stacks above)") from None
+
+
+async def _loop(worker) -> None:
+    while not worker.stopping.is_set():
+        await worker.step()
+
+
+async def _keep_busy(worker, broker, prompts) -> None:
+    """Keep the generator full while versions are published (switches happen mid-generation)."""
+    from streamrl.messages import Prompt, encode
+
+    i = 0
+    while True:
+        if len(worker._groups) < worker.cfg.generator.max_inflight_groups:
+            i += 1
+            await broker.add(worker.keys.prompts, encode(Prompt(group_id=f"busy-{i}", prompt_ids=prompts[i % len(prompts)],
+                                                                group_size=8, admitted_version=0)))
+        await asyncio.sleep(0.05)
+
+
+def _train_engine(cfg, model: str):
+    import torch.distributed as dist
+
+    from workers.dist import _init_group, free_port
+    from workers.train_engine import TrainEngine
+
+    if not dist.is_initialized():
+        _init_group(0, 1, None, f"tcp://127.0.0.1:{free_port()}")
+    return TrainEngine(cfg, model, 0, 1)
+
+
+def run(args) -> int:
+    from bench.common import print_table, write_result
+    from brokers.embedded import EmbeddedRedis
+
+    with tempfile.TemporaryDirectory(prefix="streamrl-benchw-") as tmp:
+        if args.broker:
+            result = asyncio.run(_bench(args, args.broker, Path(tmp)))
+        else:
+            with EmbeddedRedis(Path(tmp) / "broker") as server:
+                result = asyncio.run(_bench(args, server.url, Path(tmp)))
+    s = result["settings"]
+    print(f"weights bench: {s['model']} ({s['params'] / 1e6:.1f}M params, {s['dtype']}, {s['device']}), "
+          f"backend {s['backend']}, {args.requests} requests x {args.max_tokens} tokens")
+    print_table([{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()} for p in result["publishes"]],
+                ["version", "stall_s", "stall_gpu_done_s", "publish_s", "ready_s", "paused_s", "active_requests"])
+    print(f"plain vLLM {result['plain_tok_s']:.0f} tok/s | streamrl {result['streamrl_tok_s']:.0f} tok/s | "
+          f"ratio {result['throughput_ratio']:.3f} (target >= {TARGETS['throughput_ratio']})")
+    print(f"stall median {result['stall_s_median'] * 1e3:.1f} ms (target <= 50) | ready median "
+          f"{result['ready_s_median']:.3f} s, max {result['ready_s_max']:.3f} s (target <= 0.5)")
+    path = write_result(args.out, result)
+    if path:
+        print(f"wrote {path}")
+    return 0
