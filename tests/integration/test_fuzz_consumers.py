@@ -206,7 +206,7 @@ def test_reference_dead_letters_bad_rollouts(workers, items):
 def test_consumers_still_work_after_fuzzing(workers):
     """A good prompt is generated, scored and referenced after all the garbage."""
     r, keys, procs, _ = workers
-    prompt = Prompt(**_prompt(group_id=f"ok{uuid.uuid4().hex[:4]}"))
+    prompt = Prompt(**_prompt(group_id=f"ok{uuid.uuid4().hex[:4]}", meta={"chars": "abc", "length": 4}))
     r.xadd(keys.prompts, {"d": encode(prompt)})
     want = {f"{prompt.group_id}:{s}" for s in range(prompt.group_size)}
     deadline, got = time.time() + 120, set()
