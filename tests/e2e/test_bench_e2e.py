@@ -1,0 +1,31 @@
+"""`streamrl bench e2e` runs a real `streamrl up` (vLLM CPU generator, FSDP2 trainer, every role a
+process) and summarizes it from metrics.jsonl and the role logs into well-formed result.json.
+
+    pytest tests/e2e/test_bench_e2e.py -m slow
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+
+def test_e2e_bench_summarizes_a_real_job(tmp_path):
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "streamrl.cli", "bench", "e2e", "--steps", "2", "--no-sync",
+                           "--out", str(out)], capture_output=True, text=True, timeout=880)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    result = json.loads((out / "result.json").read_text())
+    (run,) = result["runs"]
+    assert run["mode"] == "async" and run["steps"] == 2 and run["max_staleness"] == 1
+    assert run["trained_tokens_per_s"] > 0 and run["generated_tokens_per_s"] > 0
+    assert 0 < run["busy"]["trainer"] <= 1 and 0 <= run["busy"]["generator:generator-0"] <= 1
+    assert sum(run["staleness_hist_tokens"].values()) == run["trained_tokens"]
+    assert max(int(k) for k in run["staleness_hist_tokens"]) <= 1
+    assert result["speedup"] is None  # no sync job was run
+    assert (out / "e2e.png").is_file() and (out / "plots" / "async" / "staleness.png").is_file()
