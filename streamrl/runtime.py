@@ -37,10 +37,10 @@ def _load(role: str):
     return getattr(importlib.import_module(module), name)
 
 
-async def _serve(factory: Callable, broker_url: str) -> None:
+async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
     from brokers.redis_streams import connect
 
-    broker = await connect(broker_url)
+    broker = await connect(broker_url, retries=retries)
     worker = factory(broker)
     loop = asyncio.get_running_loop()
     hits = {"n": 0}
@@ -61,21 +61,22 @@ async def _serve(factory: Callable, broker_url: str) -> None:
         await broker.close()
 
 
-def serve(factory: Callable, broker_url: str) -> None:
-    """Run one Worker (built by `factory(broker)`) until it finishes or is signalled."""
+def serve(factory: Callable, broker_url: str, retries: int = 20) -> None:
+    """Run one Worker (built by `factory(broker)`) until it finishes or is signalled;
+    `retries` = broker.connect_retries (connection attempts, with back-off, before giving up)."""
     try:
         import uvloop
-
-        uvloop.run(_serve(factory, broker_url))
     except ImportError:
-        asyncio.run(_serve(factory, broker_url))
+        asyncio.run(_serve(factory, broker_url, retries))
+    else:
+        uvloop.run(_serve(factory, broker_url, retries))
 
 
 def run_role(role: str, cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> int:
     target = _load(role)
     setup_logging(role, worker_id, run_dir, run=cfg.run.name)
     if isinstance(target, type):
-        serve(lambda broker: target(cfg, broker, worker_id, run_dir), broker_url)
+        serve(lambda broker: target(cfg, broker, worker_id, run_dir), broker_url, cfg.broker.connect_retries)
     else:
         target(cfg, broker_url, worker_id, run_dir)
     return 0
