@@ -1,7 +1,7 @@
 """`streamrl report`: the summary arithmetic and the PNGs, from a run directory written the way the
 trainer (MetricsWriter) and the roles' structured logs write it.
 
-    pytest tests/unit/test_report.py
+    pytest tests/integration/test_report.py
 """
 
 from __future__ import annotations
