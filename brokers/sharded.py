@@ -42,7 +42,7 @@ def shard_of(key: str, shards: int, placement: dict[str, int] | None = None) -> 
     name = key_name(key)
     if placement and name in placement:
         return placement[name]
-    if name != key.split(":", 2)[-1] or "{" in key:  # a hash tag
+    if "{" in key and "}" in key.split("{", 1)[1]:  # a hash tag
         return zlib.crc32(name.encode()) % shards
     return 0
 

@@ -31,6 +31,7 @@ def test_routing_is_stable_across_runs_and_processes():
     tagged = [shard_of(f"streamrl:{{job{i}}}:rollouts", 4) for i in range(40)]
     assert set(tagged) == {0, 1, 2, 3}  # hash tags spread over every server
     assert tagged == [shard_of(f"streamrl:{{job{i}}}:rollouts", 4) for i in range(40)]
+    assert {shard_of(f"other:key{i}", 4) for i in range(40)} == {0}  # untagged keys outside a run: server 0
 
 
 def test_placement_overrides_the_default():
