@@ -219,6 +219,33 @@ class LossConfig(Section):
         return {**defaults, **defining, **data}
 
 
+class ParallelismConfig(Section):
+    """How the trainer's ranks split the model (torchtitan backend; `hf` supports plain FSDP2 only)."""
+
+    dp_replicate: int = Field(1, ge=1)
+    """Data-parallel replicas (HSDP's replicate dimension); each replica holds a full sharded copy."""
+    dp_shard: int = Field(-1, ge=-1)
+    """FSDP2 shard degree; -1 = every rank left over: world_size / (dp_replicate * tp)."""
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel degree; must divide the model's attention and KV heads."""
+    compile: bool = False
+    """torch.compile each decoder block (torchtitan backend)."""
+    ac_policy: Literal["full", "selective"] = "full"
+    """torchtitan's checkpointing policy when trainer.activation_checkpointing is on."""
+
+    def shard_degree(self, world_size: int) -> int:
+        """dp_shard with -1 resolved; raises ValueError when the degrees do not multiply to world_size."""
+        rest = world_size // (self.dp_replicate * self.tp)
+        shard = rest if self.dp_shard == -1 else self.dp_shard
+        if shard < 1 or shard * self.dp_replicate * self.tp != world_size:
+            raise ValueError(
+                f"trainer.parallelism: dp_replicate={self.dp_replicate} * dp_shard={self.dp_shard} * "
+                f"tp={self.tp} does not make trainer.world_size={world_size}; set dp_shard=-1 or make the "
+                "product equal world_size"
+            )
+        return shard
+
+
 class TrainerConfig(Section):
     world_size: int = Field(1, ge=1)
     """torch.distributed ranks (FSDP2 shards over them); gloo on CPU, NCCL on GPU."""
@@ -230,8 +257,11 @@ class TrainerConfig(Section):
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward on one rank."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    backend: Literal["hf"] = "hf"
-    """Model definitions: `hf` = transformers AutoModelForCausalLM (torchtitan models to come)."""
+    backend: Literal["hf", "torchtitan"] = "hf"
+    """Model definitions: `hf` = transformers AutoModelForCausalLM + FSDP2; `torchtitan` = torchtitan's
+    Llama 3 / Qwen 3 with its parallelize functions (trainer.parallelism), weights still in HF names."""
+    parallelism: ParallelismConfig = ParallelismConfig()
+    """Data-parallel shard/replicate degrees, tensor parallel, compile."""
     seed: int = 0
     """torch seed set on every rank before the model loads."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -248,6 +278,17 @@ class TrainerConfig(Section):
     """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
     trim_every_s: float = Field(10.0, gt=0)
     """How often the trainer trims the streams below what every consumer group has consumed."""
+
+    @model_validator(mode="after")
+    def _parallelism(self) -> "TrainerConfig":
+        par = self.parallelism
+        par.shard_degree(self.world_size)
+        if self.backend == "hf" and (par.dp_replicate > 1 or par.tp > 1 or par.compile):
+            raise ValueError(
+                "trainer.parallelism dp_replicate/tp/compile need trainer.backend=torchtitan; the hf backend "
+                "shards with plain FSDP2 over all ranks (set them back to 1/false or switch the backend)"
+            )
+        return self
 
 
 class SupervisorConfig(Section):

@@ -163,25 +163,37 @@ def shard_model(model: torch.nn.Module, mesh, compute_dtype: torch.dtype) -> Non
     fully_shard(model, mesh=mesh, mp_policy=mp)
 
 
+def check_launch(engine: str, world_size: int, model_path: str | None) -> None:
+    """What every engine needs before it loads: a process group of world_size ranks and a model folder."""
+    if not dist.is_initialized() or dist.get_world_size() != world_size:
+        raise StreamRLError(
+            f"{engine} needs a torch.distributed group of {world_size} ranks; "
+            "start the trainer through workers.dist.launch (or torchrun)"
+        )
+    if not model_path:
+        raise ConfigError(f"{engine} got no model folder; pass streamrl.tiny.resolve_model_path(cfg.model, "
+                          "cache_dir, cfg.run.seed), which builds the tiny model when model.path is unset")
+
+
+def engine_device(choice: str) -> torch.device:
+    """trainer.device resolved; on CUDA the rank's current device (set by workers.dist)."""
+    device = pick_device(choice)
+    return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
+
+
 class TrainEngine:
     """One rank's FSDP2 model + AdamW; every method is collective (all ranks call it in step)."""
 
     def __init__(self, cfg: Config, model_path: str, rank: int, world_size: int):
         from torch.distributed.device_mesh import init_device_mesh
 
-        if not dist.is_initialized() or dist.get_world_size() != world_size:
-            raise StreamRLError(
-                f"TrainEngine needs a torch.distributed group of {world_size} ranks; "
-                "start the trainer through workers.dist.launch (or torchrun)"
-            )
-        if not model_path:
-            raise ConfigError("TrainEngine got no model folder; pass streamrl.tiny.resolve_model_path(cfg.model, "
-                              "cache_dir, cfg.run.seed), which builds the tiny model when model.path is unset")
+        check_launch(type(self).__name__, world_size, model_path)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        # Data-parallel coordinates: every rank is one data shard here (a tensor-parallel backend
+        # gives the ranks of one TP group the same shard and reduces metrics over dp_group only).
+        self.dp_rank, self.dp_size, self.dp_group = rank, world_size, None
         tc = cfg.trainer
-        self.device = pick_device(tc.device)
-        if self.device.type == "cuda":
-            self.device = torch.device("cuda", torch.cuda.current_device())
+        self.device = engine_device(tc.device)
         torch.manual_seed(tc.seed)
         model, compute_dtype = _load_model(model_path, cfg.model.dtype)
         self.pad_id = int(model.config.pad_token_id or 0)
@@ -191,9 +203,14 @@ class TrainEngine:
         model.train()
         shard_model(model, init_device_mesh(self.device.type, (world_size,)), compute_dtype)
         self.model = model
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        self._init_optimizer()
+
+    def _init_optimizer(self) -> None:
+        """AdamW over self.model, the lr schedule, the loss's inputs; shared by every backend."""
+        tc = self.cfg.trainer
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, tc))
-        self.requirements = loss_requirements(cfg.loss)
+        self.requirements = loss_requirements(self.cfg.loss)
         self.steps_done = 0
 
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -212,7 +229,7 @@ class TrainEngine:
             # The weights before this step are the ones that just ran the forward (one optimizer
             # step per batch, dropout off), so the proximal policy is this forward, detached.
             prox_logprobs=logp.detach() if "prox_logprobs" in self.requirements else None,
-            entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs, dp_world_size=self.world_size,
+            entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs, dp_world_size=self.dp_size,
         )
         loss, metrics = compute_loss(self.cfg.loss, inp)
         loss.backward()
@@ -227,8 +244,8 @@ class TrainEngine:
             raise ConfigError("the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
                               "the assembler must wait for the reference workers' annotation")
         total_tokens, total_seqs = float(max(1, batch.num_loss_tokens)), float(len(batch))
-        shard = batch.shard(self.rank, self.world_size)
-        n_micro = num_micro_batches(len(batch), self.world_size, self.cfg.trainer.micro_batch_size)
+        shard = batch.shard(self.dp_rank, self.dp_size)
+        n_micro = num_micro_batches(len(batch), self.dp_size, self.cfg.trainer.micro_batch_size)
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
         for i in range(n_micro):
@@ -244,16 +261,16 @@ class TrainEngine:
             self.optimizer.step()
             self.steps_done += 1
         self.scheduler.step()
-        out = self._all_reduce(dict(sums), op=dist.ReduceOp.SUM)
+        out = self._all_reduce(dict(sums), op=dist.ReduceOp.SUM, group=self.dp_group)
         out.update(self._all_reduce({"time_s": time.perf_counter() - start}, op=dist.ReduceOp.MAX))
         out.update(grad_norm=grad_norm, lr=float(self.optimizer.param_groups[0]["lr"]),
                    tokens=total_tokens, seqs=total_seqs, skipped_step=float(skipped))
         return out
 
-    def _all_reduce(self, values: dict[str, float], op) -> dict[str, float]:
+    def _all_reduce(self, values: dict[str, float], op, group=None) -> dict[str, float]:
         keys = sorted(values)
         buf = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)
-        dist.all_reduce(buf, op=op)
+        dist.all_reduce(buf, op=op, group=group)
         return dict(zip(keys, buf.tolist()))
 
     def full_state_dict(self) -> dict[str, Tensor] | None:

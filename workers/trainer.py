@@ -36,6 +36,7 @@ from streamrl.weights import backend_class, make_weight_store
 from streamrl.worker import Worker
 from workers.assembler import Assembler
 from workers.dist import launch
+from workers.engines import make_engine
 from workers.train_engine import TrainEngine
 
 
@@ -234,7 +235,7 @@ def _load_newest(engine, run_dir: Path | None, rank: int) -> dict | None:
 def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
     from streamrl.runtime import serve
 
-    engine = TrainEngine(cfg, cfg.model.path, rank, world)
+    engine = make_engine(cfg, cfg.model.path, rank, world)
     resumed = _load_newest(engine, run_dir, rank)
     if rank == 0:
         serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, engine, resumed), broker_url)

@@ -1,0 +1,29 @@
+"""Pick the trainer's compute engine from trainer.backend.
+
+    engine = make_engine(cfg, model_path, rank, world)   # TrainEngine (hf) or TitanEngine (torchtitan)
+
+Both engines have the same interface (train_step, full_state_dict, rank/world_size/device/pad_id/
+requirements/steps_done); torchtitan is imported only when its backend is chosen.
+"""
+
+from __future__ import annotations
+
+from streamrl.config import Config
+from streamrl.errors import ConfigError
+
+
+def make_engine(cfg: Config, model_path: str, rank: int, world_size: int):
+    """The engine for cfg.trainer.backend, built on this rank (collective: every rank calls it)."""
+    backend = cfg.trainer.backend
+    if backend == "hf":
+        from workers.train_engine import TrainEngine
+
+        return TrainEngine(cfg, model_path, rank, world_size)
+    if backend == "torchtitan":
+        try:
+            from workers.titan_engine import TitanEngine
+        except ImportError as exc:
+            raise ConfigError(f"trainer.backend=torchtitan needs the torchtitan package ({exc}); "
+                              "pip install torchtitan, or set trainer.backend=hf") from exc
+        return TitanEngine(cfg, model_path, rank, world_size)
+    raise ConfigError(f"trainer.backend={backend!r} is unknown; set trainer.backend=hf or torchtitan")

@@ -1,0 +1,184 @@
+"""The torchtitan trainer backend: torchtitan's Llama 3 / Qwen 3 under its own parallelize functions.
+
+    streamrl up --set trainer.backend=torchtitan --set trainer.world_size=2
+
+Same interface and training step as workers/train_engine.TrainEngine (this class inherits its
+micro-batch/loss loop, optimizer and lr schedule); what differs is the model:
+- built from torchtitan's layer builders with the checkpoint's shape (workers/titan_models.py),
+  the Hugging Face weights loaded through torchtitan's state-dict adapter (from_hf);
+- parallelized by the architecture's torchtitan function from trainer.parallelism: FSDP2 over
+  dp_shard (HSDP with dp_replicate), tensor parallel over tp, activation checkpointing, compile;
+- published with the adapter's to_hf, so the weight store and vLLM see Hugging Face names.
+Batches are split over data-parallel ranks only: the ranks of one tensor-parallel group train on
+the same rows. Gradients are averaged over data-parallel ranks, as with the hf backend, so both
+backends take the same step on the same batch.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+from torch import Tensor
+from torch.distributed.tensor import DTensor
+
+from streamrl.config import Config
+from streamrl.errors import ConfigError
+from workers.titan_models import TitanSpec, read_hf_config, titan_spec
+from workers.train_engine import TrainEngine, check_launch, engine_device, token_logprobs
+
+WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
+"""Name parts that activation checkpointing / compile wrappers insert; the adapter expects none."""
+
+
+def clean_name(name: str) -> str:
+    for part in WRAPPER_PREFIXES:
+        name = name.replace(part, "")
+    return name
+
+
+def load_hf_weights(model_path: str | Path) -> dict[str, Tensor]:
+    """Every tensor of the folder's *.safetensors files, HF names (CPU)."""
+    from safetensors.torch import load_file
+
+    files = sorted(Path(model_path).glob("*.safetensors"))
+    if not files:
+        raise ConfigError(f"no *.safetensors in {model_path}; the torchtitan backend loads safetensors "
+                          "checkpoints (save the model with save_pretrained(safe_serialization=True))")
+    out: dict[str, Tensor] = {}
+    for f in files:
+        out.update(load_file(f))
+    return out
+
+
+def parallel_dims(cfg: Config, world_size: int, device: torch.device):
+    """torchtitan ParallelDims + ParallelismConfig from trainer.parallelism, its mesh built on `device`."""
+    from torchtitan.config import ParallelismConfig
+    from torchtitan.distributed import ParallelDims
+    from torchtitan.distributed import parallel_dims as pd_module
+    from torchtitan.distributed import utils as dist_utils
+
+    par = cfg.trainer.parallelism
+    titan_par = ParallelismConfig(
+        data_parallel_replicate_degree=par.dp_replicate, data_parallel_shard_degree=par.shard_degree(world_size),
+        tensor_parallel_degree=par.tp, spmd_backend="partial_dtensor",
+        # Sequence parallel shards activations along the sequence, which then must divide by tp;
+        # rollouts have any length, so TP runs with replicated activations.
+        enable_sequence_parallel=False,
+    )
+    dist_utils.set_spmd_backend(titan_par.spmd_backend)
+    dims = ParallelDims.from_config(titan_par, world_size)
+    # torchtitan picks the mesh's device type once at import ("cuda" on a CPU-only build); the
+    # trainer's device decides here so gloo/CPU ranks get a CPU mesh.
+    with mock.patch.object(pd_module, "device_type", device.type):
+        dims.build_mesh()
+    return dims, titan_par
+
+
+def build_loaded_model(spec: TitanSpec, model_path: str, titan_par) -> torch.nn.Module:
+    """The architecture's model on CPU in float32 with the checkpoint's weights (before sharding).
+
+    fully_shard then moves each rank's shards (and the RoPE buffers) to the trainer's device, so a
+    GPU never holds the whole model.
+    """
+    spec.config.update_from_config(config=SimpleNamespace(parallelism=titan_par))
+    with torch.device("meta"):
+        model = spec.config.build()
+    model.to_empty(device="cpu")
+    with torch.no_grad():
+        model.init_weights(buffer_device=torch.device("cpu"))  # RoPE tables; weights come next
+    state = spec.adapter(spec.config, None).from_hf(load_hf_weights(model_path))
+    result = model.load_state_dict(state, strict=False)
+    if result.missing_keys or result.unexpected_keys:
+        raise ConfigError(f"{model_path} does not match torchtitan's {spec.name}: missing "
+                          f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+    return model
+
+
+def data_parallel_coords(dims, rank: int, world_size: int):
+    """(dp_rank, dp_size, group to reduce metrics over; None = all ranks) of this rank."""
+    import torch.distributed as dist
+
+    mesh = dims.get_optional_mesh("batch")  # None when the data-parallel degree is 1
+    if mesh is not None and mesh.size() == world_size:
+        return mesh.get_local_rank(), mesh.size(), None
+    if mesh is not None:
+        return mesh.get_local_rank(), mesh.size(), mesh.get_group()
+    # Pure tensor parallel: every rank holds the one data shard; new_group is collective, so
+    # each rank creates every singleton group and keeps its own.
+    groups = [dist.new_group([r]) for r in range(world_size)] if world_size > 1 else [None]
+    return 0, 1, groups[rank]
+
+
+class TitanEngine(TrainEngine):
+    """One rank's torchtitan model + AdamW; every method is collective (all ranks call it in step)."""
+
+    def __init__(self, cfg: Config, model_path: str, rank: int, world_size: int):
+        check_launch(type(self).__name__, world_size, model_path)
+        self.cfg, self.rank, self.world_size = cfg, rank, world_size
+        tc = cfg.trainer
+        if cfg.model.dtype == "float16":
+            raise ConfigError("the torchtitan backend computes in float32 or bfloat16; set model.dtype=bfloat16")
+        self.device = engine_device(tc.device)
+        torch.manual_seed(tc.seed)
+        self.spec = titan_spec(model_path)
+        self.pad_id = int(read_hf_config(model_path).get("pad_token_id") or 0)
+        self.dims, titan_par = parallel_dims(cfg, world_size, self.device)
+        model = build_loaded_model(self.spec, model_path, titan_par)
+        self.model = self._parallelize(model, titan_par)
+        self.model.train()
+        self.dp_rank, self.dp_size, self.dp_group = data_parallel_coords(self.dims, rank, world_size)
+        self._init_optimizer()
+
+    def _parallelize(self, model: torch.nn.Module, titan_par) -> torch.nn.Module:
+        from torchtitan.config import CompileConfig, TrainingConfig
+        from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+        from torch.distributed.fsdp import FSDPModule
+
+        tc = self.cfg.trainer
+        ac = None
+        if tc.activation_checkpointing:
+            ac = FullAC.Config() if tc.parallelism.ac_policy == "full" else SelectiveAC.Config()
+        model = self.spec.parallelize(
+            model, parallel_dims=self.dims, parallelism=titan_par, ac_config=ac, dump_folder="",
+            training=TrainingConfig(mixed_precision_param=self.cfg.model.dtype, mixed_precision_reduce="float32"),
+            compile_config=CompileConfig(enable=tc.parallelism.compile, components=["model"]),
+        )
+        # torchtitan sums gradients over data-parallel ranks (its loss divides by the global token
+        # count); streamrl's losses are pre-scaled for an average, as FSDP2 does by default.
+        dp = self.dims.dp_replicate * self.dims.dp_shard
+        for module in model.modules():
+            if isinstance(module, FSDPModule):
+                module.set_gradient_divide_factor(float(dp))
+        return model
+
+    def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
+        """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
+
+        No attention mask: rows are right-padded (pad_batch), so under causal attention a real token
+        never attends to padding, and padded positions are masked out of the loss.
+        """
+        logits = self.model(padded["input_ids"])
+        if isinstance(logits, DTensor):  # tensor parallel leaves the vocabulary sharded
+            logits = logits.full_tensor()
+        return token_logprobs(logits, padded["positions"], padded["targets"],
+                              self.cfg.generator.temperature, with_entropy)
+
+    def full_state_dict(self) -> dict[str, Tensor] | None:
+        """Full HF-named weights on rank 0 (CPU copies), None elsewhere; collective.
+
+        Parameters are gathered one at a time and only rank 0 keeps them, so no rank but rank 0
+        ever holds more than one full tensor.
+        """
+        native: dict[str, Tensor] = {}
+        for name, param in self.model.named_parameters():
+            full = param.full_tensor() if isinstance(param, DTensor) else param
+            if self.rank == 0:
+                native[clean_name(name)] = full.detach().to("cpu", copy=True)
+            del full
+        if self.rank != 0:
+            return None
+        hf = self.spec.adapter(self.spec.config, None).to_hf(native)
+        return {k: v.contiguous() for k, v in hf.items()}
