@@ -52,7 +52,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
         model=ModelConfig(path=model, dtype=dtype),
         rollout=RolloutConfig(group_size=8),
         generator=GeneratorConfig(max_tokens=args.max_tokens, ignore_eos=True, temperature=1.0,
-                                  max_inflight_groups=max(1, args.requests // 8), weights_poll_s=0.01,
+                                  max_inflight_groups=max(1, args.requests // 8),
                                   gpu_memory_utilization=args.gpu_memory_utilization,
                                   enforce_eager=not args.cuda_graphs, drain_timeout_s=2.0,
                                   max_model_len=args.prompt_len + args.max_tokens + 16),
@@ -61,21 +61,24 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
     )
 
 
-async def _plain(engine, prompts: list[list[int]], seed0: int) -> tuple[int, float]:
-    """Every (prompt, sample) straight into vLLM, all at once: tokens generated, seconds."""
+async def _plain(engine, prompts: list[list[int]], seed0: int) -> tuple[int, float, float]:
+    """Every (prompt, sample) straight into vLLM, all at once: tokens, seconds, first completion's seconds."""
+    t0 = time.perf_counter()
+    done: list[float] = []
+
     async def one(i: int, ids: list[int]) -> int:
         n = 0
         async for out in engine.llm.generate({"prompt_token_ids": ids}, engine.sampling_params(seed0 + i),
                                              f"plain-{seed0}-{i}"):
             n += len(out.outputs[0].token_ids)  # DELTA outputs: the new tokens only
+        done.append(time.perf_counter() - t0)
         return n
 
-    t0 = time.perf_counter()
     counts = await asyncio.gather(*(one(i, ids) for i, ids in enumerate(p for p in prompts for _ in range(8))))
-    return sum(counts), time.perf_counter() - t0
+    return sum(counts), time.perf_counter() - t0, min(done)
 
 
-async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, last_id: str) -> tuple[int, float, str]:
+async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, last_id: str):
     """The same requests as prompt groups through Redis; done when every rollout is on the stream."""
     from streamrl.messages import Prompt, decode, encode
 
@@ -83,7 +86,7 @@ async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, 
     for g, ids in enumerate(prompts):
         await broker.add(worker.keys.prompts, encode(Prompt(group_id=f"{tag}-{g}", prompt_ids=ids, group_size=8,
                                                             admitted_version=worker.version)))
-    want, tokens = 8 * len(prompts), 0
+    want, tokens, first = 8 * len(prompts), 0, None
     while want:
         for e in await broker.read(worker.keys.rollouts, last_id, count=512, block_ms=100):
             last_id = e.id
@@ -91,7 +94,8 @@ async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, 
             if r.group_id.startswith(f"{tag}-"):
                 want -= 1
                 tokens += len(r.completion_ids)
-    return tokens, time.perf_counter() - t0, last_id
+                first = first or time.perf_counter() - t0
+    return tokens, time.perf_counter() - t0, first, last_id
 
 
 def _perturb(engine, scale: float = 1e-3) -> None:
@@ -129,15 +133,16 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     rounds, last_id = [], "0"
     await _plain(worker.engine, prompts[:1], 10_000)  # warm-up (first-request compiles)
     for r in range(args.rounds):
-        pt, ps = await _plain(worker.engine, prompts, 1000 * r)
-        st, ss, last_id = await _through_streamrl(worker, broker, prompts, f"tp{r}", last_id)
-        rounds.append({"round": r, "plain_tok_s": pt / ps, "streamrl_tok_s": st / ss, "tokens": st})
+        pt, ps, pfirst = await _plain(worker.engine, prompts, 1000 * r)
+        st, ss, sfirst, last_id = await _through_streamrl(worker, broker, prompts, f"tp{r}", last_id)
+        rounds.append({"round": r, "plain_tok_s": pt / ps, "streamrl_tok_s": st / ss, "tokens": st,
+                       "plain_s": ps, "streamrl_s": ss, "plain_first_done_s": pfirst, "streamrl_first_done_s": sfirst})
 
     engine = _train_engine(cfg, model)
     writer = make_weight_store(cfg, broker, tmp / "run")
     gather = backend_class(backend).gather
     t0 = time.perf_counter()
-    await asyncio.to_thread(gather, engine)  # the trainer's first snapshot also allocates its buffers
+    gather(engine)  # the trainer's first snapshot also allocates its buffers
     first_stall = time.perf_counter() - t0
     publishes = []
     background = asyncio.create_task(_keep_busy(worker, broker, prompts))
@@ -146,7 +151,9 @@ async def _bench(args, url: str, tmp: Path) -> dict:
         if gpu:
             torch.cuda.synchronize()  # the step's own kernels are not the snapshot's cost
         t0 = time.perf_counter()
-        state = await asyncio.to_thread(gather, engine)
+        # On this thread, as the trainer's loop does: a helper thread would queue for the GIL behind
+        # the generator's event loop, which shares this process only in the bench.
+        state = gather(engine)
         stall = time.perf_counter() - t0
         if gpu:
             torch.cuda.synchronize()

@@ -94,6 +94,9 @@ class WeightStore(ABC):
     transport: str = ""
     vllm_extension: str | None = None
     """vLLM `worker_extension_cls` a generator needs to load this backend's versions (None: none)."""
+    hooks_in_thread: bool = True
+    """Run _write/_fetch in a worker thread (they serialise or copy bytes). False for backends whose
+    hooks are a few cheap calls: a thread hop in a busy process can wait seconds for the GIL."""
 
     def __init__(self, broker: Broker, keys: Keys, keep: int):
         self.broker = broker
@@ -124,7 +127,8 @@ class WeightStore(ABC):
         if version < 0:
             raise WeightStoreError(f"weight version must be >= 0, got {version}")
         created = time.time()
-        handle, size = await asyncio.to_thread(self._write, version, state_dict)
+        handle, size = (await asyncio.to_thread(self._write, version, state_dict) if self.hooks_in_thread
+                        else self._write(version, state_dict))
         wh = WeightHandle(version=version, transport=self.transport, handle=handle, bytes=size, created_at=created)
         # One publisher per run (trainer rank 0), so read-compare-write needs no server-side CAS.
         current = await self.latest()
@@ -148,7 +152,7 @@ class WeightStore(ABC):
                 f"version {handle.version} was published with transport {handle.transport!r} but this "
                 f"process uses {self.transport!r}; set weights.backend={handle.transport} for every role"
             )
-        return await asyncio.to_thread(self._fetch, handle)
+        return await asyncio.to_thread(self._fetch, handle) if self.hooks_in_thread else self._fetch(handle)
 
     async def gc(self) -> None:
         """Keep the newest `keep` versions (and always the one `weights:latest` names)."""

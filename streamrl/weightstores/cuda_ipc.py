@@ -163,6 +163,9 @@ def open_spec(spec: dict) -> PackedState:
 class CudaIpcWeightStore(WeightStore):
     transport = "cuda_ipc"
     vllm_extension = "streamrl.weightstores.cuda_ipc.VLLMIpcExtension"
+    # Exporting or decoding a handle is a few cheap calls: inline. On the H200, with the publisher in
+    # the same process as a busy generator, one publish through a thread took 3 s (likely GIL waits).
+    hooks_in_thread = False
 
     def __init__(self, broker: Broker, keys: Keys, keep: int, dtype: str):
         super().__init__(broker, keys, keep)
@@ -223,14 +226,18 @@ class VLLMIpcExtension:
         device = self.device  # vLLM's worker attribute: the GPU its model lives on
         weights = ((name, t if t.device == device else t.to(device, non_blocking=True)) for name, t in packed.tensors())
         runner = self.model_runner
-        if getattr(runner.model_config, "quantization", None) is None:
-            # Unquantized: the model's own loaders copy straight into the live parameters (what RL
-            # frameworks do). vLLM's reload_weights would first move every layer to `meta` and
-            # rebuild it, which only quantized/repacked weights need and which costs ~10x longer.
-            runner.get_model().load_weights(weights)
-        else:
-            self.reload_weights(weights_iterator=weights)
+        with torch.no_grad():
+            self._streamrl_load(runner, weights)
         torch.cuda.current_stream().synchronize()  # done reading before the publisher may reuse the memory
         n = len(packed.entries)
         del packed, weights
         return n
+
+    def _streamrl_load(self, runner, weights) -> None:
+        if getattr(runner.model_config, "quantization", None) is None:
+            # Unquantized: the model's own loaders copy straight into the live parameters (what RL
+            # frameworks do). vLLM's reload_weights would first move every layer to `meta` and
+            # rebuild it, which only quantized/repacked weights need.
+            runner.get_model().load_weights(weights)
+        else:
+            self.reload_weights(weights_iterator=weights)
