@@ -22,6 +22,25 @@ from typing import Any, Callable
 
 from streamrl.errors import ConfigError
 
+def _torch_compat() -> None:
+    """Let torchtitan 0.3.0 import on torch < 2.12.
+
+    torchtitan imports torch.distributed.fsdp.DataParallelMeshDims (new in torch 2.12) at module
+    level but uses it only on its full_dtensor/spmd_types paths; this backend runs partial_dtensor,
+    so on an older torch a stand-in that is never instantiated lets the import succeed.
+    """
+    import torch.distributed.fsdp as fsdp
+
+    if not hasattr(fsdp, "DataParallelMeshDims"):
+        class DataParallelMeshDims:  # noqa: D101 - placeholder, see above
+            def __init__(self, *args, **kwargs):
+                raise RuntimeError("torch >= 2.12 is needed for torchtitan's full_dtensor path")
+
+        fsdp.DataParallelMeshDims = DataParallelMeshDims
+
+
+_torch_compat()
+
 SUPPORTED = ("llama", "qwen3")
 """config.json model_type values the torchtitan backend builds; others use trainer.backend=hf."""
 
