@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import threading
 
 from streamrl.messages import Annotation, Rollout, encode
 from streamrl.rewards import resolve_reward
@@ -27,24 +28,53 @@ class RewardWorker(Worker):
         self.fn = resolve_reward(self.cfg.reward.fn)
         await self.broker.ensure_group(self.keys.rollouts, GROUP)
 
-    async def _score(self, r: Rollout) -> tuple[float, str]:
-        try:
-            value = await asyncio.wait_for(
-                asyncio.to_thread(self.fn, r.prompt_text, r.text, r.meta), self.cfg.reward.timeout_s)
-            value = float(value)
-        except asyncio.TimeoutError:
-            return 0.0, f"reward function timed out after {self.cfg.reward.timeout_s}s"
-        except Exception as exc:  # user code: any exception is that rollout's failure, not ours
-            return 0.0, f"reward function raised {type(exc).__name__}: {exc}"
-        if not math.isfinite(value):
-            return 0.0, f"reward function returned {value}"
-        return value, ""
+    def _score_from(self, rollouts: list[Rollout], first: int, report, cancelled: threading.Event) -> None:
+        """Thread body: score rollouts[first:] in order, reporting ("start"|"done", index, result)."""
+        for i in range(first, len(rollouts)):
+            if cancelled.is_set():
+                return
+            r = rollouts[i]
+            report(("start", i, None))
+            try:
+                value = float(self.fn(r.prompt_text, r.text, r.meta))
+                result = (value, "") if math.isfinite(value) else (0.0, f"reward function returned {value}")
+            except Exception as exc:  # user code: any exception is that rollout's failure, not ours
+                result = (0.0, f"reward function raised {type(exc).__name__}: {exc}")
+            report(("done", i, result))
+
+    async def _score_all(self, rollouts: list[Rollout]) -> list[tuple[float, str]]:
+        """Score a batch in one thread hop. A call that hangs past reward.timeout_s fails that
+        rollout only: its thread is abandoned (a daemon; told to stop at the next item) and a
+        fresh thread carries on after it, so hung calls never starve later ones."""
+        loop = asyncio.get_running_loop()
+        timeout = self.cfg.reward.timeout_s
+        results: list[tuple[float, str] | None] = [None] * len(rollouts)
+        nxt = 0
+        while nxt < len(rollouts):
+            queue: asyncio.Queue = asyncio.Queue()
+            cancelled = threading.Event()
+            threading.Thread(target=self._score_from, daemon=True, name="reward-fn",
+                             args=(rollouts, nxt, lambda m, q=queue: loop.call_soon_threadsafe(q.put_nowait, m),
+                                   cancelled)).start()
+            while nxt < len(rollouts):
+                try:
+                    kind, i, result = await asyncio.wait_for(queue.get(), timeout)
+                except asyncio.TimeoutError:
+                    cancelled.set()
+                    results[nxt] = (0.0, f"reward function timed out after {timeout}s")
+                    self.count("reward_timeouts")
+                    nxt += 1
+                    break
+                if kind == "done":
+                    results[i] = result
+                    nxt = i + 1
+        return results  # type: ignore[return-value]
 
     async def step(self) -> bool:
         items = await self.read(self.keys.rollouts, GROUP, count=64, expect=Rollout)
         if not items:
             return False
-        scores = await asyncio.gather(*(self._score(msg) for _, msg in items))
+        scores = await self._score_all([msg for _, msg in items])
         out = []
         for (entry, msg), (value, error) in zip(items, scores):
             if error:
