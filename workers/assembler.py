@@ -35,6 +35,8 @@ class _Group:
     completed_at: float = 0.0
     full_at: float = 0.0
     """When its last rollout arrived: external annotation timeouts count from here."""
+    oldest: int | None = None
+    """Oldest token version among its rollouts (cached once the group is ready)."""
 
 
 class Assembler:
@@ -198,6 +200,8 @@ class Assembler:
 
     async def _expire(self) -> None:
         """Apply annotations.external timeouts to groups whose rollouts are all in (workers/annotations.py)."""
+        if not self.join.external:
+            return  # only external keys have timeouts; skip the scan on the hot path
         now = time.time()
         for g in [g for g in self.groups.values() if g.full_at and not g.completed_at]:
             missing = self.join.missing(list(g.rollouts), self.annotations)
@@ -220,16 +224,22 @@ class Assembler:
         a_ids = [eid for r in rids for eid, _ in self.annotations.get(r, {}).values() if eid]
         return r_ids, a_ids
 
-    async def _ack_group(self, group_id: str) -> None:
-        r_ids, a_ids = self._entry_ids(group_id)
+    async def _ack_group(self, *group_ids: str) -> None:
+        """Ack every entry of these groups (one XACK per stream) and forget them."""
+        r_ids, a_ids = [], []
+        for group_id in group_ids:
+            r, a = self._entry_ids(group_id)
+            r_ids += r
+            a_ids += a
         if r_ids:
             await self.broker.ack(self.keys.rollouts, GROUP, r_ids)
         if a_ids:
             await self.broker.ack(self.keys.annotations, GROUP, a_ids)
-        g = self.groups.pop(group_id, None)
-        for rid in (g.rollouts if g else {}):
-            self.annotations.pop(rid, None)
-        self.closed.add(group_id)
+        for group_id in group_ids:
+            g = self.groups.pop(group_id, None)
+            for rid in (g.rollouts if g else {}):
+                self.annotations.pop(rid, None)
+            self.closed.add(group_id)
 
     async def _close(self, group_id: str, why: str, reason: str = "") -> None:
         """Drop a group for good: ack its entries and release its admission slot."""
@@ -266,8 +276,9 @@ class Assembler:
                 g = self.groups[gid]
                 if gid in self.replay:
                     continue
-                oldest = min(r.oldest_version() for _, r in g.rollouts.values())
-                if is_stale(version, oldest, self.cfg.rollout.max_staleness):
+                if g.oldest is None:
+                    g.oldest = min(r.oldest_version() for _, r in g.rollouts.values())
+                if is_stale(version, g.oldest, self.cfg.rollout.max_staleness):
                     await self._close(gid, "stale")
             if len(self.ready) >= need:
                 break
@@ -321,5 +332,4 @@ class Assembler:
 
     async def commit(self, batch: Batch) -> None:
         """Ack a trained batch's entries (its effect, the optimizer step, is done)."""
-        for gid in batch.group_ids:
-            await self._ack_group(gid)
+        await self._ack_group(*batch.group_ids)
