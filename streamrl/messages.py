@@ -184,19 +184,21 @@ def _check(cond: bool, why: str) -> None:
         raise DecodeError(why)
 
 
+_FIELD_TYPES = {"str": ((str,), "a string"), "int": ((int,), "an int"), "float": ((int, float), "a number"),
+                "dict": ((dict,), "a map"), "list": ((list,), "a list")}
+_CHECKS: dict[type, list[tuple[str, tuple, str]]] = {
+    cls: [(f.name, _FIELD_TYPES[f.type][0], f"{cls.kind}.{f.name} must be {_FIELD_TYPES[f.type][1]}")
+          for f in fields(cls) if f.type in _FIELD_TYPES]
+    for cls in MESSAGE_TYPES.values()
+}
+"""Per message class: (field, accepted types, error) for the plainly typed fields, built once."""
+
+
 def _validate(msg: Any) -> None:
-    for f in fields(msg):
-        value = getattr(msg, f.name)
-        if f.type in ("str",):
-            _check(isinstance(value, str), f"{msg.kind}.{f.name} must be a string")
-        elif f.type in ("int",):
-            _check(isinstance(value, int) and not isinstance(value, bool), f"{msg.kind}.{f.name} must be an int")
-        elif f.type in ("float",):
-            _check(isinstance(value, (int, float)) and not isinstance(value, bool), f"{msg.kind}.{f.name} must be a number")
-        elif f.type in ("dict",):
-            _check(isinstance(value, dict), f"{msg.kind}.{f.name} must be a map")
-        elif f.type in ("list",):
-            _check(isinstance(value, list), f"{msg.kind}.{f.name} must be a list")
+    for name, types, why in _CHECKS[type(msg)]:
+        value = getattr(msg, name)
+        if not isinstance(value, types) or isinstance(value, bool):
+            raise DecodeError(why)
     if isinstance(msg, Rollout):
         _check(len(msg.completion_ids) == len(msg.logprobs), "rollout: completion_ids and logprobs differ in length")
         _check(0 <= msg.sample < msg.group_size, "rollout: sample must be in [0, group_size)")
@@ -210,10 +212,12 @@ def _validate(msg: Any) -> None:
     if isinstance(msg, Annotation):
         v = msg.value
         if isinstance(v, np.ndarray):
-            _check(bool(np.all(np.isfinite(v))), f"annotation {msg.key}: values contain NaN or inf")
-        else:
-            _check(isinstance(v, (int, float)) and not isinstance(v, bool), f"annotation {msg.key}: value must be a number or float32 bytes")
-            _check(math.isfinite(float(v)), f"annotation {msg.key}: value is NaN or inf")
+            if not np.all(np.isfinite(v)):
+                raise DecodeError(f"annotation {msg.key}: values contain NaN or inf")
+        elif not isinstance(v, (int, float)) or isinstance(v, bool):
+            raise DecodeError(f"annotation {msg.key}: value must be a number or float32 bytes")
+        elif not math.isfinite(v):
+            raise DecodeError(f"annotation {msg.key}: value is NaN or inf")
 
 
 def as_dict(msg: Any) -> dict:
