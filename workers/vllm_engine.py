@@ -47,6 +47,10 @@ class VLLMEngine:
             return
         # The CPU build otherwise reserves most of the machine's RAM for its KV cache and fails.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
+        # The generator process may already hold a CUDA context (the cuda_ipc store, torch imports
+        # that touch the device); a forked EngineCore then dies with "Cannot re-initialize CUDA in
+        # forked subprocess" (seen on the H200). Spawn is safe: entry points have a __main__ guard.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

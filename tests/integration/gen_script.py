@@ -78,6 +78,9 @@ async def main(spec: dict) -> dict:
     out: dict = {}
 
     async def submit(group_id: str, admitted: int, text: str = "abc") -> float:
+        # As in a real run, the feeder admits at the trainer's version, which is set (after the
+        # step) before that version's weights are published.
+        await broker.set(keys.trainer_version, max(admitted, int(await broker.get(keys.trainer_version) or 0)))
         ids = [v["<s>"]] + [v[c] for c in text]
         msg = Prompt(group_id=group_id, prompt_ids=ids, group_size=GROUP_SIZE, admitted_version=admitted, text=text)
         await broker.add(keys.prompts, encode(msg))
