@@ -26,7 +26,7 @@ run: setup
 	$(BIN)/streamrl up
 
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q --durations=25 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit
