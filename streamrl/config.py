@@ -269,6 +269,8 @@ class TrainerConfig(Section):
     min_lr_ratio: float = Field(0.1, ge=0, le=1)
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up from 0 over this many steps, then the schedule."""
+    log_entropy: bool = True
+    """Log the policy's mean token entropy each step (costs one extra [tokens, vocab] pass)."""
     activation_checkpointing: bool = False
     """Recompute each decoder layer's activations in backward: less memory, ~30% more compute."""
     checkpoint_every: int = Field(10, ge=1)

@@ -97,12 +97,18 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
 
 
 def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperature: float,
-                   with_entropy: bool) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of each target under softmax(logits / temperature) at `positions`, and the entropy."""
+                   with_entropy: bool | str) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each target under softmax(logits / temperature) at `positions`, and the entropy
+    (with_entropy=True: differentiable, for an entropy bonus; "metric": detached, for logging only)."""
     picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
     logp_all = torch.log_softmax(picked.float() / temperature, dim=-1)
     logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = -(logp_all.exp() * logp_all).sum(-1) if with_entropy else None
+    entropy = None
+    if with_entropy == "metric":
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    elif with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
 
 
@@ -222,7 +228,9 @@ class TrainEngine:
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
-        logp, entropy = self.logprobs(padded, with_entropy="entropy" in self.requirements)
+        # Entropy is always logged (no gradient unless loss.entropy_coef > 0 asks for the bonus).
+        want = True if "entropy" in self.requirements else ("metric" if self.cfg.trainer.log_entropy else False)
+        logp, entropy = self.logprobs(padded, with_entropy=want)
         inp = LossInputs(
             logprobs=logp, old_logprobs=padded["old_logprobs"], advantages=padded["advantages"],
             mask=padded["mask"], ref_logprobs=padded.get("ref_logprobs"),

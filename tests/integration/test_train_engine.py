@@ -155,6 +155,8 @@ def test_world_2_and_world_1_give_the_same_step(runs):
     for key in set(m1) - {"time_s"}:
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
     assert m1["tokens"] == 27 and m1["seqs"] == 6 and m1["lr"] == 1e-3 and m1["skipped_step"] == 0
+    # Entropy is logged even without an entropy bonus (trainer.log_entropy): near log(vocab) at init.
+    assert 0.5 * np.log(100) < m1["entropy"] <= np.log(100) + 1e-6
     from safetensors.torch import load_file
 
     w1, w2 = (load_file(runs[w] / "weights" / "model.safetensors") for w in (1, 2))
