@@ -9,9 +9,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
+from streamrl.commands import load_modules
 from streamrl.errors import ConfigError, StreamRLError
 
 COMMANDS = ["up", "worker", "config", "scale", "status", "producer", "reward", "bench", "report"]
@@ -22,14 +22,7 @@ URL (from --broker, $STREAMRL_BROKER_URL, or RUN_DIR/broker/url). See README.md.
 
 
 def _modules() -> dict:
-    found = {}
-    for name in COMMANDS:
-        try:
-            found[name] = importlib.import_module(f"streamrl.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"streamrl.commands.{name}":
-                raise
-    return found
+    return load_modules("streamrl.commands", COMMANDS)
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-import importlib
+from streamrl.commands import load_modules
 
 NAME = "bench"
 HELP = "run a benchmark (broker, pipeline, e2e, weights, soak)"
@@ -16,14 +16,7 @@ BENCHES = ["broker", "pipeline", "e2e", "weights", "soak", "objectives", "traine
 
 
 def _benches() -> dict:
-    found = {}
-    for name in BENCHES:
-        try:
-            found[name] = importlib.import_module(f"bench.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"bench.{name}":
-                raise
-    return found
+    return load_modules("bench", BENCHES)
 
 
 def add_arguments(p) -> None:
