@@ -19,7 +19,7 @@ import structlog
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
 from streamrl.errors import DecodeError
-from streamrl.messages import decode
+from streamrl.messages import Annotation, decode, encode
 
 HEARTBEAT_TTL_S = 15.0
 
@@ -106,6 +106,19 @@ class Worker:
                     await self.broker.touch(stream, group, self.worker_id, sorted(ids))
                 except Exception as exc:  # a missed touch only risks a duplicate, which is idempotent
                     self.log.warning("keepalive_failed", stream=stream, error=str(exc))
+
+    async def publish_annotations(self, stream: str, group: str, key: str, items: list, results: list) -> None:
+        """Write one `key` annotation per (entry, rollout) in `items` from `results` [(value, error)],
+        dead-letter the rollouts that failed (their annotation carries the error), then ack the batch."""
+        out = []
+        for (entry, r), (value, error) in zip(items, results, strict=True):
+            if error:
+                await self.dead_letter(stream, entry, error)
+            out.append(encode(Annotation(rollout_id=r.rollout_id, key=key, value=value,
+                                         producer=self.worker_id, error=error)))
+        await self.broker.add_many(self.keys.annotations, out)
+        await self.broker.ack(stream, group, [e.id for e, _ in items])
+        self.count("scored", len(items))
 
     async def dead_letter(self, stream: str, entry: Entry, reason: str) -> None:
         """Move a bad entry to the dead-letter stream with the reason (the caller acks it)."""

@@ -13,7 +13,7 @@ import asyncio
 
 import torch
 
-from streamrl.messages import Annotation, Rollout, encode
+from streamrl.messages import Rollout
 from streamrl.modeling import completion_logprobs, load_hf_model, pick_device
 from streamrl.worker import Worker
 
@@ -50,13 +50,5 @@ class ReferenceWorker(Worker):
             results = [(lp, "") for lp in await asyncio.to_thread(self._logprobs, rollouts)]
         except Exception:  # a malformed rollout (e.g. token ids outside the vocabulary) fails the batch
             results = [await self._one(r) for r in rollouts]
-        out = []
-        for (entry, r), (lp, error) in zip(items, results):
-            if error:
-                await self.dead_letter(self.keys.rollouts, entry, error)
-            out.append(encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=lp,
-                                         producer=self.worker_id, error=error)))
-        await self.broker.add_many(self.keys.annotations, out)
-        await self.broker.ack(self.keys.rollouts, GROUP, [e.id for e, _ in items])
-        self.count("scored", len(items))
+        await self.publish_annotations(self.keys.rollouts, GROUP, "ref_logprobs", items, results)
         return True

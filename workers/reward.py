@@ -14,7 +14,7 @@ import asyncio
 import math
 import threading
 
-from streamrl.messages import Annotation, Rollout, encode
+from streamrl.messages import Rollout
 from streamrl.rewards import resolve_reward
 from streamrl.worker import Worker
 
@@ -75,13 +75,5 @@ class RewardWorker(Worker):
         if not items:
             return False
         scores = await self._score_all([msg for _, msg in items])
-        out = []
-        for (entry, msg), (value, error) in zip(items, scores):
-            if error:
-                await self.dead_letter(self.keys.rollouts, entry, error)
-            out.append(encode(Annotation(rollout_id=msg.rollout_id, key="reward", value=value,
-                                         producer=self.worker_id, error=error)))
-        await self.broker.add_many(self.keys.annotations, out)
-        await self.broker.ack(self.keys.rollouts, GROUP, [e.id for e, _ in items])
-        self.count("scored", len(items))
+        await self.publish_annotations(self.keys.rollouts, GROUP, "reward", items, scores)
         return True
