@@ -23,6 +23,7 @@ from tests.nodejs import start_node_producer
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
 ELASTIC_STEPS = 16
+SCALE_STEPS = 24
 """Long enough that workers started after `up` have joined before the run ends."""
 BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000"]
 
@@ -201,7 +202,9 @@ def scale(run_dir: Path, *counts: str) -> None:
 def test_scale_changes_the_supervised_count(tmp_path):
     run_dir = tmp_path / "run"
     # No generator to begin with: the run advances only through the ones `streamrl scale` starts.
-    up = start_up(run_dir, "generator.count=0", steps=ELASTIC_STEPS)
+    # A short drain and steps to spare after the scale-down: a leaving generator finishes (or hands
+    # back) its in-flight groups within generator.drain_timeout_s, which must end before the job does.
+    up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", steps=SCALE_STEPS)
     wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
     scale(run_dir, "generator=2", "reward=2")
     wait_for("both generators and both reward workers working", lambda: all(
@@ -212,11 +215,11 @@ def test_scale_changes_the_supervised_count(tmp_path):
     assert status.returncode == 0, status.stderr
     for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
         assert text in status.stdout, status.stdout
-    assert len(metrics(run_dir)) < ELASTIC_STEPS
+    assert len(metrics(run_dir)) < SCALE_STEPS
     scale(run_dir, "generator=1", "reward=1")
     wait_for("generator-1 and reward-1 to leave", lambda: all(
         f"{w} left (exited with code 0)" in up_output(run_dir) for w in ("generator-1", "reward-1")), up, run_dir)
-    rows = finish(up, run_dir, ELASTIC_STEPS)
+    rows = finish(up, run_dir, SCALE_STEPS)
     out = up_output(run_dir)
     for line in ("scale: started generator-0", "scale: started generator-1", "scale: started reward-1",
                  "scale: stopping generator-1", "scale: stopping reward-1"):
