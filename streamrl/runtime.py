@@ -48,10 +48,13 @@ async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
     def on_signal(signum: int) -> None:
         hits["n"] += 1
         if hits["n"] > 1:
-            worker.log.warning("forced_exit", signal=signal.Signals(signum).name)
+            # What the stop was waiting on, so a slow shutdown can be diagnosed from the log.
+            worker.log.warning("forced_exit", signal=signal.Signals(signum).name, tasks=task_stacks())
             os._exit(130)
         worker.log.info("stopping", signal=signal.Signals(signum).name)
         worker.stop()
+        loop.call_later(worker.stop_budget_s(), lambda: worker.log.warning(
+            "stop_slow", budget_s=worker.stop_budget_s(), tasks=task_stacks()))
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)
@@ -59,6 +62,16 @@ async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
         await worker.run()
     finally:
         await broker.close()
+
+
+def task_stacks(limit: int = 6) -> list[str]:
+    """Each pending asyncio task and the innermost frames it is suspended in (a slow stop's culprit)."""
+    out = []
+    for task in asyncio.all_tasks():
+        frames = task.get_stack(limit=limit)
+        where = " <- ".join(f"{Path(f.f_code.co_filename).name}:{f.f_lineno}:{f.f_code.co_name}" for f in frames[::-1])
+        out.append(f"{task.get_name()}: {where or 'not started'}")
+    return out
 
 
 def serve(factory: Callable, broker_url: str, retries: int = 20) -> None:

@@ -61,6 +61,10 @@ class Worker:
         """Ask the loop to finish its current step and exit."""
         self.stopping.set()
 
+    def stop_budget_s(self) -> float:
+        """How long a clean stop may take before it is reported as slow (with what it waits on)."""
+        return 20.0
+
     async def run(self) -> None:
         await self.start()
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._keepalive_loop())]

@@ -33,6 +33,8 @@ GROUP = "generator"
 MAX_GROUP_ATTEMPTS = 3
 MAX_GROUP_SIZE = 4096
 """A prompt asking for more completions than this is malformed (it would flood the engine)."""
+CANCEL_WAIT_S = 10.0
+"""On stop, how long cancelled groups (their vLLM aborts) may take to unwind before the engine shuts down."""
 
 
 def sample_seed(run_seed: int, group_id: str, sample: int) -> int:
@@ -121,18 +123,23 @@ class GeneratorWorker(Worker):
             self._launch(entry, prompt, attempt=1)
         return bool(items)
 
+    def stop_budget_s(self) -> float:
+        return self.cfg.generator.drain_timeout_s + CANCEL_WAIT_S + 15.0
+
     async def close(self) -> None:
+        t0 = time.monotonic()
         if self._groups:
             grace = self.cfg.generator.drain_timeout_s
-            self.log.info("draining", groups=len(self._groups), grace_s=grace)
+            self.log.info("draining", groups=len(self._groups), grace_s=grace, policy_version=self.version)
             _, pending = await asyncio.wait(list(self._groups.values()), timeout=grace)
             for task in pending:  # cancelling a stream aborts its vLLM request; the prompt stays un-acked
                 task.cancel()
-            await asyncio.gather(*pending, return_exceptions=True)
+            await _settle(pending, self.log, "groups")
             self.count("groups_aborted", len(pending))
+            self.log.info("drained", seconds=round(time.monotonic() - t0, 2), aborted=len(pending))
         if self._watcher is not None:
             self._watcher.cancel()
-            await asyncio.gather(self._watcher, return_exceptions=True)
+            await _settle({self._watcher}, self.log, "weights_watcher")
         self._update_busy()
         self.engine.shutdown()
         await self.store.close()
@@ -300,6 +307,15 @@ class GeneratorWorker(Worker):
         up = max(time.monotonic() - self._started_mono, 1e-9)
         busy = self._busy_s + (time.monotonic() - self._busy_since if self._active > 0 else 0.0)
         self.stats["busy_fraction"] = round(min(busy / up, 1.0), 4)
+
+
+async def _settle(tasks: set[asyncio.Task], log, what: str) -> None:
+    """Wait (bounded) for cancelled tasks to unwind; one stuck in a vLLM call must not hang the stop."""
+    if not tasks:
+        return
+    _, stuck = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
+    if stuck:
+        log.warning("cancel_stuck", what=what, tasks=len(stuck), waited_s=CANCEL_WAIT_S)
 
 
 def _is_bad_request(exc: BaseException) -> bool:

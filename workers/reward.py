@@ -54,8 +54,7 @@ class RewardWorker(Worker):
             queue: asyncio.Queue = asyncio.Queue()
             cancelled = threading.Event()
             threading.Thread(target=self._score_from, daemon=True, name="reward-fn",
-                             args=(rollouts, nxt, lambda m, q=queue: loop.call_soon_threadsafe(q.put_nowait, m),
-                                   cancelled)).start()
+                             args=(rollouts, nxt, _reporter(loop, queue, cancelled), cancelled)).start()
             while nxt < len(rollouts):
                 try:
                     kind, i, result = await asyncio.wait_for(queue.get(), timeout)
@@ -77,3 +76,16 @@ class RewardWorker(Worker):
         scores = await self._score_all([msg for _, msg in items])
         await self.publish_annotations(self.keys.rollouts, GROUP, "reward", items, scores)
         return True
+
+
+def _reporter(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, cancelled: threading.Event):
+    """The scoring thread's way back to the loop; an abandoned (hung) call that returns after the
+    worker stopped finds the loop closed and is dropped quietly."""
+    def report(message) -> None:
+        if cancelled.is_set():
+            return
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, message)
+        except RuntimeError:  # event loop is closed
+            pass
+    return report

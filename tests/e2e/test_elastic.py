@@ -35,9 +35,11 @@ def env(run_dir: Path) -> dict:
 
 
 def cli(run_dir: Path, *args: str, log: str | None = None, **kw) -> subprocess.Popen:
-    out = open(run_dir.parent / (log or f"{args[0]}.log"), "ab")
-    return subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, env=env(run_dir), stdout=out,
-                            stderr=subprocess.STDOUT, **kw)
+    path = run_dir.parent / (log or f"{args[0]}.log")
+    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, env=env(run_dir),
+                            stdout=open(path, "ab"), stderr=subprocess.STDOUT, **kw)
+    proc.stdout_log = path
+    return proc
 
 
 def start_up(run_dir: Path, *sets: str, steps: int = STEPS) -> subprocess.Popen:
@@ -84,10 +86,15 @@ def finish(up: subprocess.Popen, run_dir: Path, steps: int = STEPS, timeout: flo
     return rows
 
 
-def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 60) -> int:
+def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 120) -> int:
     if proc.poll() is None:
         proc.send_signal(sig)
-    return proc.wait(timeout=timeout)
+    try:
+        return proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        log = getattr(proc, "stdout_log", None)
+        tail = log.read_text(errors="replace")[-6000:] if log else "(no log)"
+        raise AssertionError(f"{proc.args[3:5]} still running {timeout} s after {sig!r}; its log ends:\n{tail}")
 
 
 def end(proc: subprocess.Popen) -> None:
