@@ -50,6 +50,7 @@ async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
         if hits["n"] > 1:
             # What the stop was waiting on, so a slow shutdown can be diagnosed from the log.
             worker.log.warning("forced_exit", signal=signal.Signals(signum).name, tasks=task_stacks())
+            kill_children()  # e.g. vLLM's EngineCore: orphaned, it would keep its memory and cores
             os._exit(130)
         worker.log.info("stopping", signal=signal.Signals(signum).name)
         worker.stop()
@@ -64,13 +65,29 @@ async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
         await broker.close()
 
 
-def task_stacks(limit: int = 6) -> list[str]:
-    """Each pending asyncio task and the innermost frames it is suspended in (a slow stop's culprit)."""
+def kill_children() -> None:
+    """SIGKILL every process this one started (recursively), before an exit that skips cleanup."""
+    import psutil
+
+    for child in psutil.Process().children(recursive=True):
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def task_stacks(depth: int = 8) -> list[str]:
+    """Each pending asyncio task and the innermost calls it is suspended in (a slow stop's culprit):
+    the chain of awaited coroutines, which Task.get_stack does not follow."""
     out = []
     for task in asyncio.all_tasks():
-        frames = task.get_stack(limit=limit)
-        where = " <- ".join(f"{Path(f.f_code.co_filename).name}:{f.f_lineno}:{f.f_code.co_name}" for f in frames[::-1])
-        out.append(f"{task.get_name()}: {where or 'not started'}")
+        frames, coro = [], task.get_coro()
+        while coro is not None:
+            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+            if frame is not None:
+                frames.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}:{frame.f_code.co_qualname}")
+            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
+        out.append(f"{task.get_name()}: {' -> '.join(frames[-depth:]) or 'not started'}")
     return out
 
 
