@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import math
+import queue
 import threading
+import time
 
 from streamrl.messages import Rollout
 from streamrl.rewards import resolve_reward
@@ -24,50 +26,40 @@ GROUP = "reward"
 class RewardWorker(Worker):
     role = "reward"
 
+    _scorer: _ScoringThread | None = None
+
     async def start(self) -> None:
         self.fn = resolve_reward(self.cfg.reward.fn)
         await self.broker.ensure_group(self.keys.rollouts, GROUP)
 
-    def _score_from(self, rollouts: list[Rollout], first: int, report, cancelled: threading.Event) -> None:
-        """Thread body: score rollouts[first:] in order, reporting ("start"|"done", index, result)."""
-        for i in range(first, len(rollouts)):
-            if cancelled.is_set():
-                return
-            r = rollouts[i]
-            report(("start", i, None))
-            try:
-                value = float(self.fn(r.prompt_text, r.text, r.meta))
-                result = (value, "") if math.isfinite(value) else (0.0, f"reward function returned {value}")
-            except Exception as exc:  # user code: any exception is that rollout's failure, not ours
-                result = (0.0, f"reward function raised {type(exc).__name__}: {exc}")
-            report(("done", i, result))
-
     async def _score_all(self, rollouts: list[Rollout]) -> list[tuple[float, str]]:
-        """Score a batch in one thread hop. A call that hangs past reward.timeout_s fails that
-        rollout only: its thread is abandoned (a daemon; told to stop at the next item) and a
-        fresh thread carries on after it, so hung calls never starve later ones."""
-        loop = asyncio.get_running_loop()
+        """Score a batch on the scoring thread, with one wake-up of the event loop per batch. A call
+        that hangs past reward.timeout_s fails that rollout only: its thread is abandoned (a daemon
+        that exits once the call returns) and a fresh one carries on after it."""
         timeout = self.cfg.reward.timeout_s
         results: list[tuple[float, str] | None] = [None] * len(rollouts)
         nxt = 0
         while nxt < len(rollouts):
-            queue: asyncio.Queue = asyncio.Queue()
-            cancelled = threading.Event()
-            threading.Thread(target=self._score_from, daemon=True, name="reward-fn",
-                             args=(rollouts, nxt, _reporter(loop, queue, cancelled), cancelled)).start()
-            while nxt < len(rollouts):
-                try:
-                    kind, i, result = await asyncio.wait_for(queue.get(), timeout)
-                except asyncio.TimeoutError:
-                    cancelled.set()
-                    results[nxt] = (0.0, f"reward function timed out after {timeout}s")
+            if self._scorer is None:
+                self._scorer = _ScoringThread(self.fn)
+            job = self._scorer.submit(rollouts, nxt, results)
+            while not await job.wait(timeout):
+                i, started = job.current
+                if time.monotonic() - started >= timeout:  # rollout i hangs
+                    job.cancelled.set()
+                    self._scorer.retire()
+                    self._scorer = None
+                    results[i] = (0.0, f"reward function timed out after {timeout}s")
                     self.count("reward_timeouts")
-                    nxt += 1
-                    break
-                if kind == "done":
-                    results[i] = result
                     nxt = i + 1
+                    break
+            else:
+                nxt = len(rollouts)
         return results  # type: ignore[return-value]
+
+    async def close(self) -> None:
+        if self._scorer is not None:
+            self._scorer.retire()
 
     async def step(self) -> bool:
         items = await self.read(self.keys.rollouts, GROUP, count=64, expect=Rollout)
@@ -78,14 +70,62 @@ class RewardWorker(Worker):
         return True
 
 
-def _reporter(loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, cancelled: threading.Event):
-    """The scoring thread's way back to the loop; an abandoned (hung) call that returns after the
-    worker stopped finds the loop closed and is dropped quietly."""
-    def report(message) -> None:
-        if cancelled.is_set():
-            return
+class _Job:
+    """One batch handed to the scoring thread; `current` is (index, start time) of the call in progress."""
+
+    def __init__(self, rollouts: list[Rollout], first: int, results: list):
+        self.rollouts, self.first, self.results = rollouts, first, results
+        self.current = (first, time.monotonic())
+        self.cancelled = threading.Event()
+        self.loop = asyncio.get_running_loop()
+        self.finished = self.loop.create_future()
+
+    def run(self, fn) -> None:
+        """Thread side: score rollouts[first:] in order into results, then wake the loop once."""
+        for i in range(self.first, len(self.rollouts)):
+            self.current = (i, time.monotonic())
+            r = self.rollouts[i]
+            try:
+                value = float(fn(r.prompt_text, r.text, r.meta))
+                result = (value, "") if math.isfinite(value) else (0.0, f"reward function returned {value}")
+            except Exception as exc:  # user code: any exception is that rollout's failure, not ours
+                result = (0.0, f"reward function raised {type(exc).__name__}: {exc}")
+            if self.cancelled.is_set():  # abandoned while this call hung: the loop has moved on
+                return
+            self.results[i] = result
         try:
-            loop.call_soon_threadsafe(queue.put_nowait, message)
-        except RuntimeError:  # event loop is closed
+            self.loop.call_soon_threadsafe(_set_done, self.finished)
+        except RuntimeError:  # the worker stopped (event loop closed) meanwhile
             pass
-    return report
+
+    async def wait(self, timeout: float) -> bool:
+        """True once the whole job is scored; False when the call in progress has run `timeout` s."""
+        remaining = self.current[1] + timeout - time.monotonic()
+        if remaining > 0:
+            await asyncio.wait([self.finished], timeout=remaining)
+        return self.finished.done()
+
+
+def _set_done(fut: asyncio.Future) -> None:
+    if not fut.done():
+        fut.set_result(None)
+
+
+class _ScoringThread:
+    """A daemon thread that runs jobs in order; retired (replaced) when one of its calls hangs."""
+
+    def __init__(self, fn):
+        self.jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._loop, args=(fn,), daemon=True, name="reward-fn").start()
+
+    def _loop(self, fn) -> None:
+        while (job := self.jobs.get()) is not None:
+            job.run(fn)
+
+    def submit(self, rollouts: list[Rollout], first: int, results: list) -> _Job:
+        job = _Job(rollouts, first, results)
+        self.jobs.put(job)
+        return job
+
+    def retire(self) -> None:
+        self.jobs.put(None)  # exits after the job in progress (a hung call: whenever it returns)
