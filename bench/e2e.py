@@ -1,7 +1,7 @@
 """`streamrl bench e2e`: a real job (`streamrl up`) for N steps, asynchronous and synchronous side by side.
 
     streamrl bench e2e                                           # tiny CPU job, 20 steps, max_staleness 1 vs 0
-    streamrl bench e2e --config configs/e2e-gpu.yaml --steps 30 --out /tmp/e2e
+    streamrl bench e2e --config configs/e2e-2gpu.yaml --steps 20 --out /tmp/e2e   # two GPUs
     streamrl bench e2e --set generator.max_tokens=32 --no-sync   # only the configured job
 
 Each job runs `streamrl up` as a subprocess (every role its own process, vLLM generators, FSDP2

@@ -311,6 +311,30 @@ class SupervisorConfig(Section):
     grace_s: float = Field(45.0, gt=0)
     """On stop, time each role gets to finish or hand back its work before it is killed (longer than
     generator.drain_timeout_s, so a generator can finish its in-flight groups)."""
+    devices: dict[Literal["trainer", "feeder", "generator", "reward", "reference"], list[str]] = {}
+    """CUDA_VISIBLE_DEVICES of each role's processes, in turn (process i of a role gets entry i mod
+    len): {generator: ["0", "1"], trainer: ["2,3"]} puts two generators on GPUs 0 and 1 and the
+    trainer's ranks on GPUs 2 and 3. A role not listed sees every GPU."""
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for role, choices in value.items():
+            choices = [str(c) for c in (choices if isinstance(choices, list) else [choices])]
+            bad = [c for c in choices if not re.fullmatch(r"\d+(,\d+)*", c)]
+            if not choices or bad:
+                raise ValueError(f"supervisor.devices.{role}: {bad or choices!r} is not a list of CUDA_VISIBLE_DEVICES "
+                                 f"values; write GPU indices, one string per process, e.g. [\"0\", \"1\"] or [\"2,3\"]")
+            out[role] = choices
+        return out
+
+    def devices_of(self, role: str, index: int) -> str | None:
+        """The CUDA_VISIBLE_DEVICES value of process `index` of `role` (None: leave it unset)."""
+        choices = self.devices.get(role)
+        return choices[index % len(choices)] if choices else None
 
 
 class WeightsConfig(Section):
@@ -398,6 +422,19 @@ class Config(Section):
             )
         if self.loss.aggregation == "fixed_horizon" and self.loss.horizon is None:
             self.loss.horizon = self.generator.max_tokens
+        devices = self.supervisor.devices
+        if self.weights.backend == "cuda_ipc" and devices.get("trainer") != devices.get("generator"):
+            raise ValueError(
+                f"weights.backend=cuda_ipc shares GPU memory between processes that see the same GPUs, but "
+                f"supervisor.devices gives the trainer {devices.get('trainer')} and generators "
+                f"{devices.get('generator')}; give both the same list or set weights.backend=shm"
+            )
+        trainer_gpus = devices.get("trainer")
+        if trainer_gpus and self.trainer.device == "cuda" and len(trainer_gpus[0].split(",")) < self.trainer.world_size:
+            raise ValueError(
+                f"trainer.world_size={self.trainer.world_size} needs that many GPUs, but supervisor.devices."
+                f"trainer gives {trainer_gpus[0]!r}; list one GPU per rank (e.g. \"0,1\") or lower world_size"
+            )
         if self.loss.overlong_buffer > self.generator.max_tokens:
             raise ValueError(
                 f"loss.overlong_buffer={self.loss.overlong_buffer} exceeds generator.max_tokens="

@@ -100,9 +100,16 @@ class Supervisor:
     def _popen(self, role: str, wid: str, log_path: Path) -> subprocess.Popen:
         cmd = [sys.executable, "-m", "streamrl.cli", "worker", role, "--config", str(self.config_path),
                "--run-dir", str(self.run_dir), "--id", wid]
-        env = {**os.environ, "STREAMRL_BROKER_URL": self.broker_url, "PYTHONUNBUFFERED": "1"}
         with open(log_path, "ab") as out:
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.child_env(role, wid),
+                                    start_new_session=True)
+
+    def child_env(self, role: str, wid: str) -> dict[str, str]:
+        """The environment of a role process: the broker URL and its GPUs (supervisor.devices)."""
+        env = {**os.environ, "STREAMRL_BROKER_URL": self.broker_url, "PYTHONUNBUFFERED": "1"}
+        if (gpus := self.cfg.supervisor.devices_of(role, int(wid.rsplit("-", 1)[1]))) is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpus
+        return env
 
     def _on_death(self, c: Child, code: int) -> None:
         """Report how `c` died; schedule its restart (back-off) or end the run (WorkerDied)."""

@@ -1,5 +1,7 @@
 """Config loading: defaults, overrides, and errors that name the field and the fix."""
 
+import os
+import re
 from pathlib import Path
 
 import pytest
@@ -66,3 +68,23 @@ def test_malformed_override_and_missing_file(tmp_path):
     bad.write_text("trainer: [1, 2\n")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_config(bad)
+
+
+def test_supervisor_devices_pin_each_role_process_to_its_gpus(tmp_path):
+    from streamrl.supervisor import Supervisor
+
+    cfg = load_config(overrides=["supervisor.devices={generator: [0, 1], trainer: '2,3'}", "trainer.world_size=2"])
+    sup = Supervisor(cfg, tmp_path, "redis://127.0.0.1:1/0")
+    assert [sup.child_env("generator", f"generator-{i}")["CUDA_VISIBLE_DEVICES"] for i in range(3)] == ["0", "1", "0"]
+    assert sup.child_env("trainer", "trainer-0")["CUDA_VISIBLE_DEVICES"] == "2,3"
+    assert sup.child_env("reward", "reward-0").get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
+@pytest.mark.parametrize("sets, fix", [
+    (["supervisor.devices={generator: ['0;1']}"], 'e.g. ["0", "1"]'),
+    (["weights.backend=cuda_ipc", "supervisor.devices={generator: ['1']}"], "set weights.backend=shm"),
+    (["trainer.device=cuda", "trainer.world_size=2", "supervisor.devices={trainer: ['0']}"], "one GPU per rank"),
+])
+def test_bad_supervisor_devices_name_the_fix(sets, fix):
+    with pytest.raises(ConfigError, match=re.escape(fix)):
+        load_config(overrides=sets)
