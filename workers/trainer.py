@@ -233,8 +233,11 @@ def _load_newest(engine, run_dir: Path | None, rank: int) -> dict | None:
 
 
 def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
+    from streamrl.logs import setup_logging
     from streamrl.runtime import serve
 
+    if world > 1:  # a spawned rank starts with no logging set up: rank 0 writes the trainer's JSON log
+        setup_logging("trainer", worker_id if rank == 0 else f"{worker_id}-rank{rank}", run_dir, run=cfg.run.name)
     engine = make_engine(cfg, cfg.model.path, rank, world)
     resumed = _load_newest(engine, run_dir, rank)
     if rank == 0:

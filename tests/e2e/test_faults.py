@@ -159,3 +159,29 @@ def test_trainer_sigkilled_then_resumed_and_gracefully_stopped(tmp_path):
     s = up3.summary()
     assert_exact(s, in_flight_ok=False)
     assert s["trained"] == steps * 8 and s["trained_rollouts"] == steps * 64 and s["double_trained"] == 0
+
+
+@pytest.mark.timeout(1200)
+def test_two_rank_trainer_sigkilled_then_resumed(tmp_path):
+    """The same recovery with FSDP2 over two gloo ranks: the sharded checkpoint (DCP) is written by
+    both ranks and read back by both; the resumed run replays from it and finishes exactly."""
+    run, steps = "faults-c", 6
+    up = Up(tmp_path / "c", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3",
+            "trainer.world_size=2", *SMALL)
+    up.wait_step(4)
+    up.kill_role(run, "trainer")
+    out = (up.wait(), up.output())[1]
+    # The heartbeat's pid is rank 0's: the trainer process names the rank and exits, the run ends.
+    assert up.proc.returncode == 1 and "trainer rank 0 failed: killed by SIGKILL" in out, out[-4000:]
+    assert up.summary()["checkpointed_version"] == 3
+
+    up2 = Up(up.run_dir, resume=True)
+    assert up2.wait() == 0, up2.output()[-4000:]
+    assert_metrics(up2, steps)
+    s = up2.summary()
+    assert_exact(s, in_flight_ok=False)
+    assert s["trained"] == steps * 8 and s["double_trained"] == 0
+    log = [json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()]
+    resumed = [r for r in log if r["event"] == "resumed"]
+    assert resumed and resumed[0]["policy_version"] == 3 and resumed[0]["replay_steps"][0] == 4, resumed
+    assert [r["world_size"] for r in log if r["event"] == "trainer_ready"] == [2, 2]
