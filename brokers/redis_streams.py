@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 import structlog
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
-from redis.exceptions import AuthenticationError, ResponseError
+from redis.exceptions import AuthenticationError, NoPermissionError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -32,6 +32,20 @@ log = structlog.get_logger("streamrl").bind(component="broker")
 # Redis < 7 has no `lag` in XINFO GROUPS; we count it server-side, at most this many entries,
 # so a status query never holds the server for long (a capped value is a lower bound).
 LAG_COUNT_CAP = 10_000
+# KEYS: stream. ARGV: field, maxlen ('' for none), payloads... One command for a batch: a pipeline
+# of N XADDs costs the client ~14 us of CPU per entry in redis-py, this ~3 us.
+_ADD_MANY = """
+local out = {}
+for i = 3, #ARGV do
+  if ARGV[2] == '' then
+    out[i - 2] = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[i])
+  else
+    out[i - 2] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', ARGV[1], ARGV[i])
+  end
+end
+return out
+"""
+
 _LAG_SCRIPT = """
 local n, last = 0, ARGV[1]
 while n < tonumber(ARGV[2]) do
@@ -107,6 +121,8 @@ class RedisBroker:
         for command in ("XREAD", "XREADGROUP"):  # per client instance: other clients are unaffected
             client.set_response_callback(command, _raw_xread)
         self._scripts: dict[str, Any] = {}
+        self._batch_script = True
+        """add_many as one script call (False once the server refuses scripts to this user)."""
 
     # -- streams ---------------------------------------------------------------------------
     async def add(self, stream: str, data: bytes, maxlen: int | None = None) -> str:
@@ -115,6 +131,11 @@ class RedisBroker:
     async def add_many(self, stream: str, items: list[bytes], maxlen: int | None = None) -> list[str]:
         if not items:
             return []
+        if self._batch_script:
+            try:
+                return [_s(i) for i in await self.script(_ADD_MANY, [stream], [FIELD, maxlen or "", *items])]
+            except NoPermissionError:  # a restricted broker user (an external producer) may not run scripts
+                self._batch_script = False
         pipe = self.client.pipeline(transaction=False)
         for data in items:
             pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)

@@ -134,6 +134,9 @@ async def test_producer_user_cannot_touch_keys_outside_its_grant(redis_server, b
         assert len(got) == 2
         await pb.add(keys.annotations, encode(Annotation(rollout_id="g0:0", key="judge", value=1.0)))
         await pb.add(keys.deadletter, b"{}")
+        # Batches: scripts are refused to this user, so add_many falls back to a pipeline.
+        batch = [encode(Annotation(rollout_id=f"g1:{i}", key="judge", value=float(i))) for i in range(3)]
+        assert len(await pb.add_many(keys.annotations, batch)) == 3 and not pb._batch_script
         assert await pb.ack(keys.rollouts, "judge", [e.id for e in got]) == 2
         assert await pb.claim_idle(keys.rollouts, "judge", "judge-0", 0) == []
         # Outside: other keys of the run, other runs, plain reads, destructive and admin commands.
