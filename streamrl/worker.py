@@ -73,10 +73,15 @@ class Worker:
             while not self.stopping.is_set() and not self.done:
                 await self.step()
         finally:
-            for task in background:
-                task.cancel()
-            await self.close()
-            await self.broker.delete(self.keys.worker(self.role, self.worker_id))
+            try:
+                # Heartbeat and keepalive run on while close() drains: entries still being finished
+                # must not look idle (another worker would claim and redo them) and the worker is alive.
+                await self.close()
+            finally:
+                for task in background:
+                    task.cancel()
+                await asyncio.gather(*background, return_exceptions=True)
+                await self.broker.delete(self.keys.worker(self.role, self.worker_id))
             self.log.info("stopped", uptime_s=round(time.time() - self._started, 1), **self.stats)
 
     # -- helpers ---------------------------------------------------------------------------
