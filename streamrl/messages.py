@@ -194,6 +194,12 @@ _CHECKS: dict[type, list[tuple[str, tuple, str]]] = {
 """Per message class: (field, accepted types, error) for the plainly typed fields, built once."""
 
 
+def _all_finite(values: np.ndarray) -> bool:
+    """No NaN or inf. A float64 sum of float32 values cannot overflow, so it is finite exactly when
+    every value is: one pass, faster than np.isfinite(values).all() on the hot path."""
+    return math.isfinite(values.sum(dtype=np.float64))
+
+
 def _validate(msg: Any) -> None:
     for name, types, why in _CHECKS[type(msg)]:
         value = getattr(msg, name)
@@ -202,7 +208,7 @@ def _validate(msg: Any) -> None:
     if isinstance(msg, Rollout):
         _check(len(msg.completion_ids) == len(msg.logprobs), "rollout: completion_ids and logprobs differ in length")
         _check(0 <= msg.sample < msg.group_size, "rollout: sample must be in [0, group_size)")
-        _check(bool(np.all(np.isfinite(msg.logprobs))), "rollout: logprobs contain NaN or inf")
+        _check(_all_finite(msg.logprobs), "rollout: logprobs contain NaN or inf")
         for sw in msg.version_switches:
             _check(isinstance(sw, list) and len(sw) == 2 and all(type(x) is int for x in sw),
                    "rollout: version_switches must be [[index, version], ...] of ints")
@@ -212,7 +218,7 @@ def _validate(msg: Any) -> None:
     if isinstance(msg, Annotation):
         v = msg.value
         if isinstance(v, np.ndarray):
-            if not np.all(np.isfinite(v)):
+            if not _all_finite(v):
                 raise DecodeError(f"annotation {msg.key}: values contain NaN or inf")
         elif not isinstance(v, (int, float)) or isinstance(v, bool):
             raise DecodeError(f"annotation {msg.key}: value must be a number or float32 bytes")
