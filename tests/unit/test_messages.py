@@ -182,3 +182,10 @@ def test_rollout_round_trip_property(msg):
 def test_scalar_annotation_round_trip_property(key, value):
     msg = Annotation(rollout_id="r", key=key, value=value)
     assert decode(encode(msg)) == msg
+
+
+def test_huge_finite_logprobs_are_not_mistaken_for_inf():
+    """The finiteness check sums the values; a float32 sum of these would overflow to -inf."""
+    lp = np.full(3, -3.0e38, dtype=np.float32)
+    got = decode(encode(_rollout(logprobs=lp)))
+    assert np.array_equal(got.logprobs, lp)
