@@ -127,6 +127,9 @@ class GeneratorConfig(Section):
     """How often the generator checks the weight store for a newer version."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On stop, time allowed for in-flight groups to finish; the rest are aborted (left un-acked for others)."""
+    switch_timeout_s: float = Field(300.0, gt=0)
+    """A weight switch (pause, load, resume) still unfinished after this long means the engine is
+    stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
 

@@ -248,7 +248,8 @@ class GeneratorWorker(Worker):
                 newest = await self.store.latest()
                 if newest is not None and newest.version > self.version:
                     path = await self.store.fetch(newest)  # prefetch: generation keeps running
-                    await self._switch(newest, path)
+                    if not await self._switch_within(newest, path, self.cfg.generator.switch_timeout_s):
+                        return
             except WeightStoreError as exc:
                 self.log.warning("weights_fetch_failed", error=str(exc))
             except asyncio.CancelledError:
@@ -260,11 +261,28 @@ class GeneratorWorker(Worker):
                     return
             await asyncio.sleep(poll)
 
+    async def _switch_within(self, handle: WeightHandle, path: str, timeout: float) -> bool:
+        """`_switch`, or on a hang past `timeout` mark the engine broken (step() then raises, the
+        worker exits and is restarted). asyncio.wait, not wait_for: a stuck call may not unwind."""
+        task = asyncio.ensure_future(self._switch(handle, path))
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+        if done:
+            task.result()
+            return True
+        task.cancel()
+        self._fatal = RuntimeError(
+            f"switching to weights version {handle.version} (pause, load, resume) did not finish in "
+            f"{timeout:g}s; the vLLM engine looks stuck, so this generator exits to be restarted "
+            f"(raise generator.switch_timeout_s if loading this model legitimately takes longer)")
+        self.log.error("weights_switch_hung", policy_version=handle.version, timeout_s=timeout)
+        return False
+
     async def _switch(self, handle: WeightHandle, path: str, joining: bool = False) -> None:
         """Pause (keep running requests), drain their delivered tokens, reload, resume."""
         t0 = time.monotonic()
-        await self.engine.pause()
         try:
+            # Inside the try: a pause that fails half-way (the engine already paused) is resumed.
+            await self.engine.pause()
             await self._drain_deliveries()
             await self.engine.reload(*self.store.reload_call(path))
             self.version = handle.version
