@@ -54,7 +54,7 @@ def run_job(args, mode: str, run_dir: Path) -> dict:
     if proc.returncode != 0:
         tail = (run_dir.parent / f"{mode}.out").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"the {mode} job failed (exit {proc.returncode}); its output ends with:\n{tail}")
-    from streamrl.config import load_config
+    from streamrl.config_files import load_config
 
     cfg = load_config(run_dir / "config.yaml")
     return {"mode": mode, "max_staleness": cfg.rollout.max_staleness, "wall_s": round(wall, 1), **summarize(run_dir)}

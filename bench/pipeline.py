@@ -50,7 +50,7 @@ def rates(args) -> dict:
 
 
 def _config(url: str, run: str, model_path: str, args, staleness: int) -> Config:
-    from streamrl.config import load_config
+    from streamrl.config_files import load_config
 
     return load_config(None, [
         f"run.name={run}", f"broker.url={url}", f"model.path={model_path}",

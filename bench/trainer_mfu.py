@@ -113,7 +113,7 @@ def _variant_main(cfg, variant: str, batch, warmup: int, steps: int, out: str) -
 def run(args) -> int:
     import torch
 
-    from streamrl.config import load_config
+    from streamrl.config_files import load_config
     from streamrl.shapes import build_random_model
 
     overrides = list(args.overrides) + ([f"trainer.device={args.device}"] if args.device else [])

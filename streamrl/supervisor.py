@@ -19,7 +19,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamrl.config import Config, dump_config
+from streamrl.config import Config
+from streamrl.config_files import dump_config
 from streamrl.errors import WorkerDied
 from streamrl.metrics import read_metrics
 from streamrl.recovery import BrokerWatch, RestartPolicy

@@ -6,7 +6,8 @@ import argparse
 import os
 from pathlib import Path
 
-from streamrl.config import Config, load_config
+from streamrl.config import Config
+from streamrl.config_files import load_config
 from streamrl.errors import ConfigError
 
 

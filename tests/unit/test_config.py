@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import DEFAULT_CONFIG, apply_overrides, load_config
+from streamrl.config_files import DEFAULT_CONFIG, apply_overrides, load_config
 from streamrl.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))

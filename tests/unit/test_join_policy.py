@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from streamrl.config import Config, load_config
+from streamrl.config import Config
+from streamrl.config_files import load_config
 from streamrl.errors import ConfigError
 from streamrl.messages import Annotation
 from workers.annotations import TIMEOUT_PRODUCER, JoinPolicy

@@ -2,7 +2,8 @@
 
 import signal
 
-from streamrl.config import SupervisorConfig, load_config
+from streamrl.config import SupervisorConfig
+from streamrl.config_files import load_config
 from streamrl.recovery import RestartPolicy
 from streamrl.supervisor import describe_exit
 

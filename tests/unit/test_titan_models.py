@@ -8,7 +8,9 @@ from __future__ import annotations
 import pytest
 
 from bench.trainer_mfu import flops_per_token
-from streamrl.config import Config, ConfigError, ParallelismConfig, TrainerConfig, load_config
+from streamrl.config import Config, ParallelismConfig, TrainerConfig
+from streamrl.config_files import load_config
+from streamrl.errors import ConfigError
 from workers.titan_models import rope_settings, spec_from_hf
 
 LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
