@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from streamrl.errors import ConfigError
 
+
 def _torch_compat() -> None:
     """Let torchtitan 0.3.0 import on torch < 2.12.
 
@@ -101,8 +102,21 @@ def _sdpa(config: Any) -> None:
         layer.attention.inner_attention = ScaledDotProductAttention.Config()
 
 
+def _decoder(model_cls: Any, hf: dict, layers: list) -> Any:
+    """The decoder config around `layers`: embeddings, final norm, LM head (tied if the checkpoint is)."""
+    from torchtitan.models.common import Embedding, Linear, RMSNorm
+
+    dim, vocab = hf["hidden_size"], hf["vocab_size"]
+    return model_cls.Config(
+        dim=dim, vocab_size=vocab, layers=layers, enable_weight_tying=bool(hf.get("tie_word_embeddings")),
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
+        norm=RMSNorm.Config(normalized_shape=dim),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab),
+    )
+
+
 def _llama(hf: dict) -> TitanSpec:
-    from torchtitan.models.common import ComplexRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common import ComplexRoPE
     from torchtitan.models.llama3 import (Llama3Model, Llama3StateDictAdapter, _build_llama3_layers,
                                           parallelize_llama)
 
@@ -119,7 +133,6 @@ def _llama(hf: dict) -> TitanSpec:
     elif rope["rope_type"] != "default":
         raise ConfigError(f"llama rope_type={rope['rope_type']} is not built by the torchtitan backend "
                           "(default and llama3 are); set trainer.backend=hf")
-    vocab = hf["vocab_size"]
     # The registry's own layer builder; attn_backend "flex" only names a placeholder swapped for SDPA.
     layers = _build_llama3_layers(
         n_layers=hf["num_hidden_layers"], dim=dim, n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads"),
@@ -127,37 +140,25 @@ def _llama(hf: dict) -> TitanSpec:
         rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=hf["max_position_embeddings"],
                                 theta=float(rope["rope_theta"]), **rope_kw),
     )
-    config = Llama3Model.Config(
-        dim=dim, vocab_size=vocab, layers=layers, enable_weight_tying=bool(hf.get("tie_word_embeddings")),
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
-        norm=RMSNorm.Config(normalized_shape=dim),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab),
-    )
-    return TitanSpec("llama3", config, Llama3StateDictAdapter, parallelize_llama)
+    return TitanSpec("llama3", _decoder(Llama3Model, hf, layers), Llama3StateDictAdapter, parallelize_llama)
 
 
 def _qwen3(hf: dict) -> TitanSpec:
-    from torchtitan.models.common import CosSinRoPE, Embedding, Linear, RMSNorm
+    from torchtitan.models.common import CosSinRoPE
     from torchtitan.models.qwen3 import Qwen3Model, Qwen3StateDictAdapter, _build_qwen3_layers, parallelize_qwen3
 
     rope = rope_settings(hf)
     if rope["rope_type"] != "default":
         raise ConfigError(f"qwen3 rope_type={rope['rope_type']} is not built by the torchtitan backend; "
                           "set trainer.backend=hf")
-    dim, vocab, hd = hf["hidden_size"], hf["vocab_size"], head_dim(hf)
+    dim, hd = hf["hidden_size"], head_dim(hf)
     layers = _build_qwen3_layers(
         n_layers=hf["num_hidden_layers"], dim=dim, n_heads=hf["num_attention_heads"],
         n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"], head_dim=hd,
         hidden_dim=hf["intermediate_size"], attn_backend="flex", fuse_qkv=False,
         rope=CosSinRoPE.Config(dim=hd, max_seq_len=hf["max_position_embeddings"], theta=float(rope["rope_theta"])),
     )
-    config = Qwen3Model.Config(
-        dim=dim, vocab_size=vocab, layers=layers, enable_weight_tying=bool(hf.get("tie_word_embeddings")),
-        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
-        norm=RMSNorm.Config(normalized_shape=dim),
-        lm_head=Linear.Config(in_features=dim, out_features=vocab),
-    )
-    return TitanSpec("qwen3", config, Qwen3StateDictAdapter, parallelize_qwen3)
+    return TitanSpec("qwen3", _decoder(Qwen3Model, hf, layers), Qwen3StateDictAdapter, parallelize_qwen3)
 
 
 def spec_from_hf(hf: dict) -> TitanSpec:
