@@ -21,8 +21,7 @@ def test_second_signal_exits_at_once_and_kills_the_children(redis_server, tmp_pa
     while not pidfile.exists() or not pidfile.read_text():
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() is not None else ""
         time.sleep(0.1)
-    child = psutil.Process(int(pidfile.read_text()))
-    time.sleep(0.3)  # the run loop is up (its signal handlers installed) once start() returned
+    child = psutil.Process(int(pidfile.read_text()))  # written in start(): signal handlers are installed
     proc.send_signal(signal.SIGTERM)
     time.sleep(1.5)  # longer than the worker's stop budget: stop_slow is logged
     assert proc.poll() is None  # the first signal only asks; close() hangs
