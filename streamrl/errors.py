@@ -19,3 +19,16 @@ class BrokerError(StreamRLError, RuntimeError):
 
 class WorkerDied(StreamRLError, RuntimeError):
     """A supervised role exited unexpectedly."""
+
+
+class FatalError(StreamRLError, RuntimeError):
+    """An error a restart would not fix (a broken config or environment found when a role starts, a job
+    in which nothing can be trained): the role exits with EXIT_NO_RESTART and `streamrl up` stops the job."""
+
+
+EXIT_NO_RESTART = 78
+"""Exit code of a role process that stopped on a FatalError (sysexits' EX_CONFIG). The supervisor's
+restart policy (streamrl/recovery.py) never restarts it: every restart would fail the same way."""
+
+NOT_TRANSIENT = (ImportError, ConfigError, FileNotFoundError)
+"""Errors that, raised while a role starts, mean its config or environment is wrong (not a crash)."""

@@ -7,6 +7,8 @@
 A restarted worker keeps its worker id, so it reads its own un-acked entries first; the other
 workers of its role take them over through XAUTOCLAIM after broker.claim_idle_ms if it is slower.
 The trainer restarts only with supervisor.restart_trainer (it resumes from its newest checkpoint).
+A process that exits with EXIT_NO_RESTART (78: a broken config or environment found at start-up, a
+job where nothing can be trained) is never restarted: the job stops at once with its error.
 """
 
 from __future__ import annotations
@@ -15,21 +17,27 @@ import time
 from pathlib import Path
 
 from streamrl.config import SupervisorConfig
+from streamrl.errors import EXIT_NO_RESTART
 
 
 class RestartPolicy:
     def __init__(self, cfg: SupervisorConfig):
         self.cfg = cfg
 
-    def allows(self, role: str, restarts: int) -> bool:
+    def allows(self, role: str, restarts: int, code: int | None = None) -> bool:
+        """Whether a process of `role` that died with exit `code` after `restarts` restarts is restarted."""
+        if code == EXIT_NO_RESTART:
+            return False
         enabled = self.cfg.restart_trainer if role == "trainer" else self.cfg.restart
         return enabled and restarts < self.cfg.max_restarts
 
     def delay(self, restarts: int) -> float:
         return min(self.cfg.backoff_s * (2 ** restarts), self.cfg.backoff_max_s)
 
-    def refusal(self, role: str, restarts: int) -> str:
+    def refusal(self, role: str, restarts: int, code: int | None = None) -> str:
         """Why a death ends the run, and the setting that changes it."""
+        if code == EXIT_NO_RESTART:
+            return "it stopped on an error a restart would not fix, so the job stops (fix it and run again)"
         if role == "trainer" and not self.cfg.restart_trainer:
             return "the trainer is not restarted (set supervisor.restart_trainer=true to resume it from its checkpoint)"
         if not self.cfg.restart:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Callable
 
 from streamrl.config import Config
-from streamrl.errors import ConfigError
+from streamrl.errors import EXIT_NO_RESTART, NOT_TRANSIENT, ConfigError, FatalError
 from streamrl.logs import setup_logging
 
 ROLES: dict[str, str] = {
@@ -103,13 +103,31 @@ def serve(factory: Callable, broker_url: str, retries: int = 20) -> None:
 
 
 def run_role(role: str, cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> int:
-    target = _load(role)
-    setup_logging(role, worker_id, run_dir, run=cfg.run.name)
-    if isinstance(target, type):
-        serve(lambda broker: target(cfg, broker, worker_id, run_dir), broker_url, cfg.broker.connect_retries)
-    else:
-        target(cfg, broker_url, worker_id, run_dir)
+    """Run one role to its end: 0, or EXIT_NO_RESTART after a FatalError (its message on stderr)."""
+    from streamrl.worker import startup_failure
+
+    try:
+        try:
+            target = _load(role)
+        except NOT_TRANSIENT as exc:  # e.g. a package the role's module needs is not installed
+            raise startup_failure(role, exc) from exc
+        setup_logging(role, worker_id, run_dir, run=cfg.run.name)
+        if isinstance(target, type):
+            serve(lambda broker: target(cfg, broker, worker_id, run_dir), broker_url, cfg.broker.connect_retries)
+        else:
+            target(cfg, broker_url, worker_id, run_dir)
+    except FatalError as exc:
+        print_fatal(exc)
+        return EXIT_NO_RESTART
     return 0
+
+
+FATAL_PREFIX = "fatal error (not restarted): "
+"""How a role process prints a FatalError last on stderr; the supervisor quotes that line."""
+
+
+def print_fatal(exc: BaseException) -> None:
+    print(FATAL_PREFIX + " ".join(str(exc).split("\n")), file=sys.stderr, flush=True)
 
 
 if __name__ == "__main__":  # pragma: no cover - `python -m streamrl.runtime` is not an entry point

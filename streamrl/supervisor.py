@@ -21,7 +21,7 @@ from pathlib import Path
 
 from streamrl.config import Config
 from streamrl.config_files import dump_config
-from streamrl.errors import WorkerDied
+from streamrl.errors import EXIT_NO_RESTART, WorkerDied
 from streamrl.metrics import read_metrics
 from streamrl.recovery import BrokerWatch, RestartPolicy
 
@@ -54,6 +54,17 @@ def tail(path: Path, lines: int = 15) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except OSError:
         return "(no output)"
+
+
+def fatal_line(path: Path) -> str:
+    """The error a role printed before exiting with EXIT_NO_RESTART (streamrl.runtime.print_fatal)."""
+    from streamrl.runtime import FATAL_PREFIX
+
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return next((ln[len(FATAL_PREFIX):] for ln in reversed(lines) if ln.startswith(FATAL_PREFIX)), "")
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -116,8 +127,10 @@ class Supervisor:
         """Report how `c` died; schedule its restart (back-off) or end the run (WorkerDied)."""
         how = describe_exit(code)
         kill_group(c.proc)  # engine processes or ranks it left behind
-        if not self.policy.allows(c.role, c.restarts):
-            raise WorkerDied(f"{c.worker_id} ({c.role}) {how}; {self.policy.refusal(c.role, c.restarts)}. "
+        if code == EXIT_NO_RESTART and (fatal := fatal_line(c.log_path)):
+            raise WorkerDied(f"{c.worker_id} ({c.role}) stopped: {fatal} (log: {c.log_path})")
+        if not self.policy.allows(c.role, c.restarts, code):
+            raise WorkerDied(f"{c.worker_id} ({c.role}) {how}; {self.policy.refusal(c.role, c.restarts, code)}. "
                              f"Last lines of {c.log_path}:\n{tail(c.log_path)}")
         delay = self.policy.delay(c.restarts)
         c.restart_at = time.time() + delay

@@ -18,7 +18,7 @@ import structlog
 
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
-from streamrl.errors import DecodeError
+from streamrl.errors import NOT_TRANSIENT, DecodeError, FatalError
 from streamrl.messages import Annotation, decode, encode
 
 HEARTBEAT_TTL_S = 15.0
@@ -66,7 +66,10 @@ class Worker:
         return 20.0
 
     async def run(self) -> None:
-        await self.start()
+        try:
+            await self.start()
+        except NOT_TRANSIENT as exc:
+            raise startup_failure(self.role, exc) from exc
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._keepalive_loop())]
         self.log.info("started", pid=os.getpid())
         try:
@@ -191,3 +194,12 @@ class Worker:
             for other, more in got.items():
                 self._read_ahead[other] = self._read_ahead.get(other, []) + more
         return await self.decode_entries(stream, group, entries, expect)
+
+
+def startup_failure(role: str, exc: BaseException) -> FatalError:
+    """The FatalError for a non-transient error raised while `role` starts (its message names the fix)."""
+    hint = {ImportError: "install the missing package (or fix the module) in this environment",
+            FileNotFoundError: "create the file or fix the path in the config"}
+    fix = next((h for t, h in hint.items() if isinstance(exc, t)), "")
+    return FatalError(f"{role} could not start: {type(exc).__name__}: {exc}" + (f"; {fix}" if fix else "")
+                      + " (not restarted: a restart would fail the same way)")

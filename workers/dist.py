@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from streamrl.errors import ConfigError, StreamRLError
+from streamrl.errors import ConfigError, FatalError, StreamRLError
 
 DEFAULT_TIMEOUT = timedelta(minutes=10)
 """How long a collective waits for a missing rank before the group raises (instead of hanging)."""
@@ -77,10 +77,11 @@ def _child(rank: int, world: int, fn: Callable[[int, int], None], backend: str |
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
     try:
         _run(rank, world, fn, backend, "env://")
-    except Exception:
+    except Exception as exc:
         # When one rank fails the others soon fail too ("Connection closed by peer"); a precise
         # timestamp lets the parent name the rank that failed first (file mtimes are too coarse).
-        record = {"t": time.time_ns(), "trace": traceback.format_exc()}
+        record = {"t": time.time_ns(), "trace": traceback.format_exc(),
+                  "fatal": str(exc) if isinstance(exc, FatalError) else None}
         Path(report_dir, f"{rank}.json").write_text(json.dumps(record))
         raise
 
@@ -106,6 +107,8 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
     if world_size == 1:
         try:
             _run(0, 1, fn, backend, f"tcp://127.0.0.1:{free_port()}")
+        except FatalError:
+            raise  # the role's own verdict (do not restart): keep its type for streamrl.runtime
         except Exception as exc:
             raise RankFailed(0, f"{type(exc).__name__}: {exc}") from exc
         return
@@ -130,12 +133,15 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
                 os.unlink(path)
 
 
-def _first_failure(report_dir: str) -> RankFailed | None:
-    """The rank that raised first, with its traceback and the ranks that failed after it."""
+def _first_failure(report_dir: str) -> RankFailed | FatalError | None:
+    """The rank that raised first, with its traceback and the ranks that failed after it (its
+    FatalError as such, so the trainer exits with EXIT_NO_RESTART)."""
     records = sorted((json.loads(p.read_text())["t"], int(p.stem), p) for p in Path(report_dir).glob("*.json"))
     if not records:
         return None
     _, rank, path = records[0]
+    if fatal := json.loads(path.read_text()).get("fatal"):
+        return FatalError(f"trainer rank {rank}: {fatal}")
     others = ", ".join(str(r) for _, r, _ in records[1:])
     tail = f"\n(rank(s) {others} failed after it)" if others else ""
     return RankFailed(rank, json.loads(path.read_text())["trace"].strip() + tail)

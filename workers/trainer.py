@@ -27,13 +27,13 @@ import torch.distributed as dist
 from streamrl import accounting
 from streamrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from streamrl.config import Config
-from streamrl.errors import StreamRLError
+from streamrl.errors import NOT_TRANSIENT, StreamRLError
 from streamrl.messages import Control, encode
 from streamrl.metrics import MetricsWriter
 from streamrl.staleness import staleness_histogram
 from streamrl.trimming import trim_streams
 from streamrl.weights import backend_class, make_weight_store
-from streamrl.worker import Worker
+from streamrl.worker import Worker, startup_failure
 from workers.assembler import Assembler
 from workers.dist import launch
 from workers.engines import make_engine
@@ -238,7 +238,10 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
 
     if world > 1:  # a spawned rank starts with no logging set up: rank 0 writes the trainer's JSON log
         setup_logging("trainer", worker_id if rank == 0 else f"{worker_id}-rank{rank}", run_dir, run=cfg.run.name)
-    engine = make_engine(cfg, cfg.model.path, rank, world)
+    try:
+        engine = make_engine(cfg, cfg.model.path, rank, world)
+    except NOT_TRANSIENT as exc:
+        raise startup_failure("trainer", exc) from exc
     resumed = _load_newest(engine, run_dir, rank)
     if rank == 0:
         serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, engine, resumed), broker_url)

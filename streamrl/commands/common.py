@@ -47,3 +47,17 @@ def broker_url(args) -> str:
         return (Path(run_dir) / "broker" / "url").read_text().strip()
     raise ConfigError("no broker URL: pass --broker redis://HOST:6379/0, set STREAMRL_BROKER_URL, "
                       "or --run-dir of a running `streamrl up`")
+
+
+def add_preflight_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-preflight", dest="preflight", action="store_false",
+                   help="skip the checks against this machine (reward.fn imports, files and model.path exist, "
+                        "the broker answers, vLLM imports, CUDA where asked for; streamrl/preflight.py)")
+
+
+def preflight(args, cfg: Config) -> None:
+    """Raise ConfigError naming every problem streamrl/preflight.py finds, unless --no-preflight."""
+    from streamrl.preflight import require
+
+    if args.preflight:
+        require(cfg)

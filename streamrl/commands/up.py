@@ -6,7 +6,7 @@ import shutil
 import time
 from pathlib import Path
 
-from streamrl.commands.common import add_config_args, load, resolve_model
+from streamrl.commands.common import add_config_args, add_preflight_arg, load, preflight, resolve_model
 from streamrl.errors import ConfigError
 
 NAME = "up"
@@ -17,6 +17,7 @@ DESCRIPTION = ("Start the broker (if broker.url is 'embedded') and every role wi
 
 def add_arguments(p) -> None:
     add_config_args(p)
+    add_preflight_arg(p)
     p.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR: its config (plus --set), "
                    "its broker (embedded: the same data dir and append-only file), its newest checkpoint")
@@ -30,10 +31,12 @@ def run(args) -> int:
             raise ConfigError(f"--resume {args.resume}: no config.yaml there; pass the run directory of an earlier `streamrl up`")
         args.config, args.run_dir = args.config or str(Path(args.resume) / "config.yaml"), args.resume
     cfg = load(args)
+    preflight(args, cfg)
+    cfg = resolve_model(cfg)
+    # Only now: a config error above leaves no empty run directory behind.
     run_dir = Path(args.run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
-    cfg = resolve_model(cfg)
     embedded = None
     url = cfg.broker.url
     if url == "embedded":

