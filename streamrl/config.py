@@ -102,6 +102,10 @@ class RolloutConfig(Section):
     """Bound on trainer version minus the oldest version that produced a trained token. 0 = on-policy."""
     stale_policy: Literal["drop", "requeue"] = "drop"
     """What the assembler does with a group past the bound."""
+    max_consecutive_failed_groups: int | None = Field(100, ge=1)
+    """Stop the job (trainer exits with the first error) after this many groups in a row failed, i.e.
+    had an error annotation (a reward function that raised, timed out or returned NaN; under
+    reward.on_error=score: every rollout of the group errored). None: never stop for this."""
 
 
 class GeneratorConfig(Section):
@@ -134,6 +138,14 @@ class RewardConfig(Section):
     fn: str = "charclass"
     """A built-in reward name (charclass, math) or `package.module:function`."""
     timeout_s: float = Field(10.0, gt=0)
+    on_error: Literal["drop", "score"] = "drop"
+    """A rollout whose reward function raised, timed out or returned NaN/inf: `drop` fails its whole
+    group (the feeder admits a replacement); `score` trains it with reward.error_value. `drop` is the
+    default because a made-up score is a training signal: when failures correlate with the output
+    (long completions time out, odd ones crash a parser) it teaches the policy to avoid or seek them.
+    Use `score` when a failure means the completion is bad (error_value = the worst reward)."""
+    error_value: float = 0.0
+    """The reward of a rollout whose reward function failed, under reward.on_error=score."""
 
     @field_validator("fn")
     @classmethod

@@ -22,6 +22,7 @@ from pathlib import Path
 from streamrl.config import Config
 from streamrl.config_files import dump_config
 from streamrl.errors import EXIT_NO_RESTART, WorkerDied
+from streamrl.failures import DeadLetterWatch
 from streamrl.metrics import read_metrics
 from streamrl.recovery import BrokerWatch, RestartPolicy
 
@@ -98,6 +99,8 @@ class Supervisor:
         self.config_path = run_dir / "config.yaml"
         self._stop_requested = 0
         self._printed = 0
+        self.failures = DeadLetterWatch(broker_url, cfg.run.name)
+        """Dead-lettered entries per cause, printed while the job runs (streamrl/failures.py)."""
         self.retiring: list[Child] = []
         """Children asked to leave by `streamrl scale` (SIGTERM sent), until they exit."""
 
@@ -175,6 +178,9 @@ class Supervisor:
         """Check the accounting invariant (streamrl.accounting) and write RUN_DIR/summary.json."""
         from streamrl.accounting import write_summary
 
+        if line := self.failures.poll(force=True):  # what the last quiet interval held back
+            self.say(line)
+        self.failures.close()
         try:
             self.summary = s = write_summary(self.broker_url, self.cfg.run.name, self.run_dir)
         except Exception as exc:  # the broker is gone: nothing to account against
@@ -189,6 +195,8 @@ class Supervisor:
         trainer = next(c for c in self.children if c.role == "trainer")
         while True:
             self._progress()
+            if line := self.failures.poll():
+                self.say(line)
             self.apply_scale()
             if self._stop_requested:
                 return 130
@@ -245,7 +253,8 @@ class Supervisor:
             tps = m["tokens"] / max(1e-9, m.get("train_s", 0) + m.get("wait_s", 0))
             self.say(f"step {m['step']:>4}/{self.cfg.trainer.steps} | reward {m['reward_mean']:.3f} | "
                      f"staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
-                     f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s")
+                     f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
+                     + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else ""))
         self._printed = len(rows)
 
     def stop_all(self) -> None:

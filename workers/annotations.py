@@ -10,7 +10,7 @@ their pending work is taken over if one dies. External keys (annotations.externa
 weight, a timeout counted from the moment all of a group's rollouts are in, and an on_timeout
 policy: `default` substitutes the configured value, `drop` drops the group. An `error`
 annotation on an external key applies the same policy at once (the producer gave up on it); on a
-built-in key it fails the group. Pure functions of their inputs, so unit tests need no broker.
+built-in key it fails the group, except `reward` under reward.on_error=score (reward.error_value). Pure functions of their inputs, so unit tests need no broker.
 """
 
 from __future__ import annotations
@@ -30,6 +30,8 @@ TIMEOUT_PRODUCER = "assembler:timeout"
 class JoinPolicy:
     def __init__(self, cfg: Config):
         self.required = cfg.required_annotations()
+        self.reward_error_value = cfg.reward.error_value if cfg.reward.on_error == "score" else None
+        """reward.on_error=score: the value of an errored `reward` annotation (None: it fails the group)."""
         self.external: dict[str, ExternalAnnotation] = {e.key: e for e in cfg.annotations.external}
         self.reward_weight = cfg.annotations.reward_weight
         self.reward_keys = ["reward"] + list(self.external)
@@ -51,7 +53,10 @@ class JoinPolicy:
         return "drop" if any(self.external[k].on_timeout == "drop" for k in missing) else "default"
 
     def on_error(self, key: str) -> Literal["fail", "default", "drop"]:
-        """An annotation with `error` set: a built-in key fails the group; an external one applies its policy."""
+        """An annotation with `error` set: a built-in key fails the group (`reward` under reward.on_error=score
+        takes reward.error_value); an external one applies its policy."""
+        if key == "reward" and self.reward_error_value is not None:
+            return "default"
         spec = self.external.get(key)
         return "fail" if spec is None else spec.on_timeout
 
@@ -65,6 +70,8 @@ class JoinPolicy:
         """A scalar annotation's value: the key's default when the producer reported an error."""
         if a.error and a.key in self.external:
             return float(self.external[a.key].default)
+        if a.error and a.key == "reward" and self.reward_error_value is not None:
+            return float(self.reward_error_value)
         return float(a.value)
 
     def components(self, annotations: list[dict[str, Annotation]]) -> dict[str, np.ndarray]:

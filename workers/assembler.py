@@ -19,6 +19,7 @@ from streamrl.advantages import batch_advantages, overlong_penalty
 from streamrl.batch import Batch
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
+from streamrl.failures import FailureStreak
 from streamrl.messages import Annotation, Prompt, Rollout, encode
 from streamrl.staleness import is_stale
 from workers.annotations import JoinPolicy
@@ -49,6 +50,8 @@ class Assembler:
         self.consumer = consumer
         self.required = cfg.required_annotations()
         self.join = JoinPolicy(cfg)
+        self.streak = FailureStreak(cfg)
+        """Failed groups in a row: past the bound it raises FatalError (the trainer stops the job)."""
         self.groups: dict[str, _Group] = {}
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         self.ready: list[str] = []
@@ -156,6 +159,10 @@ class Assembler:
         if self.join.missing(list(g.rollouts), self.annotations) or await self._bad_ref(g):
             return
         g.completed_at = time.time()
+        if errors := self._reward_errors(g):  # reward.on_error=score: every rollout failed
+            self.streak.failed(f"reward: {errors[0]}")
+        else:
+            self.streak.ok()
         if g.group_id in self.replay:
             self.ready.append(g.group_id)
             return
@@ -165,6 +172,11 @@ class Assembler:
             await self._close(g.group_id, "filtered")
             return
         self.ready.append(g.group_id)
+
+    def _reward_errors(self, g: _Group) -> list[str]:
+        """The reward errors of a group whose every rollout's reward errored, else []."""
+        errors = [self.annotations[rid]["reward"][1].error for rid in g.rollouts]
+        return errors if all(errors) else []
 
     async def _bad_ref(self, g: _Group) -> bool:
         """Dead-letter a ref_logprobs annotation whose length differs from its completion (the train
@@ -256,6 +268,8 @@ class Assembler:
         if group_id in self.ready:
             self.ready.remove(group_id)
         await self._ack_group(group_id)
+        if why == "failed":
+            self.streak.failed(reason)
 
     async def _requeue(self, g: _Group) -> None:
         r = next(iter(g.rollouts.values()))[1]

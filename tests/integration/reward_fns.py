@@ -1,4 +1,4 @@
-"""Reward functions with bad behaviour, for tests/integration/test_reward_worker.py."""
+"""Reward functions with bad behaviour, for tests (reward worker, reward failures, `streamrl up` e2e)."""
 
 import time
 
@@ -11,3 +11,22 @@ def misbehave(prompt: str, completion: str, meta: dict) -> float:
     if completion == "nan":
         return float("nan")
     return len(completion) / 10
+
+
+def always_raise(prompt: str, completion: str, meta: dict) -> float:
+    raise ValueError("grader unavailable")
+
+
+def always_nan(prompt: str, completion: str, meta: dict) -> float:
+    return float("nan")
+
+
+def fail_one_in_five(prompt: str, completion: str, meta: dict) -> float:
+    """Raises on ~20% of completions (deterministically, by a hash of the text), else charclass."""
+    import zlib
+
+    from streamrl.rewards import charclass_reward
+
+    if zlib.crc32(completion.encode()) % 5 == 0:
+        raise RuntimeError("flaky grader")
+    return charclass_reward(prompt, completion, meta)
