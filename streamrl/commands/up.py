@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import time
 from pathlib import Path
 
@@ -34,21 +35,21 @@ def run(args) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
     cfg = resolve_model(cfg)
-    embedded = None
-    url = cfg.broker.url
-    if url == "embedded":
-        from brokers.embedded import EmbeddedRedis
-
-        embedded = EmbeddedRedis(run_dir / "broker", binary=cfg.broker.redis_server)
-        embedded.start()
-        url = embedded.url
-        print(f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True)
-    sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
+    embedded = sup = None
     try:
+        url = cfg.broker.url
+        if url == "embedded":
+            from brokers.embedded import EmbeddedRedis
+
+            embedded = EmbeddedRedis(run_dir / "broker", binary=cfg.broker.redis_server)
+            embedded.start()
+            url = embedded.url
+            print(f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True)
+        sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
         code = sup.run()
     finally:
-        if embedded is not None:
-            sup.broker_watch.server.stop()  # the one running now (restarted if the first died)
+        # The broker goes last, after every role drained and the accounting read it.
+        _stop_broker(sup.broker_watch.server if sup is not None else embedded)
         if cfg.weights.backend == "shm":
             from streamrl.weightstores.shm import shm_root
 
@@ -56,3 +57,16 @@ def run(args) -> int:
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
     return code
+
+
+def _stop_broker(server) -> None:
+    """Stop the embedded server (the one running now: restarted if the first died), whatever signals
+    arrive meanwhile: it runs in its own session, so nothing else would stop it."""
+    if server is None:
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.stop()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
