@@ -50,10 +50,11 @@ def run(args) -> int:
     finally:
         # The broker goes last, after every role drained and the accounting read it.
         _stop_broker(sup.broker_watch.server if sup is not None else embedded)
-        if cfg.weights.backend == "shm":
-            from streamrl.weightstores.shm import shm_root
+        from streamrl.weightstores.shm import shm_root
 
-            shutil.rmtree(shm_root(cfg.run.name), ignore_errors=True)
+        # This run's host-local weights and copies (shm, dir and torchstore backends); keyed by the
+        # run dir, so another job of the same run.name keeps its own.
+        shutil.rmtree(shm_root(cfg.run.name, run_dir), ignore_errors=True)
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
     return code
