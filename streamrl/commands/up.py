@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shutil
 import signal
-import time
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, load, resolve_model
 from streamrl.errors import ConfigError
+from streamrl.rundir import claim, earlier_run, new_run_dir
 
 NAME = "up"
 HELP = "run a whole job on this machine (broker + every role)"
@@ -31,8 +31,17 @@ def run(args) -> int:
             raise ConfigError(f"--resume {args.resume}: no config.yaml there; pass the run directory of an earlier `streamrl up`")
         args.config, args.run_dir = args.config or str(Path(args.resume) / "config.yaml"), args.resume
     cfg = load(args)
-    run_dir = Path(args.run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if args.run_dir:
+        run_dir = Path(args.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = new_run_dir(Path("runs"), cfg.run.name)
+    lock = claim(run_dir)  # held until this process ends
+    if not args.resume and (used := earlier_run(run_dir)):
+        lock.close()
+        raise ConfigError(f"--run-dir {run_dir} already holds a run ({used}); continue it with "
+                          f"`streamrl up --resume {run_dir}`, or pass another --run-dir (or none: a new "
+                          "folder under runs/)")
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
     cfg = resolve_model(cfg)
     embedded = sup = None
