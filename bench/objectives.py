@@ -12,6 +12,7 @@ gain, the lowest reward of the last 20 steps (a collapse shows here), mean stale
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -45,6 +46,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def run_one(name: str, args, base: Path) -> dict:
     run_dir = base / f"{name}-s{args.staleness}"
+    shutil.rmtree(run_dir, ignore_errors=True)  # a fresh measurement: `up` refuses a used run dir
     cmd = [sys.executable, "-m", "streamrl.cli", "up", "--run-dir", str(run_dir),
            "--set", f"loss.name={name}", "--set", f"rollout.max_staleness={args.staleness}",
            "--set", f"trainer.steps={args.steps}", "--set", f"run.name=obj-{name}"]

@@ -168,8 +168,19 @@ class EmbeddedRedis:
         logfile = self.data_dir / "redis.log"
         with open(logfile, "ab") as out:
             log_start = out.tell()
+            # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) must not
+            # reach the server. The roles still need it to drain, so whoever started it stops it last.
             self.proc = subprocess.Popen([binary, str(self.data_dir / "redis.conf")], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.data_dir)
+                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.data_dir,
+                                         start_new_session=True)
+        try:
+            return self._wait_ready(logfile, log_start, timeout)
+        except BaseException:  # e.g. KeyboardInterrupt while waiting: out of the group, it would outlive us
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+    def _wait_ready(self, logfile: Path, log_start: int, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -186,7 +197,6 @@ class EmbeddedRedis:
                 return True
             except redis.RedisError:
                 time.sleep(0.02)
-        self.stop()
         raise BrokerError(f"redis-server did not answer within {timeout}s (a large AOF loads slowly); "
                           f"raise the timeout or see {logfile}")
 

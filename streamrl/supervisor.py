@@ -167,9 +167,12 @@ class Supervisor:
         finally:
             self.children += self.retiring
             self.stop_all()
-            for s, h in old.items():
-                signal.signal(s, h)
-            self._account()
+            try:
+                self._account()
+            finally:
+                # Only now: a Ctrl-C during the accounting must not abort it (the broker still runs).
+                for s, h in old.items():
+                    signal.signal(s, h)
         if code == 0 and self.summary is not None and not self.summary["invariant_holds"]:
             return 3
         return code

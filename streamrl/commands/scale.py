@@ -5,7 +5,8 @@
 Writes the desired counts to RUN_DIR/scale.json; the supervisor polls it (about twice a second),
 starts the missing processes and sends SIGTERM to the surplus ones (highest index first), which
 drain and leave; their pending entries are taken over by the remaining workers. Workers on other
-hosts join with `streamrl worker ROLE` instead (they are not supervised by `up`).
+hosts join with `streamrl worker ROLE` instead (they are not supervised by `up`). Once that `up`
+has ended (RUN_DIR/up.lock is free), nothing is written and the run's summary is shown instead.
 """
 
 from __future__ import annotations
@@ -14,7 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from streamrl.errors import ConfigError
+from streamrl.errors import ConfigError, StreamRLError
+from streamrl.rundir import describe_finished, finished_summary, is_live
 
 NAME = "scale"
 HELP = "change the number of supervised processes of a role in a running `streamrl up`"
@@ -57,7 +59,13 @@ def run(args) -> int:
     if not (run_dir / "config.yaml").is_file():
         raise ConfigError(f"{run_dir} is not the run directory of a `streamrl up` (no config.yaml); pass the "
                           "--run-dir that `streamrl up` printed")
-    merged = write_counts(run_dir, parse_counts(args.counts))
+    counts = parse_counts(args.counts)
+    if not is_live(run_dir):
+        summary = finished_summary(run_dir)
+        raise StreamRLError(f"nothing scaled: {describe_finished(run_dir, summary)}" if summary is not None else
+                            f"nothing scaled: no `streamrl up` is running in {run_dir} (it was stopped or killed); "
+                            f"`streamrl up --resume {run_dir}` continues the run")
+    merged = write_counts(run_dir, counts)
     print(f"desired counts {merged}: the `streamrl up` in {run_dir} applies them within a second "
           f"(its output and logs/ show each worker that starts or leaves)")
     return 0

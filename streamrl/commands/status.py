@@ -6,7 +6,8 @@
 Shows the trainer's step and published weights version, each stream's length with every consumer
 group's pending and lag (XINFO GROUPS), each worker's heartbeat (age, host, counters, throughput
 = its main counter / uptime), the staleness histogram of recent steps and the reward trend (from
-the `metrics` stream the trainer appends to).
+the `metrics` stream the trainer appends to). For a run whose `streamrl up` has ended, it prints
+that and the run's RUN_DIR/summary.json instead.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import sys
 import time
 from collections import deque
+from pathlib import Path
 
 from rich.console import Console, Group
 from rich.table import Table
@@ -154,8 +156,6 @@ def _run_name(args) -> str:
     if args.run:
         return args.run
     if args.run_dir:
-        from pathlib import Path
-
         import yaml
 
         path = Path(args.run_dir) / "config.yaml"
@@ -167,7 +167,11 @@ def _run_name(args) -> str:
 async def _main(args) -> int:
     from brokers.redis_streams import connect
     from streamrl.commands.common import broker_url
+    from streamrl.rundir import describe_finished, finished_summary
 
+    if args.run_dir and (summary := finished_summary(Path(args.run_dir))) is not None:
+        print(describe_finished(Path(args.run_dir), summary))  # its broker is gone with its `up`
+        return 0
     broker = await connect(broker_url(args), retries=3)
     collector = Collector(broker, _run_name(args))
     console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: no 80-column wrapping

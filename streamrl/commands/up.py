@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import time
+import signal
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, add_preflight_arg, load, preflight, resolve_model
 from streamrl.errors import ConfigError
+from streamrl.rundir import claim, earlier_run, new_run_dir
 
 NAME = "up"
 HELP = "run a whole job on this machine (broker + every role)"
@@ -34,28 +35,51 @@ def run(args) -> int:
     preflight(args, cfg)
     cfg = resolve_model(cfg)
     # Only now: a config error above leaves no empty run directory behind.
-    run_dir = Path(args.run_dir or Path("runs") / f"{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
-    run_dir.mkdir(parents=True, exist_ok=True)
+    if args.run_dir:
+        run_dir = Path(args.run_dir).resolve()
+        run_dir.mkdir(parents=True, exist_ok=True)
+    else:
+        run_dir = new_run_dir(Path("runs"), cfg.run.name)
+    lock = claim(run_dir)  # held until this process ends
+    if not args.resume and (used := earlier_run(run_dir)):
+        lock.close()
+        raise ConfigError(f"--run-dir {run_dir} already holds a run ({used}); continue it with "
+                          f"`streamrl up --resume {run_dir}`, or pass another --run-dir (or none: a new "
+                          "folder under runs/)")
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
-    embedded = None
-    url = cfg.broker.url
-    if url == "embedded":
-        from brokers.embedded import EmbeddedRedis
-
-        embedded = EmbeddedRedis(run_dir / "broker", binary=cfg.broker.redis_server)
-        embedded.start()
-        url = embedded.url
-        print(f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True)
-    sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
+    embedded = sup = None
     try:
+        url = cfg.broker.url
+        if url == "embedded":
+            from brokers.embedded import EmbeddedRedis
+
+            embedded = EmbeddedRedis(run_dir / "broker", binary=cfg.broker.redis_server)
+            embedded.start()
+            url = embedded.url
+            print(f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True)
+        sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
         code = sup.run()
     finally:
-        if embedded is not None:
-            sup.broker_watch.server.stop()  # the one running now (restarted if the first died)
-        if cfg.weights.backend == "shm":
-            from streamrl.weightstores.shm import shm_root
+        # The broker goes last, after every role drained and the accounting read it.
+        _stop_broker(sup.broker_watch.server if sup is not None else embedded)
+        from streamrl.weightstores.shm import shm_root
 
-            shutil.rmtree(shm_root(cfg.run.name), ignore_errors=True)
+        # This run's host-local weights and copies (shm, dir and torchstore backends); keyed by the
+        # run dir, so another job of the same run.name keeps its own.
+        shutil.rmtree(shm_root(cfg.run.name, run_dir), ignore_errors=True)
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
     return code
+
+
+def _stop_broker(server) -> None:
+    """Stop the embedded server (the one running now: restarted if the first died), whatever signals
+    arrive meanwhile: it runs in its own session, so nothing else would stop it."""
+    if server is None:
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.stop()
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)

@@ -1,8 +1,9 @@
 """`dir` backend: versions in a shared directory (NFS, a cluster filesystem) for multi-host runs.
 
 The trainer writes cfg.weights.dir (default RUN_DIR/weights)/v<version>/model.safetensors with
-fsync + rename; a generator's `fetch` copies the file to its host's /dev/shm first, so vLLM
-reloads from local memory and the publisher may collect the shared copy at any time.
+fsync + rename; a generator's `fetch` copies the file to its host's /dev/shm first (its run's
+folder, `shm_root`), so vLLM reloads from local memory and the publisher may collect the shared
+copy at any time.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ class DirectoryWeightStore(FileWeightStore):
         if not cfg.weights.dir and run_dir is None:
             raise ConfigError("weights.backend=dir needs a shared directory: set weights.dir=/shared/path")
         root = Path(cfg.weights.dir) if cfg.weights.dir else Path(run_dir) / "weights"
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=root, cache_root=shm_root(cfg.run.name))
+        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=root, cache_root=shm_root(cfg.run.name, run_dir))
 
     def _materialise(self, src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)

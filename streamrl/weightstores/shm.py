@@ -1,27 +1,36 @@
-"""`shm` backend: versions in same-host shared memory, /dev/shm/streamrl-<run>/v<version>/.
+"""`shm` backend: versions in same-host shared memory, /dev/shm/streamrl-<run>-<run key>/v<version>/.
 
 The default for one machine: the trainer writes into tmpfs, a generator's `fetch` is a hard
 link (no copy), and the link keeps the bytes alive even after the publisher collects the
 version. Every role must run on the same host; use `weights.backend=dir` across hosts.
+The directory is keyed by the run directory, so two jobs of the same `run.name` on one host
+never share (or delete) each other's weights; `streamrl up` removes it at exit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from pathlib import Path
 
 from streamrl.broker import Broker, Keys
 from streamrl.config import Config
+from streamrl.weights import WeightHandle
 from streamrl.weightstores.files import FileWeightStore
 
 
-def shm_root(run: str) -> Path:
-    """/dev/shm/streamrl-<run> (the temp dir where the host has no /dev/shm, e.g. macOS)."""
+def shm_root(run: str, run_dir: Path | None) -> Path:
+    """This run's host-local folder: /dev/shm/streamrl-<run>-<hash of the run dir> (the temp dir
+    where the host has no /dev/shm, e.g. macOS). A process without a run dir (a worker started by
+    hand without --run-dir) falls back to /dev/shm/streamrl-<run>."""
     base = Path("/dev/shm")
     if not (base.is_dir() and os.access(base, os.W_OK)):
         base = Path(tempfile.gettempdir())
-    return base / f"streamrl-{run}"
+    if run_dir is None:
+        return base / f"streamrl-{run}"
+    key = hashlib.sha256(str(Path(run_dir).resolve()).encode()).hexdigest()[:12]
+    return base / f"streamrl-{run}-{key}"
 
 
 class ShmWeightStore(FileWeightStore):
@@ -29,8 +38,15 @@ class ShmWeightStore(FileWeightStore):
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "ShmWeightStore":
-        root = shm_root(cfg.run.name)
+        root = shm_root(cfg.run.name, run_dir)
         return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=root, cache_root=root)
 
+    def _fetch(self, handle: WeightHandle) -> str:
+        # Link next to the published version, whatever run dir this reader was given: the same tmpfs
+        # by construction, and the publisher's gc and `up`'s cleanup of its root cover the links too.
+        self.cache_root = Path(handle.handle).parent
+        self.cache_dir = self.cache_root / f"fetched-{os.getpid()}"
+        return super()._fetch(handle)
+
     def _materialise(self, src: Path, dst: Path) -> None:
-        os.link(src, dst)  # same filesystem by construction (cache_root == root)
+        os.link(src, dst)  # same filesystem by construction (cache_root is the publisher's root)

@@ -110,7 +110,7 @@ class TorchStoreWeightStore(WeightStore):
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStoreWeightStore":
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, shm_root(cfg.run.name))
+        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, shm_root(cfg.run.name, run_dir))
 
     async def _store(self) -> None:
         if not self._ready:

@@ -78,6 +78,12 @@ async def test_password_is_required(server):
         assert "wrong" not in str(err.value)
 
 
+def test_server_runs_in_its_own_session(server):
+    """A terminal's Ctrl-C (SIGINT to `up`'s process group) must not reach it: `up` stops it last."""
+    assert os.getsid(server.proc.pid) == server.proc.pid != os.getsid(0)
+    assert os.getpgid(server.proc.pid) != os.getpgid(0)
+
+
 def test_data_survives_stop_and_start_on_the_same_dir(tmp_path: Path):
     d = tmp_path / "broker"
     with EmbeddedRedis(d) as first:

@@ -190,7 +190,7 @@ async def test_vllm_gives_the_engine_logprobs_before_and_after_a_store_round_tri
         got = _run_probe(tiny, local, batch, tmp_path)
     finally:
         await store.close()
-        shutil.rmtree(shm_root(config.run.name), ignore_errors=True)
+        shutil.rmtree(shm_root(config.run.name, tmp_path), ignore_errors=True)
     for tag, key in (("lp0", "before"), ("lp1", "after")):
         for engine_lp, vllm_lp in zip(_lp(runs["titan2"], tag), got[key], strict=True):
             np.testing.assert_allclose(np.asarray(vllm_lp), engine_lp, atol=VLLM_ATOL, rtol=0, err_msg=key)

@@ -36,7 +36,7 @@ def _state(seed: int, n: int = 64) -> dict[str, torch.Tensor]:
 def store_cfg(request, config: Config, tmp_path: Path):
     cfg = config.model_copy(update={"weights": WeightsConfig(backend=request.param, keep=2)})
     yield cfg
-    shutil.rmtree(shm_root(cfg.run.name), ignore_errors=True)
+    shutil.rmtree(shm_root(cfg.run.name, tmp_path), ignore_errors=True)
 
 
 def _assert_same(path: str, expected: dict[str, torch.Tensor]) -> None:
@@ -59,11 +59,11 @@ async def test_publish_latest_fetch(store_cfg: Config, broker, tmp_path: Path):
     local = await store.fetch(h)
     _assert_same(local, sd)
     if store_cfg.weights.backend == "shm":
-        assert Path(h.handle).parent == shm_root(store_cfg.run.name)
+        assert Path(h.handle).parent == shm_root(store_cfg.run.name, tmp_path)
         assert os.stat(Path(local) / WEIGHTS_FILE).st_ino == os.stat(Path(h.handle) / WEIGHTS_FILE).st_ino
     else:
         assert Path(h.handle).parent == tmp_path / "weights"  # default: RUN_DIR/weights
-        assert Path(local).is_relative_to(shm_root(store_cfg.run.name))  # copied to local memory
+        assert Path(local).is_relative_to(shm_root(store_cfg.run.name, tmp_path))  # copied to local memory
     await store.close()
     assert not Path(local).exists()
 
@@ -107,7 +107,7 @@ async def test_transport_mismatch_names_the_fix(config: Config, broker, tmp_path
         with pytest.raises(WeightStoreError, match="set weights.backend=dir"):
             await shm.fetch(h)
     finally:
-        shutil.rmtree(shm_root(config.run.name), ignore_errors=True)
+        shutil.rmtree(shm_root(config.run.name, tmp_path), ignore_errors=True)
 
 
 async def test_publish_serialises_off_the_event_loop(config: Config, broker, tmp_path: Path):
@@ -142,7 +142,33 @@ async def test_gc_removes_copies_of_dead_readers(config: Config, broker, tmp_pat
         await store.publish(1, _state(1))
         assert not stale.parent.exists() and live.exists()
     finally:
-        shutil.rmtree(shm_root(cfg.run.name), ignore_errors=True)
+        shutil.rmtree(shm_root(cfg.run.name, tmp_path), ignore_errors=True)
+
+
+async def test_two_runs_of_one_name_keep_their_own_shm_weights(config: Config, broker, tmp_path: Path):
+    """Two jobs with the same run.name on one host (different run dirs): neither overwrites, collects
+    or deletes the other's versions; a reader without a run dir links next to the publisher's."""
+    cfg = config.model_copy(update={"weights": WeightsConfig(backend="shm", keep=1)})
+    a, b = make_weight_store(cfg, broker, tmp_path / "a"), make_weight_store(cfg, broker, tmp_path / "b")
+    reader = make_weight_store(cfg, broker, None)
+    try:
+        ha = await a.publish(1, _state(1))
+        hb = await b.publish(1, _state(2))
+        assert Path(ha.handle).parent != Path(hb.handle).parent
+        _assert_same(ha.handle, _state(1))  # b's version 1 did not replace a's
+        await a.publish(2, _state(3))  # a's gc (keep=1) must not collect b's version
+        _assert_same(hb.handle, _state(2))
+        local = await reader.fetch(hb)
+        assert Path(local).parent.parent == b.root
+        assert os.stat(Path(local) / WEIGHTS_FILE).st_ino == os.stat(Path(hb.handle) / WEIGHTS_FILE).st_ino
+        shutil.rmtree(a.root)  # what `streamrl up` does when run a ends
+        _assert_same(hb.handle, _state(2))
+        _assert_same(local, _state(2))
+    finally:
+        await reader.close()
+        for store in (a, b):
+            shutil.rmtree(store.root, ignore_errors=True)
+        shutil.rmtree(shm_root(cfg.run.name, None), ignore_errors=True)
 
 
 async def test_dir_backend_without_a_directory_names_the_fix(config: Config, broker):

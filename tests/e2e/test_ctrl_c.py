@@ -1,0 +1,83 @@
+"""Ctrl-C in a terminal: SIGINT reaches the whole foreground process group of `streamrl up`, not
+just its pid. The job must still stop cleanly (final checkpoint, accounting written) and quickly,
+with the broker stopped last and not left behind.
+
+    pytest tests/e2e/test_ctrl_c.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from streamrl.checkpoint import latest_checkpoint
+from tests.e2e.test_faults import assert_exact
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def _steps(run_dir: Path) -> list[int]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(ln)["step"] for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+@pytest.mark.timeout(600)
+def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
+    run_dir = tmp_path / "ctrlc"
+    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
+           "--run-dir", str(run_dir), "--set", "trainer.steps=60"]
+    env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
+    out_path = tmp_path / "up.out"
+    with open(out_path, "wb") as out:
+        # Its own session: `up` leads a process group, as a shell's foreground job does.
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        deadline = time.time() + 400
+        while not _steps(run_dir) or _steps(run_dir)[-1] < 2:
+            assert proc.poll() is None, f"up exited early ({proc.returncode}):\n{out_path.read_text()[-4000:]}"
+            assert time.time() < deadline, out_path.read_text()[-4000:]
+            time.sleep(0.3)
+        with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
+            broker_pid = int(r.info("server")["process_id"])
+        t0 = time.time()
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
+        try:
+            code = proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            code = None
+        took = time.time() - t0
+        text = out_path.read_text(errors="replace")
+        print(f"stopped {took:.1f}s after the group's SIGINT (exit {code})")
+        assert code == 130, f"exit {code} after {took:.1f}s:\n{text[-4000:]}"
+        assert took < 20, f"stopping took {took:.1f}s:\n{text[-4000:]}"
+        assert "did not stop within" not in text and "accounting skipped" not in text, text[-4000:]
+        summary = json.loads((run_dir / "summary.json").read_text())
+        assert_exact(summary)
+        last = _steps(run_dir)[-1]
+        assert summary["checkpointed_version"] == last, (summary, last)  # the final checkpoint was written
+        assert latest_checkpoint(run_dir).name == f"step-{last:08d}"
+        stopped = time.time() + 10
+        while _alive(broker_pid) and time.time() < stopped:
+            time.sleep(0.1)
+        assert not _alive(broker_pid), "the embedded redis-server outlived `streamrl up`"
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # only `up`: it stops its roles and its broker
+            proc.wait(timeout=120)

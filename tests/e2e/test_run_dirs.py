@@ -1,0 +1,127 @@
+"""Run directories: two concurrent default jobs (same run.name) keep their own host-local weights;
+a used run dir is not silently resumed; `scale` and `status` on a finished run say so.
+
+One module fixture runs the two jobs once (3 steps each, concurrently); the other tests reuse the
+finished run directories, so they start no vLLM of their own.
+
+    pytest tests/e2e/test_run_dirs.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+from streamrl.broker import Keys
+from tests.e2e.test_faults import assert_exact
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 3
+pytestmark = pytest.mark.slow
+
+
+def _cli(*args: str, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "STREAMRL_CACHE": str(cache)}
+    return subprocess.run([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def _weights_handle(run_dir: Path) -> str | None:
+    """The published weights path `weights:latest` names in this job's broker (None: not yet)."""
+    url_file = run_dir / "broker" / "url"
+    if not url_file.is_file():
+        return None
+    try:
+        with redis.Redis.from_url(url_file.read_text().strip(), socket_timeout=2) as r:
+            raw = r.hget(Keys("tiny").weights_latest, "handle")
+    except (redis.RedisError, ValueError):
+        return None
+    return raw.decode() if raw else None
+
+
+@pytest.fixture(scope="module")
+def two_runs(tmp_path_factory):
+    """Two `streamrl up` of the default config (run.name tiny) at once, in two run directories."""
+    base = tmp_path_factory.mktemp("two")
+    cache = base / "cache"
+    env = {**os.environ, "STREAMRL_CACHE": str(cache)}
+    jobs = {}
+    for name in ("a", "b"):
+        out = open(base / f"{name}.out", "wb")
+        cmd = [sys.executable, "-m", "streamrl.cli", "up", "--run-dir", str(base / name), "--set", f"trainer.steps={STEPS}"]
+        jobs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT), out)
+    handles: dict[str, str] = {}
+    try:
+        deadline = time.time() + 500
+        while any(p.poll() is None for p, _ in jobs.values()) and time.time() < deadline:
+            for name, (proc, _) in jobs.items():
+                if name not in handles and proc.poll() is None and (h := _weights_handle(base / name)):
+                    handles[name] = h  # seen while the job runs: its trainer published into it
+            time.sleep(0.2)
+        codes = {name: proc.wait(timeout=max(1, deadline - time.time())) for name, (proc, _) in jobs.items()}
+    finally:
+        for proc, out in jobs.values():
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=120)
+            out.close()
+    outputs = {name: (base / f"{name}.out").read_text(errors="replace") for name in jobs}
+    return {"base": base, "cache": cache, "codes": codes, "outputs": outputs, "handles": handles}
+
+
+@pytest.mark.timeout(600)
+def test_two_default_jobs_of_one_name_both_finish_exactly(two_runs):
+    for name in ("a", "b"):
+        assert two_runs["codes"][name] == 0, two_runs["outputs"][name][-4000:]
+        run_dir = two_runs["base"] / name
+        rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+        s = json.loads((run_dir / "summary.json").read_text())
+        assert_exact(s, in_flight_ok=False)
+        assert s["trained_steps"] == STEPS and s["checkpointed_version"] == STEPS
+    handles = two_runs["handles"]
+    assert set(handles) == {"a", "b"}, handles
+    roots = {name: Path(h).parent for name, h in handles.items()}
+    assert roots["a"] != roots["b"], f"both jobs published weights into {roots['a']}"
+    assert not any(r.exists() for r in roots.values()), f"weights left behind: {roots}"
+
+
+@pytest.mark.timeout(600)
+def test_reusing_a_run_dir_without_resume_is_refused(two_runs):
+    run_dir = two_runs["base"] / "a"
+    before = {f: (run_dir / f).read_bytes() for f in ("config.yaml", "metrics.jsonl", "summary.json")}
+    res = _cli("up", "--run-dir", str(run_dir), "--set", "trainer.steps=5", cache=two_runs["cache"], timeout=400)
+    assert res.returncode == 2, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"--resume {run_dir}" in res.stderr and "another --run-dir" in res.stderr, res.stderr
+    assert {f: (run_dir / f).read_bytes() for f in before} == before, "the refused `up` changed the run dir"
+
+
+@pytest.mark.timeout(120)
+def test_scale_on_a_finished_run_shows_its_summary_and_writes_nothing(two_runs):
+    run_dir = two_runs["base"] / "a"
+    res = _cli("scale", "generator=2", "--run-dir", str(run_dir), cache=two_runs["cache"])
+    assert res.returncode == 1, res.stdout + res.stderr
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert "has finished" in res.stderr and str(run_dir / "summary.json") in res.stderr, res.stderr
+    assert f"groups admitted {s['admitted']} = trained {s['trained']}" in res.stderr, res.stderr
+    assert not (run_dir / "scale.json").exists()
+
+
+@pytest.mark.timeout(120)
+def test_status_on_a_finished_run_shows_its_summary(two_runs):
+    run_dir = two_runs["base"] / "b"
+    t0 = time.time()
+    res = _cli("status", "--run-dir", str(run_dir), "--once", cache=two_runs["cache"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert "has finished" in res.stdout and f"{STEPS} steps trained" in res.stdout, res.stdout
+    assert f"groups admitted {s['admitted']} = trained {s['trained']}" in res.stdout and "invariant holds" in res.stdout
+    assert "redis-server" not in res.stdout + res.stderr
+    assert time.time() - t0 < 30, "no broker retries for a finished run"
