@@ -10,6 +10,9 @@ token = 6 * (matmul parameters, lm_head included) + 12 * layers * heads * head_d
 
     python -m bench.trainer_mfu --config configs/qwen3-1.7b-train.yaml --variants hf,torchtitan   # GPU
     python -m bench.trainer_mfu --shape qwen3-tiny --device cpu --rows 8 --prompt-len 16 --completion-len 16
+
+`--out DIR` (created up front) keeps result.json and each variant's raw trainer_mfu_<variant>.json;
+without it those per-variant files live in a temporary directory.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import functools
 import json
 import multiprocessing as mp
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -111,6 +115,15 @@ def _variant_main(cfg, variant: str, batch, warmup: int, steps: int, out: str) -
 
 
 def run(args) -> int:
+    from streamrl.commands.common import prepare_out_dir
+
+    out_dir = prepare_out_dir(args.out)  # before the run: a bad --out must not cost a whole run
+    with tempfile.TemporaryDirectory(prefix="streamrl-trainer-mfu-") as scratch:
+        # Without --out the per-variant files are scratch (never the working directory).
+        return _measure(args, out_dir or Path(scratch))
+
+
+def _measure(args, out_dir: Path) -> int:
     import torch
 
     from streamrl.config_files import load_config
@@ -134,7 +147,8 @@ def run(args) -> int:
     results = {}
     ctx = mp.get_context("spawn")
     for variant in args.variants.split(","):
-        out = Path(args.out or ".") / f"trainer_mfu_{variant.replace('+', '_')}.json"
+        out = out_dir / f"trainer_mfu_{variant.replace('+', '_')}.json"
+        out.unlink(missing_ok=True)  # a failed variant must not report an earlier run's file
         proc = ctx.Process(target=_variant_main, args=(cfg.model_copy(deep=True), variant, batch, args.warmup,
                                                         args.steps, str(out)))
         proc.start()

@@ -32,6 +32,7 @@ log = structlog.get_logger("streamrl").bind(component="broker")
 # Redis < 7 has no `lag` in XINFO GROUPS; we count it server-side, at most this many entries,
 # so a status query never holds the server for long (a capped value is a lower bound).
 LAG_COUNT_CAP = 10_000
+CLOSE_TIMEOUT_S = 10.0
 # KEYS: stream. ARGV: field, maxlen ('' for none), payloads... One command for a batch: a pipeline
 # of N XADDs costs the client ~14 us of CPU per entry in redis-py, this ~3 us.
 _ADD_MANY = """
@@ -75,6 +76,40 @@ class _TransientRetry(Retry):
             return not isinstance(exc, AuthenticationError) and (is_retryable is None or is_retryable(exc))
 
         return await super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+class _CancelSafeSend:
+    """Mixin for a redis-py asyncio connection class: a cancel that lands while a command is written is
+    raised, never dropped.
+
+    With socket_timeout set (redis-py's default is 5 s) the write runs under `asyncio.wait_for`, which on
+    Python < 3.12 returns normally when the cancel arrives in the tick the write finishes (CPython
+    gh-86296). The cancelled task then carried on: a worker loop never stopped (the assembler's
+    `next_batch` under `wait_for` hung; a heartbeat task made `Worker.run`'s shutdown wait forever).
+    """
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        task = asyncio.current_task()
+        requested = task.cancelling() if task is not None else 0
+        await super().send_packed_command(command, check_health)  # type: ignore[misc]
+        # A cancel handled below (a timeout's own) is uncancelled again: a higher count is one dropped.
+        if task is not None and task.cancelling() > requested:
+            # The command is on the wire but its reply will not be read here: drop the connection so
+            # the next command on it cannot take that reply for its own.
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise asyncio.CancelledError("cancelled while the command was being written")
+
+
+_CANCEL_SAFE: dict[type, type] = {}
+
+
+def _cancel_safe(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
+    """Make `pool` build cancel-safe connections of the class its URL chose (TCP, TLS or unix socket)."""
+    base = pool.connection_class
+    if not issubclass(base, _CancelSafeSend):
+        pool.connection_class = _CANCEL_SAFE.setdefault(base, type(f"CancelSafe{base.__name__}",
+                                                                   (_CancelSafeSend, base), {}))
+    return pool
 
 
 def _s(value: Any) -> str:
@@ -285,8 +320,14 @@ class RedisBroker:
             self._scripts[source] = self.client.register_script(source)
         return await self._scripts[source](keys=keys, args=args)
 
-    async def close(self) -> None:
-        await self.client.aclose()
+    async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Disconnect every connection; give up after `timeout_s` (a shutdown path must not hang on it)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self.client.aclose()
+        except TimeoutError:
+            log.warning("broker_close_timeout", url=self.url, timeout_s=timeout_s,
+                        reason="connections did not close in time; they are dropped with the process")
 
 
 async def connect(
@@ -304,13 +345,14 @@ async def connect(
     try:
         # A blocking pool makes a burst of concurrent commands (a generator publishing hundreds of
         # completions at once) wait for a free connection instead of failing with MaxConnectionsError.
-        pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=64, timeout=60, **kwargs)
+        pool = _cancel_safe(aioredis.BlockingConnectionPool.from_url(url, max_connections=64, timeout=60, **kwargs))
         client = aioredis.Redis(connection_pool=pool, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError])
     except ValueError as exc:
         raise BrokerError(f"broker URL {shown} is malformed ({exc}); use redis://:PASSWORD@HOST:6379/0") from None
     # The client's own retry would make each ping attempt wait out a whole schedule; a separate
     # probe pings with one attempt each, so every retry is logged here.
     probe = aioredis.Redis.from_url(url, **{**kwargs, "retry": Retry(ExponentialBackoff(), 0)})
+    _cancel_safe(probe.connection_pool)
     try:
         await _ping_until_up(probe, shown, retries, backoff_base_s, backoff_cap_s)
     except BaseException:

@@ -10,6 +10,7 @@ for every rollout and tests can call them directly.
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import re
 from typing import Callable
@@ -86,5 +87,11 @@ def resolve_reward(spec: str) -> RewardFn:
         raise ConfigError(
             f"reward.fn={spec!r}: module {module_name!r} has no function {attr!r}; "
             "define `def NAME(prompt: str, completion: str, meta: dict) -> float` there"
+        )
+    if inspect.iscoroutinefunction(fn):
+        # The reward worker calls it on a thread and float()s the result: a coroutine would fail every rollout.
+        raise ConfigError(
+            f"reward.fn={spec!r} is an `async def`; reward.fn must be a plain `def` returning a float "
+            "(for an async judge, run it as an external producer: `streamrl reward --fn ...`)"
         )
     return fn

@@ -2,6 +2,8 @@
 
 A role subclasses `Worker`, sets `role`, and implements `step()` (one unit of work; return
 False when idle). `run()` loops until `stop()` is called (SIGINT/SIGTERM) or `done` is set.
+Heartbeats and the `stopped` log line carry `busy_fraction`: the share of the loop's time spent in
+steps that did work (what `streamrl report` plots per role).
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ HEARTBEAT_TTL_S = 15.0
 
 class Worker:
     role: str = "worker"
+    measures_busy: bool = True
+    """Report the share of loop time in steps that returned True as `busy_fraction`. A role whose step
+    also waits for its input (the trainer waits for a batch) sets False and reports its own (metrics);
+    a role that sets stats["busy_fraction"] itself (the generator: time with sequences in flight) wins."""
 
     def __init__(self, cfg: Config, broker: Broker, worker_id: str, run_dir: Path | None = None):
         self.cfg = cfg
@@ -45,6 +51,8 @@ class Worker:
         """Streams this worker reads with each consumer group (see `read`)."""
         self._read_ahead: dict[str, list[Entry]] = {}
         """New entries delivered by a shared XREADGROUP for a stream not being read at that moment."""
+        self._loop_started: float | None = None
+        self._step_busy_s = 0.0
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -72,9 +80,12 @@ class Worker:
             raise startup_failure(self.role, exc) from exc
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._keepalive_loop())]
         self.log.info("started", pid=os.getpid())
+        self._loop_started = time.monotonic()
         try:
             while not self.stopping.is_set() and not self.done:
-                await self.step()
+                t0 = time.monotonic()
+                if await self.step():
+                    self._step_busy_s += time.monotonic() - t0
         finally:
             try:
                 # Heartbeat and keepalive run on while close() drains: entries still being finished
@@ -85,9 +96,16 @@ class Worker:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
                 await self.broker.delete(self.keys.worker(self.role, self.worker_id))
-            self.log.info("stopped", uptime_s=round(time.time() - self._started, 1), **self.stats)
+            self.log.info("stopped", uptime_s=round(time.time() - self._started, 1), **{**self.busy(), **self.stats})
 
     # -- helpers ---------------------------------------------------------------------------
+    def busy(self) -> dict[str, float]:
+        """{"busy_fraction": share of the loop's time in steps that did work}; {} before the loop or opted out."""
+        if not self.measures_busy or self._loop_started is None:
+            return {}
+        elapsed = max(time.monotonic() - self._loop_started, 1e-9)
+        return {"busy_fraction": round(min(self._step_busy_s / elapsed, 1.0), 4)}
+
     def count(self, name: str, by: float = 1) -> None:
         self.stats[name] = self.stats.get(name, 0) + by
 
@@ -95,7 +113,7 @@ class Worker:
         key = self.keys.worker(self.role, self.worker_id)
         while True:
             info = {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(),
-                    "uptime_s": round(time.time() - self._started, 1), **self.stats}
+                    "uptime_s": round(time.time() - self._started, 1), **self.busy(), **self.stats}
             try:
                 await self.broker.set(key, json.dumps(info), ttl_s=HEARTBEAT_TTL_S)
             except Exception as exc:  # a broker hiccup must not kill the worker

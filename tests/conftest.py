@@ -4,6 +4,9 @@ Async tests run on anyio's pytest plugin (asyncio backend): mark them `@pytest.m
 (or `pytestmark = pytest.mark.anyio` in the module) and take `broker`, `config`, `run_name`.
 
     pytest tests/integration/test_broker.py
+
+Every test also runs under tests/watchdog.py, which ends the session when a test's setup + call +
+teardown outlast its timeout by a grace period (a hang the per-test timeout cannot interrupt).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ import pytest
 from brokers.embedded import EmbeddedRedis
 from brokers.redis_streams import RedisBroker, connect
 from streamrl.config import BrokerConfig, Config, RunConfig
+from tests import watchdog
+from tests.watchdog import pytest_runtest_protocol  # noqa: F401 (a hook: pytest finds it by name here)
 
 
 @pytest.fixture(scope="session")
@@ -30,13 +35,15 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
     """A private redis-server (127.0.0.1, password, AOF) in a temporary dir; stopped after the session."""
     server = EmbeddedRedis(Path(tmp_path_factory.mktemp("redis")))
     server.start()
+    watchdog.servers.append(server)
     yield server
+    watchdog.servers.remove(server)
     server.stop()
 
 
 @pytest.fixture
 async def broker(redis_server: EmbeddedRedis) -> RedisBroker:
-    """A connected RedisBroker on an empty database (FLUSHALL before the test); closed after it."""
+    """A connected RedisBroker on an empty database (FLUSHALL before the test); closed after it (bounded)."""
     b = await connect(redis_server.url, retries=3)
     await b.client.flushall()
     yield b

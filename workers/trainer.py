@@ -48,6 +48,7 @@ def _bcast(obj):
 
 class TrainerWorker(Worker):
     role = "trainer"
+    measures_busy = False  # a step includes waiting for its batch; metrics.jsonl has train_s vs wait_s
 
     def __init__(self, cfg: Config, broker, worker_id: str, run_dir: Path | None, engine: TrainEngine,
                  resumed: dict | None = None):

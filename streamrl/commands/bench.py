@@ -7,12 +7,13 @@
 from __future__ import annotations
 
 from streamrl.commands import load_modules
+from streamrl.commands.common import prepare_out_dir
 
 NAME = "bench"
-HELP = "run a benchmark (broker, pipeline, e2e, weights, soak)"
-DESCRIPTION = "Benchmarks that print their numbers; `--out DIR` also writes DIR/result.json and plots."
 BENCHES = ["broker", "pipeline", "e2e", "weights", "soak", "objectives", "trainer_mfu"]
 """Modules under bench/ exposing HELP, add_arguments(parser) and run(args) -> int."""
+HELP = f"run a benchmark ({', '.join(BENCHES)})"
+DESCRIPTION = "Benchmarks that print their numbers; `--out DIR` also writes DIR/result.json and plots."
 
 
 def _benches() -> dict:
@@ -28,4 +29,5 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    prepare_out_dir(args.out)  # a bad --out fails now, not after the whole run
     return _benches()[args.bench].run(args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import tempfile
 from pathlib import Path
 
 from streamrl.config import Config
@@ -13,6 +14,21 @@ from streamrl.errors import ConfigError
 
 def cache_dir() -> Path:
     return Path(os.environ.get("STREAMRL_CACHE", Path.home() / ".cache" / "streamrl"))
+
+
+def prepare_out_dir(out: str | None) -> Path | None:
+    """Create an `--out DIR` and check that it is writable now, not when a long run ends; None without one."""
+    if not out:
+        return None
+    path = Path(out)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".streamrl-write-check-"):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc}); "
+                          "pass a directory you can write to") from None
+    return path
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:

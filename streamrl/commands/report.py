@@ -4,7 +4,7 @@
     streamrl report runs/demo --out /tmp/plots --json         # also print the summary as JSON
 
 Plots: reward.png (mean +- std per step), throughput.png (trained tokens/s per step),
-busy.png (trainer busy share of each step, rollouts generated while training, and each role's
+busy.png (trainer busy share of each step, rollouts generated while training, and each worker's
 busy fraction from its shutdown log line), staleness.png (trained tokens per staleness),
 losses.png (every loss metric the objective logs). `summarize()` is what `streamrl bench e2e`
 reports for each job.
@@ -19,6 +19,8 @@ import numpy as np
 
 NAME = "report"
 HELP = "plots and a summary of a finished (or running) run from its metrics.jsonl"
+LOSS_COLUMNS = 4
+"""losses.png is a grid of this many panels per row (one long strip of 8 was unreadable)."""
 LOSS_KEYS = ["loss", "pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "abs_log_ratio_mean", "grad_norm"]
 
 
@@ -87,6 +89,10 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
     }
 
 
+def _column(rows: list[dict], key: str) -> np.ndarray:
+    return np.asarray([m.get(key) if m.get(key) is not None else np.nan for m in rows], dtype=float)
+
+
 def plot_run(run_dir: Path, out: Path) -> list[Path]:
     """Write the run's PNGs into `out`; returns their paths."""
     from bench.common import pyplot
@@ -96,7 +102,7 @@ def plot_run(run_dir: Path, out: Path) -> list[Path]:
     rows = read_metrics(run_dir)
     out.mkdir(parents=True, exist_ok=True)
     steps = [m["step"] for m in rows]
-    col = lambda key: np.asarray([m.get(key) if m.get(key) is not None else np.nan for m in rows], dtype=float)  # noqa: E731
+    walls = np.maximum([step_wall(m) for m in rows], 1e-9)
     written = []
 
     def save(fig, name: str) -> None:
@@ -106,43 +112,71 @@ def plot_run(run_dir: Path, out: Path) -> list[Path]:
         written.append(out / name)
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    mean, std = col("reward_mean"), np.nan_to_num(col("reward_std"))
+    mean, std = _column(rows, "reward_mean"), np.nan_to_num(_column(rows, "reward_std"))
     ax.plot(steps, mean)
     ax.fill_between(steps, mean - std, mean + std, alpha=0.2)
     ax.set(xlabel="step", ylabel="reward (mean +- std)", title="reward")
     save(fig, "reward.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, col("tokens") / np.maximum([step_wall(m) for m in rows], 1e-9))
+    ax.plot(steps, _column(rows, "tokens") / walls)
     ax.set(xlabel="step", ylabel="trained tokens/s", title="throughput per step")
     save(fig, "throughput.png")
 
     summary = summarize(run_dir)
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 3.5))
-    a.plot(steps, col("train_s") / np.maximum([step_wall(m) for m in rows], 1e-9), label="trainer busy")
-    if "overlap_frac" in rows[0]:
-        a.plot(steps, col("overlap_frac"), label="rollouts generated while training")
-    a.set(xlabel="step", ylim=(0, 1.05), title="per step")
-    a.legend()
-    b.bar(list(summary["busy"]), list(summary["busy"].values()))
-    b.set(ylim=(0, 1.05), title="busy fraction per role")
-    b.tick_params(axis="x", labelrotation=20)
-    save(fig, "busy.png")
-
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    hist = summary["staleness_hist_tokens"]
-    ax.bar([int(k) for k in hist], list(hist.values()))
-    ax.set(xlabel="staleness (trainer version - oldest token version)", ylabel="trained tokens", title="staleness")
-    save(fig, "staleness.png")
-
-    keys = [k for k in LOSS_KEYS if any(isinstance(m.get(k), (int, float)) for m in rows)]
-    if keys:
-        fig, axes = plt.subplots(1, len(keys), figsize=(3 * len(keys), 3), squeeze=False)
-        for ax, k in zip(axes[0], keys):
-            ax.plot(steps, col(k))
-            ax.set(xlabel="step", title=k)
+    save(busy_figure(plt, rows, summary["busy"]), "busy.png")
+    save(staleness_figure(plt, summary["staleness_hist_tokens"]), "staleness.png")
+    if (fig := losses_figure(plt, rows)) is not None:
         save(fig, "losses.png")
     return written
+
+
+def busy_figure(plt, rows: list[dict], busy: dict[str, float]):
+    """Per step: trainer busy share and overlap; per worker: `summarize()`'s busy fractions, one bar each."""
+    steps = [m["step"] for m in rows]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(11, max(3.5, 1.2 + 0.35 * len(busy))))
+    a.plot(steps, _column(rows, "train_s") / np.maximum([step_wall(m) for m in rows], 1e-9), label="trainer busy")
+    if "overlap_frac" in rows[0]:
+        a.plot(steps, _column(rows, "overlap_frac"), label="rollouts generated while training")
+    a.set(xlabel="step", ylim=(0, 1.05), title="per step")
+    a.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2, frameon=False)  # off the data
+    workers = sorted(busy)  # "role:worker_id" keys; the ids already name the role
+    bars = b.barh([w.split(":", 1)[-1] for w in workers], [busy[w] for w in workers])
+    b.bar_label(bars, fmt="%.2f", padding=3)
+    b.invert_yaxis()
+    b.set(xlim=(0, 1.12), xlabel="busy fraction", title="busy fraction per worker")
+    return fig
+
+
+def staleness_figure(plt, hist: dict[str, int]):
+    from matplotlib.ticker import MaxNLocator
+
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.bar([int(k) for k in hist], list(hist.values()))
+    ax.set(xlabel="staleness (trainer version - oldest token version)", ylabel="trained tokens", title="staleness")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # whole versions and whole tokens
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    return fig
+
+
+def losses_figure(plt, rows: list[dict]):
+    """One panel per loss metric the objective logged, LOSS_COLUMNS per row; None if it logged none."""
+    from matplotlib.ticker import MaxNLocator
+
+    keys = [k for k in LOSS_KEYS if any(isinstance(m.get(k), (int, float)) for m in rows)]
+    if not keys:
+        return None
+    steps = [m["step"] for m in rows]
+    ncols = min(LOSS_COLUMNS, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.6 * ncols, 2.8 * nrows), squeeze=False)
+    for ax, k in zip(axes.flat, keys):
+        ax.plot(steps, _column(rows, k))
+        ax.set(xlabel="step", title=k)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    for ax in list(axes.flat)[len(keys):]:
+        ax.set_visible(False)
+    return fig
 
 
 def run(args) -> int:

@@ -10,8 +10,9 @@ import json
 
 import pytest
 
+from bench.common import pyplot
 from streamrl.cli import main
-from streamrl.commands.report import summarize
+from streamrl.commands.report import LOSS_KEYS, losses_figure, staleness_figure, summarize
 from streamrl.metrics import MetricsWriter
 
 
@@ -56,3 +57,23 @@ def test_report_command_writes_every_plot(tmp_path, capsys):
 def test_report_names_the_fix_without_metrics(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "has no metrics.jsonl" in capsys.readouterr().err
+
+
+def test_losses_are_a_readable_grid():
+    plt = pyplot()
+    fig = losses_figure(plt, [{"step": s, **{k: 0.1 * s for k in LOSS_KEYS}} for s in range(1, 30)])
+    shown = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in shown] == LOSS_KEYS
+    width, height = fig.get_size_inches()
+    assert width <= 15 and width / height <= 3  # one 24 x 3 in strip of 8 panels was unreadable
+    plt.close(fig)
+
+
+def test_staleness_ticks_are_whole_numbers():
+    plt = pyplot()
+    fig = staleness_figure(plt, {"0": 5, "1": 7})
+    fig.canvas.draw()
+    ax = fig.axes[0]
+    assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
+    assert all(float(t).is_integer() for t in ax.get_yticks()), ax.get_yticks()
+    plt.close(fig)
