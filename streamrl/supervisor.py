@@ -27,7 +27,7 @@ from streamrl.recovery import BrokerWatch, RestartPolicy
 
 SCALE_FILE = "scale.json"
 """Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
-SCALABLE_ROLES = ("generator", "reward", "reference")
+SCALABLE_ROLES = ("generator", "reward", "reference", "env")
 
 
 @dataclass
@@ -71,6 +71,7 @@ def role_counts(cfg: Config) -> dict[str, int]:
         "generator": cfg.generator.count,
         "reward": cfg.reward.count,
         "reference": cfg.reference.count if cfg.loss.kl_beta > 0 else 0,
+        "env": cfg.env.count if cfg.env.fn else 0,
     }
 
 
