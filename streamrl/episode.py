@@ -114,3 +114,18 @@ def split_extension(history: Sequence[int], new_context: Sequence[int]) -> list[
         return None
     return list(new_context[n:])
 
+
+
+def episode_metrics(rollouts: list) -> dict:
+    """Per-step metrics of a batch's multi-turn episodes (empty for single-turn rollouts):
+    mean model turns, env step latency p50/p99 (as the generator waited for it), observation tokens."""
+    eps = [r.meta for r in rollouts if "turns" in r.meta and "env_step_s" in r.meta]
+    if not eps:
+        return {}
+    steps = np.asarray([t for m in eps for t in m["env_step_s"]] or [0.0], dtype=np.float64)
+    return {
+        "turns_mean": float(np.mean([m["turns"] for m in eps])),
+        "env_step_s_p50": float(np.percentile(steps, 50)),
+        "env_step_s_p99": float(np.percentile(steps, 99)),
+        "env_tokens": int(sum(int(m.get("env_tokens", 0)) for m in eps)),
+    }

@@ -86,3 +86,18 @@ def test_step_request_and_observation_round_trip_and_validate():
                      (dict(text=5), "text must be a string"), (dict(error_kind="x"), "error_kind")):
         with pytest.raises(DecodeError, match=why):
             decode(encode(Observation(**{**obs.__dict__, **bad})))
+
+
+def test_episode_metrics_of_a_batch():
+    from streamrl.episode import episode_metrics
+
+    def r(turns, steps, env_tokens):
+        return Rollout(rollout_id="g0:0", group_id="g0", sample=0, group_size=1, prompt_ids=np.array([1]),
+                       completion_ids=np.array([5]), logprobs=np.array([-1.0]), version=0,
+                       meta={"turns": turns, "env_step_s": steps, "env_tokens": env_tokens})
+    m = episode_metrics([r(2, [0.1, 0.3], 5), r(1, [0.2], 0)])
+    assert m["turns_mean"] == 1.5 and m["env_tokens"] == 5
+    assert m["env_step_s_p50"] == pytest.approx(0.2) and 0.29 < m["env_step_s_p99"] <= 0.3
+    single = Rollout(rollout_id="g0:0", group_id="g0", sample=0, group_size=1, prompt_ids=np.array([1]),
+                     completion_ids=np.array([5]), logprobs=np.array([-1.0]), version=0)
+    assert episode_metrics([single]) == {}
