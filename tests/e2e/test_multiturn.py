@@ -99,3 +99,35 @@ def test_multiturn_survives_env_and_generator_sigkill(tmp_path):
     e = s["episodes"]
     assert e["invariant_holds"] and e["lost"] == 0 and e["groups_restarted"] >= 1, e
     assert [r["step"] for r in metrics(run_dir)] == list(range(1, 17))
+
+
+@pytest.mark.timeout(600)
+def test_node_env_drives_a_job(tmp_path):
+    from tests.nodejs import start_node_env
+
+    run_dir = tmp_path / "node"
+    proc, out = start(run_dir, "trainer.steps=4", "env.count=0")  # no Python env worker: only the Node one
+    node = None
+    try:
+        url_file = run_dir / "broker" / "url"
+        deadline = time.time() + 120
+        while not url_file.exists():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-4000:]
+            time.sleep(0.2)
+        node = start_node_env(url_file.read_text().strip(), RUN, tmp_path / "node-env.log")
+        assert proc.wait(500) == 0, out.read_text()[-4000:]
+    finally:
+        if node is not None:
+            node.send_signal(signal.SIGTERM)
+            node.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["turns_mean"] == 2 and r["env_tokens"] > 0 for r in rows)
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["invariant_holds"] and s["episodes"]["trained"] == 4 * 64
+    node_log = [json.loads(ln) for ln in (tmp_path / "node-env.log").read_text().splitlines() if ln.startswith("{")]
+    stopped = [e for e in node_log if e["event"] == "stopped"]
+    assert stopped and stopped[0]["steps"] >= 4 * 64 * 2  # every episode: two steps, all answered by Node
+    assert not [e for e in node_log if e["event"] in ("dead_letter", "step_failed")]
