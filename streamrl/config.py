@@ -169,6 +169,10 @@ class EnvConfig(Section):
     """Steps one env worker runs at once (sync envs: that many threads)."""
     latency_ms: list[float] = Field([20.0, 200.0], min_length=2, max_length=2)
     """The built-in envs sleep a uniform random [low, high] ms per step, like a real tool call."""
+    lockstep: bool = False
+    """Benchmark baseline (`streamrl bench env`): a generator's episodes advance turn by turn
+    together (generate every episode's turn, wait for every env step, generate the next turn):
+    the synchronous turn loop streaming is measured against. Never faster; keep it off."""
 
     @field_validator("fn")
     @classmethod

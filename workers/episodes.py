@@ -43,6 +43,40 @@ _COUNT_START = "return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)"
 """Attempts per group: more than 1 means the group was restarted (streamrl.accounting reports it)."""
 
 
+class Lockstep:
+    """env.lockstep: a barrier over a generator's live episodes, so every episode's next turn
+    starts only once every live episode has its observation (the synchronous turn loop)."""
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.arrived: set[str] = set()
+        self.round = 0
+        self.cond = asyncio.Condition()
+
+    async def join(self, eid: str) -> None:
+        async with self.cond:
+            self.members.add(eid)
+
+    async def leave(self, eid: str) -> None:
+        async with self.cond:
+            self.members.discard(eid)
+            self.arrived.discard(eid)
+            self._release()
+
+    async def wait(self, eid: str) -> None:
+        async with self.cond:
+            self.arrived.add(eid)
+            mine = self.round
+            self._release()
+            await self.cond.wait_for(lambda: self.round > mine)
+
+    def _release(self) -> None:
+        if self.arrived and self.members <= self.arrived:
+            self.round += 1
+            self.arrived.clear()
+            self.cond.notify_all()
+
+
 class EpisodeFailed(Exception):
     """An episode cannot finish: the reason goes to the dead-letter stream and the logs."""
 
@@ -56,6 +90,7 @@ class EpisodeRunner:
         self.waiting: dict[tuple[str, int], asyncio.Future] = {}
         self._reader: asyncio.Task | None = None
         self._closing = False
+        self.lockstep = Lockstep() if self.cfg.env.lockstep else None
 
     async def start(self) -> None:
         from transformers import AutoTokenizer
@@ -158,9 +193,18 @@ class EpisodeRunner:
         raise EpisodeFailed(f"the env lost the episode's state {MAX_RESTARTS + 1} times (not replayable)")
 
     async def _attempt(self, prompt: Prompt, sample: int) -> Rollout | None:
+        episode_id = f"{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
+        if self.lockstep is None:
+            return await self._run(prompt, sample, episode_id)
+        await self.lockstep.join(episode_id)
+        try:
+            return await self._run(prompt, sample, episode_id)
+        finally:
+            await self.lockstep.leave(episode_id)
+
+    async def _run(self, prompt: Prompt, sample: int, episode_id: str) -> Rollout | None:
         """One try at the episode; None when the env lost its state and it must start over."""
         gen, env = self.gen, self.cfg.env
-        episode_id = f"{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
         s = EpisodeSample(prompt.prompt_ids.tolist())
         item = {"text": prompt.text, "meta": prompt.meta}
         actions, texts, step_s = [], [], []
@@ -195,6 +239,8 @@ class EpisodeRunner:
                 break
             s.add_observation(obs_ids)
             texts.append(obs.text)
+            if self.lockstep is not None:
+                await self.lockstep.wait(episode_id)
         if not actions:
             raise EpisodeFailed(f"the prompt ({len(s)} tokens) leaves no room under generator.max_model_len={max_len}")
         meta = {**prompt.meta, "env_reward": env_reward, "turns": len(actions), "env_step_s": step_s,

@@ -9,9 +9,9 @@ from __future__ import annotations
 from streamrl.commands import load_modules
 
 NAME = "bench"
-HELP = "run a benchmark (broker, pipeline, e2e, weights, soak)"
+HELP = "run a benchmark (broker, pipeline, e2e, env, weights, soak)"
 DESCRIPTION = "Benchmarks that print their numbers; `--out DIR` also writes DIR/result.json and plots."
-BENCHES = ["broker", "pipeline", "e2e", "weights", "soak", "objectives", "trainer_mfu"]
+BENCHES = ["broker", "pipeline", "e2e", "env", "weights", "soak", "objectives", "trainer_mfu"]
 """Modules under bench/ exposing HELP, add_arguments(parser) and run(args) -> int."""
 
 

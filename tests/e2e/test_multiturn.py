@@ -131,3 +131,20 @@ def test_node_env_drives_a_job(tmp_path):
     stopped = [e for e in node_log if e["event"] == "stopped"]
     assert stopped and stopped[0]["steps"] >= 4 * 64 * 2  # every episode: two steps, all answered by Node
     assert not [e for e in node_log if e["event"] in ("dead_letter", "step_failed")]
+
+
+@pytest.mark.timeout(600)
+def test_env_errors_fail_their_episodes_not_the_job(tmp_path):
+    run_dir = tmp_path / "flaky"
+    proc, out = start(run_dir, "trainer.steps=4", "env.fn=tests.integration.env_fns:FlakyDialog")
+    assert proc.wait(500) == 0, out.read_text()[-4000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["invariant_holds"] and s["lost"] == 0, s
+    assert s["failed"] >= 1 and s["episodes"]["episodes_failed"] >= s["failed"], s["episodes"]
+    assert s["dead_lettered"] >= 2 * s["failed"]  # the step request (env worker) and the prompt (generator)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["episodes_failed"] >= 1
+    assert "failed episodes" in out.read_text()
+    events = [json.loads(ln) for ln in (run_dir / "logs" / "generator-0.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e.get("event") == "episode_failed"]
+    assert failed and all("flaky tool crashed" in e["reason"] for e in failed)

@@ -50,3 +50,22 @@ class Misbehave(Env):
         if action == "nan":
             return "x", float("nan"), False
         return "ok", 1.0, False
+
+
+class FlakyDialog(Env):
+    """The charclass dialog whose second step raises when the model's first turn starts with a
+    digit (about one episode in ten early on): env errors must fail only those episodes."""
+
+    def reset(self, item):
+        from streamrl.envs import CharclassDialog
+
+        self.inner = CharclassDialog(latency_ms=(1.0, 5.0))
+        self.inner.reset(item)
+        self.first = None
+
+    def step(self, action):
+        if self.first is None:
+            self.first = action
+        elif self.first[:1].isdigit():
+            raise RuntimeError("flaky tool crashed")
+        return self.inner.step(action)
