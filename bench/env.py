@@ -5,11 +5,15 @@ synchronous turn loop, side by side.
     streamrl bench env                                  # latencies 0, 50, 500 ms; 6 steps per job
     streamrl bench env --latencies 0,500 --steps 8 --out /tmp/benv
 
-`stream`: the job as configured (configs/tiny-multiturn-cpu.yaml: episodes waiting on the env hold no
-engine slot, max_staleness 1, 16 groups in flight). `sync`: the classic loop: generate every
-episode's turn, wait for every env step, generate the next turn (env.lockstep), one batch at a time
-(max_staleness 0, generator.max_inflight_groups = rollout.groups_per_step). Every env step takes
-exactly the given latency (env.latency_ms=[L, L]). Columns: trained tokens/s (steps after the
+`stream`: the configured job (configs/tiny-multiturn-cpu.yaml) with enough episodes in flight to
+cover the env latency (STREAM_SETS: rollout.max_staleness=3, 40 groups in flight); episodes waiting
+on the env hold no engine slot. `sync`: the classic loop: generate every episode's turn, wait for
+every env step, generate the next turn (env.lockstep), one batch at a time (max_staleness 0,
+generator.max_inflight_groups = rollout.groups_per_step). Both: env.concurrency=256 (steps never
+queue), every env step takes exactly the given latency (env.latency_ms=[L, L]). On a CPU-only
+host each role runs one compute thread (OMP_NUM_THREADS=1, vLLM bound to core 0) unless those
+variables are set: on 2 cores, a multi-threaded trainer and vLLM fighting over both cores made
+training ~10x slower in the streaming job (docs/performance.md). Columns: trained tokens/s (steps after the
 first), generator busy fraction (time with at least one vLLM request running / uptime), the env
 step latency the generator saw (p50), and the stream/sync ratio per latency.
 """
@@ -17,6 +21,7 @@ step latency the generator saw (p50), and the stream/sync ratio per latency.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,6 +33,8 @@ from streamrl.commands.common import add_config_args
 HELP = "multi-turn job: trained tokens/s and generator busy vs env latency, streaming vs synchronous turn loop"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
 CONFIG = str(Path(__file__).resolve().parents[1] / "configs" / "tiny-multiturn-cpu.yaml")
+BOTH_SETS = ["env.concurrency=256"]
+STREAM_SETS = ["rollout.max_staleness=3", "generator.max_inflight_groups=40"]
 
 
 def add_arguments(p) -> None:
@@ -42,10 +49,13 @@ def _job(args, mode: str, latency: float, root: Path) -> dict:
     from streamrl.metrics import read_metrics
 
     cfg = load_config(args.config or CONFIG, list(args.overrides))
-    sets = [*args.overrides, f"env.latency_ms=[{latency:g},{latency:g}]"]
+    sets = [*BOTH_SETS, f"env.latency_ms=[{latency:g},{latency:g}]"]
     if mode == "sync":
         sets += ["env.lockstep=true", "rollout.max_staleness=0",
                  f"generator.max_inflight_groups={cfg.rollout.groups_per_step}"]
+    else:
+        sets += STREAM_SETS
+    sets += list(args.overrides)  # the user's --set wins
     job_args = argparse.Namespace(config=args.config or CONFIG, overrides=sets, steps=args.steps, timeout=args.timeout)
     name = f"{mode}-{latency:g}ms"
     run_dir = root / "runs" / name
@@ -64,6 +74,9 @@ def _job(args, mode: str, latency: float, root: Path) -> dict:
 
 
 def run(args) -> int:
+    if not shutil.which("nvidia-smi"):  # CPU host: one compute thread per role (see the module docstring)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0")
     info = machine()
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="streamrl-benv-"))
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
@@ -74,7 +87,8 @@ def run(args) -> int:
         stream, sync = (next(j for j in jobs if j["job"] == m and j["env_latency_ms"] == lat) for m in ("stream", "sync"))
         ratios[f"{lat:g}ms"] = round(stream["trained_tok_s"] / max(sync["trained_tok_s"], 1e-9), 2)
     print(f"config {args.config or CONFIG} {' '.join(args.overrides)}; {args.steps} steps per job; "
-          f"{info['cpus']} CPUs, load average {info['load_avg']}")
+          f"{info['cpus']} CPUs, load average {info['load_avg']}; OMP_NUM_THREADS="
+          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}")
     print_table(rows, list(rows[0]))
     print("stream/sync trained tokens/s: " + ", ".join(f"{k}: {v:.2f}x" for k, v in ratios.items()))
     result = {"bench": "env", "config": args.config or CONFIG, "overrides": args.overrides, "steps": args.steps,
