@@ -2,7 +2,7 @@
 vLLM generator, env worker, reward, FSDP trainer) at fixed env latencies, streaming vs a
 synchronous turn loop, side by side.
 
-    streamrl bench env                                  # latencies 0, 50, 500 ms; 6 steps per job
+    streamrl bench env                                  # latencies 0, 50, 500 ms; 10 steps per job
     streamrl bench env --latencies 0,500 --steps 8 --out /tmp/benv
 
 `stream`: the configured job (configs/tiny-multiturn-cpu.yaml) with enough episodes in flight to
@@ -13,7 +13,7 @@ generator.max_inflight_groups = rollout.groups_per_step). Both: env.concurrency=
 queue), every env step takes exactly the given latency (env.latency_ms=[L, L]). On a CPU-only
 host each role runs one compute thread (OMP_NUM_THREADS=1, vLLM bound to core 0) unless those
 variables are set: on 2 cores, a multi-threaded trainer and vLLM fighting over both cores made
-training ~10x slower in the streaming job (docs/performance.md). Columns: trained tokens/s (steps after the
+training ~30x slower in the streaming job (docs/performance.md). Columns: trained tokens/s (steps after the
 first), generator busy fraction (time with at least one vLLM request running / uptime), the env
 step latency the generator saw (p50), and the stream/sync ratio per latency.
 """
@@ -39,7 +39,7 @@ STREAM_SETS = ["rollout.max_staleness=3", "generator.max_inflight_groups=40"]
 
 def add_arguments(p) -> None:
     add_config_args(p)
-    p.add_argument("--steps", type=int, default=6, help="trainer steps per job (default 6)")
+    p.add_argument("--steps", type=int, default=10, help="trainer steps per job (default 10)")
     p.add_argument("--latencies", default="0,50,500", help="env step latencies in ms (default 0,50,500)")
     p.add_argument("--timeout", type=float, default=900, help="seconds one job may take")
 
