@@ -143,8 +143,9 @@ def _live_group_ids(r: redis.Redis, stream: str, group: str) -> set[str]:
     return out
 
 
-def summarize(url: str, run: str) -> dict:
-    """The accounting of run `run` on the broker at `url` (groups; see the module docstring)."""
+def summarize(url: str, run: str, episodes_per_group: int = 0) -> dict:
+    """The accounting of run `run` on the broker at `url` (groups; see the module docstring).
+    `episodes_per_group` > 0 (a multi-turn run: rollout.group_size) adds `episodes` (below)."""
     keys = Keys(run)
     lk = LedgerKeys(keys)
     r = redis.Redis.from_url(url)
@@ -156,6 +157,8 @@ def summarize(url: str, run: str) -> dict:
         live = _live_group_ids(r, keys.prompts, "generator") | _live_group_ids(r, keys.rollouts, "trainer")
         trainer_version = int(r.get(keys.trainer_version) or 0)
         deadletters = int(r.xlen(keys.deadletter))
+        starts = [int(v) for v in r.hvals(keys.prefix + "ledger:group_starts")] if episodes_per_group else []
+        episode_stats = {n: int(r.get(keys.stat(n)) or 0) for n in ("episodes_failed", "episodes_restarted")}
     finally:
         r.close()
     admitted_ids = {f"g{i}" for i in range(admitted_feeder)}
@@ -197,10 +200,29 @@ def summarize(url: str, run: str) -> dict:
     }
     total = sum(out[k] for k in ("trained", "dropped_stale", "filtered", "failed", "requeued", "in_flight", "lost"))
     out["invariant_holds"] = total == out["admitted"] and out["lost"] == 0 and out["double_trained"] == 0
+    if episodes_per_group:
+        out["episodes"] = _episodes(out, episodes_per_group, starts, episode_stats)
     return out
 
 
-def write_summary(url: str, run: str, run_dir: Path) -> dict:
-    summary = summarize(url, run)
+def _episodes(groups: dict, per_group: int, starts: list[int], stats: dict) -> dict:
+    """The invariant in episodes. A group is G episodes of one task item and ends as one outcome
+    (one failed episode fails its group: its baseline needs all G), so each outcome counts G
+    episodes; `episodes_failed` are the episodes that failed themselves (env error, timeout),
+    `episodes_restarted` those restarted after a non-replayable env lost its state, and
+    `groups_restarted` the extra attempts of groups whose generator died (all restarted whole)."""
+    out = {"unit": "episodes", "per_group": per_group}
+    for k in ("admitted", "trained", "dropped_stale", "filtered", "failed", "requeued", "in_flight", "lost"):
+        out[k] = groups[k] * per_group
+    out["double_trained"] = groups["double_trained"]
+    out["episodes_failed"] = stats["episodes_failed"]
+    out["episodes_restarted"] = stats["episodes_restarted"]
+    out["groups_restarted"] = sum(n - 1 for n in starts if n > 1)
+    out["invariant_holds"] = groups["invariant_holds"]
+    return out
+
+
+def write_summary(url: str, run: str, run_dir: Path, episodes_per_group: int = 0) -> dict:
+    summary = summarize(url, run, episodes_per_group)
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -45,9 +45,8 @@ class Batch:
     @property
     def num_loss_tokens(self) -> int:
         """Tokens that count in the loss (the global normaliser of token-mean aggregation)."""
-        if self.loss_mask is None:
-            return self.num_tokens
-        return int(sum(len(r.completion_ids) * float(w) for r, w in zip(self.rollouts, self.loss_mask)))
+        weights = self.loss_mask if self.loss_mask is not None else [1.0] * len(self.rollouts)
+        return int(sum(_trained(r) * float(w) for r, w in zip(self.rollouts, weights)))
 
     def shard(self, rank: int, world: int) -> "Batch":
         """The slice of rollouts a data-parallel rank trains on (contiguous, balanced)."""
@@ -65,3 +64,8 @@ class Batch:
             group_ids=list(self.group_ids),
             loss_mask=None if self.loss_mask is None else self.loss_mask[lo:hi],
         )
+
+
+def _trained(r: Rollout) -> int:
+    """Completion tokens of `r` the loss counts: all but an episode's observation tokens."""
+    return len(r.completion_ids) - sum(e - s for s, e in r.obs_spans)

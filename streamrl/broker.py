@@ -102,11 +102,17 @@ class Keys:
         self.weights_latest = p + "weights:latest"
         self.trainer_version = p + "trainer:version"
         self.feeder_admitted = p + "feeder:admitted"
+        self.env_steps = p + "env_steps"
+        """Step requests of multi-turn episodes (read by env workers, group `env`)."""
         self.groups_released = p + "trainer:released"
         """Groups the trainer will never train (dropped stale / filtered): the feeder admits that many more."""
 
     def worker(self, role: str, worker_id: str) -> str:
         return f"{self.prefix}workers:{role}:{worker_id}"
+
+    def observations(self, generator_id: str) -> str:
+        """The stream of observations for the episodes generator `generator_id` runs."""
+        return f"{self.prefix}observations:{generator_id}"
 
     def stat(self, name: str) -> str:
         return f"{self.prefix}stats:{name}"

@@ -83,8 +83,10 @@ class ModelConfig(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["charclass", "gsm8k"] = "charclass"
-    """`charclass`: synthetic, no downloads. `gsm8k`: a jsonl file of {question, answer}."""
+    name: Literal["charclass", "charclass_dialog", "gsm8k"] = "charclass"
+    """`charclass`: synthetic, no downloads. `charclass_dialog`: its multi-turn form (the prompt
+    does not name the class; the env's first observation does; env.fn=charclass_dialog).
+    `gsm8k`: a jsonl file of {question, answer}."""
     path: str | None = None
     """jsonl file for `gsm8k`."""
     num_prompts: int = Field(512, ge=1)
@@ -151,12 +153,46 @@ class RewardConfig(Section):
     @classmethod
     def _fn(cls, value: str) -> str:
         # Syntax only: user modules are imported by the reward worker, never at config time.
-        if value in ("charclass", "math") or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+        if value in ("charclass", "math", "env") or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
             return value
         raise ValueError(
-            f"reward.fn={value!r} is neither a built-in reward (charclass, math) nor "
+            f"reward.fn={value!r} is neither a built-in reward (charclass, math, env) nor "
             "`package.module:function`; e.g. set reward.fn=math or reward.fn=my_rewards:score"
         )
+
+
+class EnvConfig(Section):
+    """Multi-turn episodes (docs/protocol.md, "Environment steps"): set `fn` and every prompt
+    starts an episode whose environment steps run in `env` workers."""
+
+    fn: str | None = None
+    """The environment: a built-in name (charclass_dialog) or `package.module:Class` (a
+    streamrl.envs.Env subclass). None: single-turn generation, no env workers."""
+    count: int = Field(1, ge=0)
+    """Env worker processes `streamrl up` starts when `fn` is set."""
+    max_turns: int = Field(4, ge=1)
+    """Model turns per episode at most (each followed by one environment step)."""
+    step_timeout_s: float = Field(10.0, gt=0)
+    """An env call (reset or step) still running after this long fails its episode."""
+    observation_timeout_s: float = Field(120.0, gt=0)
+    """A generator whose episode has waited this long for its observation fails the episode
+    (no env worker answered, even after takeover); keep it above broker.claim_idle_ms."""
+    concurrency: int = Field(32, ge=1)
+    """Steps one env worker runs at once (sync envs: that many threads)."""
+    latency_ms: list[float] = Field([20.0, 200.0], min_length=2, max_length=2)
+    """The built-in envs sleep a uniform random [low, high] ms per step, like a real tool call."""
+    lockstep: bool = False
+    """Benchmark baseline (`streamrl bench env`): a generator's episodes advance turn by turn
+    together (generate every episode's turn, wait for every env step, generate the next turn):
+    the synchronous turn loop streaming is measured against. Never faster; keep it off."""
+
+    @field_validator("fn")
+    @classmethod
+    def _fn(cls, value: str | None) -> str | None:
+        if value is None or value == "charclass_dialog" or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+            return value
+        raise ValueError(f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class`; "
+                         "e.g. set env.fn=charclass_dialog or env.fn=my_envs:Calculator")
 
 
 class ReferenceConfig(Section):
@@ -321,7 +357,7 @@ class SupervisorConfig(Section):
     grace_s: float = Field(45.0, gt=0)
     """On stop, time each role gets to finish or hand back its work before it is killed (longer than
     generator.drain_timeout_s, so a generator can finish its in-flight groups)."""
-    devices: dict[Literal["trainer", "feeder", "generator", "reward", "reference"], list[str]] = {}
+    devices: dict[Literal["trainer", "feeder", "generator", "reward", "reference", "env"], list[str]] = {}
     """CUDA_VISIBLE_DEVICES of each role's processes, in turn (process i of a role gets entry i mod
     len): {generator: ["0", "1"], trainer: ["2,3"]} puts two generators on GPUs 0 and 1 and the
     trainer's ranks on GPUs 2 and 3. A role not listed sees every GPU."""
@@ -414,6 +450,7 @@ class Config(Section):
     generator: GeneratorConfig = GeneratorConfig()
     reward: RewardConfig = RewardConfig()
     reference: ReferenceConfig = ReferenceConfig()
+    env: EnvConfig = EnvConfig()
     loss: LossConfig = LossConfig()
     trainer: TrainerConfig = TrainerConfig()
     weights: WeightsConfig = WeightsConfig()

@@ -90,6 +90,9 @@ class Rollout:
     meta: dict = field(default_factory=dict)
     worker: str = ""
     finished_at: float = field(default_factory=time.time)
+    obs_spans: list = field(default_factory=list)
+    """[[start, end], ...]: completion tokens [start, end) are environment observations of a
+    multi-turn episode (loss mask 0, log-prob 0); empty for a single-turn completion."""
 
     def oldest_version(self) -> int:
         return min([self.version] + [int(v) for _, v in self.version_switches])
@@ -98,6 +101,13 @@ class Rollout:
         out = np.full(len(self.completion_ids), self.version, dtype=np.int64)
         for idx, ver in self.version_switches:
             out[int(idx):] = int(ver)
+        return out
+
+    def token_mask(self) -> np.ndarray:
+        """1.0 on model-sampled completion tokens, 0.0 on observation tokens (float32)."""
+        out = np.ones(len(self.completion_ids), dtype=np.float32)
+        for start, end in self.obs_spans:
+            out[int(start):int(end)] = 0.0
         return out
 
 
@@ -126,7 +136,51 @@ class Control:
     reason: str = ""
 
 
-MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Prompt, Rollout, Annotation, Control)}
+@dataclass
+class StepRequest:
+    """One environment step of a multi-turn episode (stream `env_steps`, read by env workers).
+
+    Carries everything a replayable env needs to rebuild its state on any worker: the task item
+    and every action so far (the last one is the action to step with)."""
+
+    kind: ClassVar[str] = "step_request"
+    episode_id: str
+    """`{group_id}:{sample}:{attempt nonce}`: a restarted episode gets a new one."""
+    group_id: str
+    sample: int
+    turn: int
+    """0-based index of this step; equals len(actions) - 1."""
+    item: dict
+    """The task item: {"text": prompt text, "meta": task data}."""
+    actions: list
+    """Text of each model turn so far (strings), the newest last."""
+    reply_to: str
+    """Generator id: the observation goes to stream `observations:{reply_to}`."""
+    sent_at: float = field(default_factory=time.time)
+
+
+@dataclass
+class Observation:
+    """An env worker's answer to one StepRequest (stream `observations:{generator id}`)."""
+
+    kind: ClassVar[str] = "observation"
+    episode_id: str
+    turn: int
+    text: str = ""
+    """What the environment says; the generator tokenizes it and appends it to the episode."""
+    reward: float = 0.0
+    """This step's reward (the episode's env reward is the sum over its steps)."""
+    done: bool = False
+    error: str = ""
+    """Set when the step failed (env raised, timed out, returned garbage): the episode fails."""
+    error_kind: str = ""
+    """`replay` when the env lost its state and cannot replay (the episode restarts), else empty."""
+    env_worker: str = ""
+    step_s: float = 0.0
+    """Seconds the env itself took for this step (replay included)."""
+
+
+MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation)}
 _ARRAYS = {"prompt_ids": pack_i32, "completion_ids": pack_i32, "logprobs": pack_f32}
 _UNPACK = {"prompt_ids": unpack_i32, "completion_ids": unpack_i32, "logprobs": unpack_f32}
 
@@ -213,8 +267,22 @@ def _validate(msg: Any) -> None:
             _check(isinstance(sw, list) and len(sw) == 2 and all(type(x) is int for x in sw),
                    "rollout: version_switches must be [[index, version], ...] of ints")
             _check(0 <= sw[0] <= len(msg.completion_ids), "rollout: a version switch index is outside the completion")
+        last = 0
+        for span in msg.obs_spans:
+            _check(isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span)
+                   and last <= span[0] <= span[1] <= len(msg.completion_ids),
+                   "rollout: obs_spans must be sorted, non-overlapping [[start, end], ...] inside the completion")
+            last = span[1]
     if isinstance(msg, Prompt):
         _check(msg.group_size >= 1, "prompt: group_size must be >= 1")
+    if isinstance(msg, StepRequest):
+        _check(all(isinstance(a, str) for a in msg.actions), "step_request: actions must be strings")
+        _check(msg.turn == len(msg.actions) - 1, "step_request: turn must equal len(actions) - 1")
+    if isinstance(msg, Observation):
+        _check(type(msg.done) is bool, "observation.done must be a bool")
+        _check(msg.turn >= 0, "observation.turn must be >= 0")
+        _check(math.isfinite(msg.reward), "observation.reward is NaN or inf")
+        _check(msg.error_kind in ("", "replay"), "observation.error_kind must be '' or 'replay'")
     if isinstance(msg, Annotation):
         v = msg.value
         if isinstance(v, np.ndarray):

@@ -62,7 +62,16 @@ def math_reward(prompt: str, completion: str, meta: dict) -> float:
     return 1.0 if math.isclose(got, want, rel_tol=1e-6, abs_tol=1e-6) else 0.0
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"charclass": charclass_reward, "math": math_reward}
+def env_reward(prompt: str, completion: str, meta: dict) -> float:
+    """A multi-turn episode's environment reward (the sum of its steps' rewards), which the
+    generator records in the rollout's meta["env_reward"] (streamrl/envs.py)."""
+    if "env_reward" not in meta:
+        raise ValueError("rollout has no meta['env_reward']: reward.fn=env scores multi-turn episodes only "
+                         "(set env.fn, or choose another reward.fn)")
+    return float(meta["env_reward"])
+
+
+BUILTIN_REWARDS: dict[str, RewardFn] = {"charclass": charclass_reward, "math": math_reward, "env": env_reward}
 
 
 def resolve_reward(spec: str) -> RewardFn:

@@ -26,6 +26,7 @@ ROLES: dict[str, str] = {
     "generator": "workers.generator:GeneratorWorker",
     "reward": "workers.reward:RewardWorker",
     "reference": "workers.reference:ReferenceWorker",
+    "env": "workers.env:EnvWorker",
     "trainer": "workers.trainer:main",
 }
 

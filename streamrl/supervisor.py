@@ -28,7 +28,7 @@ from streamrl.recovery import BrokerWatch, RestartPolicy
 
 SCALE_FILE = "scale.json"
 """Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
-SCALABLE_ROLES = ("generator", "reward", "reference")
+SCALABLE_ROLES = ("generator", "reward", "reference", "env")
 
 
 @dataclass
@@ -83,6 +83,7 @@ def role_counts(cfg: Config) -> dict[str, int]:
         "generator": cfg.generator.count,
         "reward": cfg.reward.count,
         "reference": cfg.reference.count if cfg.loss.kl_beta > 0 else 0,
+        "env": cfg.env.count if cfg.env.fn else 0,
     }
 
 
@@ -185,7 +186,8 @@ class Supervisor:
             self.say(line)
         self.failures.close()
         try:
-            self.summary = s = write_summary(self.broker_url, self.cfg.run.name, self.run_dir)
+            per_group = self.cfg.rollout.group_size if self.cfg.env.fn else 0
+            self.summary = s = write_summary(self.broker_url, self.cfg.run.name, self.run_dir, per_group)
         except Exception as exc:  # the broker is gone: nothing to account against
             self.say(f"accounting skipped: broker unreachable ({exc})")
             return
@@ -193,6 +195,10 @@ class Supervisor:
                 f"{s['dropped_stale']} + filtered {s['filtered']} + failed {s['failed']} + requeued {s['requeued']} "
                 f"+ in flight {s['in_flight']} + lost {s['lost']}; double-trained rollouts {s['double_trained']}")
         self.say(line if s["invariant_holds"] else f"ACCOUNTING INVARIANT VIOLATED: {line}; see {self.run_dir / 'summary.json'}")
+        if e := s.get("episodes"):
+            self.say(f"episodes: admitted {e['admitted']} = trained {e['trained']} + failed {e['failed']} + other outcomes "
+                     f"+ in flight {e['in_flight']} + lost {e['lost']}; {e['episodes_failed']} failed themselves, "
+                     f"{e['episodes_restarted']} restarted, {e['groups_restarted']} group restarts")
 
     def _watch(self) -> int:
         trainer = next(c for c in self.children if c.role == "trainer")
@@ -257,6 +263,8 @@ class Supervisor:
             self.say(f"step {m['step']:>4}/{self.cfg.trainer.steps} | reward {m['reward_mean']:.3f} | "
                      f"staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
                      f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
+                     + (f" | turns {m['turns_mean']:.2f}, env p50 {m['env_step_s_p50'] * 1000:.0f}ms, "
+                        f"failed episodes {m.get('episodes_failed', 0):.0f}" if "turns_mean" in m else "")
                      + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else ""))
         self._printed = len(rows)
 

@@ -50,6 +50,12 @@ def charclass_items(num_prompts: int, length: int, seed: int) -> list[dict]:
     return items
 
 
+def charclass_dialog_items(num_prompts: int, length: int, seed: int) -> list[dict]:
+    """The multi-turn charclass task: the prompt is only "?"; the env (streamrl.envs.CharclassDialog)
+    names the class in its first observation and scores the model's second turn against it."""
+    return [{"text": "?", "meta": item["meta"]} for item in charclass_items(num_prompts, length, seed)]
+
+
 def parse_gsm8k_answer(answer: str) -> str:
     """The final number after the last '####', commas removed; ValueError if there is none."""
     if "####" not in answer:
@@ -98,8 +104,10 @@ def load_task(cfg: TaskConfig, seed: int) -> list[dict]:
     """All prompts of the configured task as [{"text": str, "meta": dict}]."""
     if cfg.name == "charclass":
         return charclass_items(cfg.num_prompts, cfg.charclass_length, seed)
+    if cfg.name == "charclass_dialog":
+        return charclass_dialog_items(cfg.num_prompts, cfg.charclass_length, seed)
     if cfg.name == "gsm8k":
         if not cfg.path:
             raise ConfigError("task.name=gsm8k needs a jsonl file: set task.path=/path/to/train.jsonl")
         return gsm8k_items(cfg.path)
-    raise ConfigError(f"unknown task.name={cfg.name!r}; use charclass or gsm8k")
+    raise ConfigError(f"unknown task.name={cfg.name!r}; use charclass, charclass_dialog or gsm8k")

@@ -50,7 +50,10 @@ def stream_groups(cfg: Config) -> dict[str, list[str]]:
     """Stream -> the consumer groups that must exist (and have consumed) before it is trimmed."""
     keys = Keys(cfg.run.name)
     rollout_groups = ["reward", "trainer"] + (["reference"] if cfg.loss.kl_beta > 0 else [])
-    return {keys.prompts: ["generator"], keys.rollouts: rollout_groups, keys.annotations: ["trainer"]}
+    out = {keys.prompts: ["generator"], keys.rollouts: rollout_groups, keys.annotations: ["trainer"]}
+    if cfg.env.fn:
+        out[keys.env_steps] = ["env"]
+    return out
 
 
 async def trim_stream(broker: Broker, stream: str, expected_groups: list[str]) -> int:

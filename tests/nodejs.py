@@ -1,4 +1,4 @@
-"""The Node.js example producer (examples/node) for tests: install its packages with `npm ci` when
+"""The Node.js examples (examples/node: producer, env) for tests: install its packages with `npm ci` when
 node_modules is missing (a fresh clone), and start it as a subprocess.
 
     proc = start_node_producer(url, run="tiny", key="judge", log_path=tmp / "node.log")
@@ -31,3 +31,12 @@ def start_node_producer(url: str, run: str, key: str, log_path: Path, *extra: st
     with open(log_path, "ab") as out:
         return subprocess.Popen(["node", "producer.mjs", "--run", run, "--key", key, *extra], cwd=NODE_DIR,
                                 env=env, stdout=out, stderr=subprocess.STDOUT)
+
+
+def start_node_env(url: str, run: str, log_path: Path, *extra: str) -> subprocess.Popen:
+    """examples/node/env.mjs: the charclass dialog env, speaking the env protocol (docs/protocol.md)."""
+    ensure_node_modules()
+    env = {**os.environ, "STREAMRL_BROKER_URL": url}
+    with open(log_path, "ab") as out:
+        return subprocess.Popen(["node", "env.mjs", "--run", run, *extra], cwd=NODE_DIR, env=env, stdout=out,
+                                stderr=subprocess.STDOUT)

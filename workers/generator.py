@@ -27,6 +27,7 @@ from streamrl.errors import ConfigError
 from streamrl.messages import Prompt, Rollout, encode
 from streamrl.weights import WeightHandle, WeightStore, WeightStoreError, make_weight_store
 from streamrl.worker import Worker
+from workers.episodes import EpisodeRunner
 from workers.vllm_engine import VLLMEngine
 
 GROUP = "generator"
@@ -86,6 +87,8 @@ class GeneratorWorker(Worker):
         self._busy_s = 0.0
         self._fatal: BaseException | None = None
         self._started_mono = time.monotonic()
+        self.episodes = EpisodeRunner(self) if cfg.env.fn else None
+        """Multi-turn episodes (workers/episodes.py) when env.fn is set."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -97,6 +100,8 @@ class GeneratorWorker(Worker):
         t0 = time.monotonic()
         await self.engine.start()
         self.log.info("engine_started", seconds=round(time.monotonic() - t0, 2), model=self.cfg.model.path)
+        if self.episodes is not None:
+            await self.episodes.start()
         # A late joiner loads the newest version before its first request.
         newest = await self.store.latest()
         if newest is not None and newest.version > self.version:
@@ -137,6 +142,8 @@ class GeneratorWorker(Worker):
             await _settle(pending, self.log, "groups")
             self.count("groups_aborted", len(pending))
             self.log.info("drained", seconds=round(time.monotonic() - t0, 2), aborted=len(pending))
+        if self.episodes is not None:
+            await self.episodes.close()
         if self._watcher is not None:
             self._watcher.cancel()
             await _settle({self._watcher}, self.log, "weights_watcher")
@@ -190,6 +197,11 @@ class GeneratorWorker(Worker):
 
     async def _run_group(self, entry: Entry, prompt: Prompt) -> None:
         await self._wait_for_version(prompt.admitted_version)
+        if self.episodes is not None:  # a failed group is closed and dead-lettered by the runner
+            done = await self.episodes.run_group(entry, prompt)
+            await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
+            self.count("groups_done" if done else "groups_failed")
+            return
         try:
             async with asyncio.TaskGroup() as tg:
                 for s in range(prompt.group_size):

@@ -41,7 +41,8 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
     input_ids, attention_mask [B, L]: prompt + completion, L = longest prompt+completion.
     positions [B, T]: index of the logit that predicts completion token t, i.e. len(prompt)+t-1;
         T = longest completion; padded entries point at 0 (any valid index; they are masked).
-    targets [B, T] (the completion ids), mask [B, T] float (1 on real completion tokens),
+    targets [B, T] (the completion ids), mask [B, T] float (1 on real completion tokens, 0 on an
+    episode's observation tokens),
     old_logprobs [B, T] (behaviour log-probs), advantages [B], and ref_logprobs [B, T] when the
     batch carries them. An empty batch gives one fully masked row, so a rank with nothing to
     train on still runs the forward/backward that FSDP's collectives need on every rank.
@@ -78,7 +79,9 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
         attention_mask[i, : p + c] = 1
         positions[i, :c] = torch.arange(p - 1, p + c - 1)
         targets[i, :c] = torch.from_numpy(np.asarray(r.completion_ids, dtype=np.int64))
-        mask[i, :c] = 1.0 if batch.loss_mask is None else float(batch.loss_mask[i])
+        weight = 1.0 if batch.loss_mask is None else float(batch.loss_mask[i])
+        # Observation tokens of a multi-turn episode (obs_spans) are context, never trained on.
+        mask[i, :c] = torch.from_numpy(r.token_mask() * weight) if r.obs_spans else weight
         old[i, :c] = torch.from_numpy(np.asarray(r.logprobs, dtype=np.float32))
         if ref is not None:
             ref_row = np.asarray(batch.ref_logprobs[i], dtype=np.float32)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from streamrl import accounting
 from streamrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from streamrl.config import Config
+from streamrl.episode import episode_metrics
 from streamrl.errors import NOT_TRANSIENT, StreamRLError
 from streamrl.messages import Control, encode
 from streamrl.metrics import MetricsWriter
@@ -155,6 +156,8 @@ class TrainerWorker(Worker):
             await self.broker.set(self.keys.trainer_version, self.version)
         self.unacked.append(batch)
         overlap = self._overlap(batch.rollouts)
+        if self.cfg.env.fn:  # multi-turn: the running count of failed episodes for metrics.jsonl
+            batch.stats["episodes_failed"] = float(await self.broker.get(self.keys.stat("episodes_failed")) or 0)
         self.train_intervals = (self.train_intervals + [(t0, t1)])[-8:]
         self._record(batch, m, overlap, train_s=t1 - t0, stall_s=t2 - t1)
         if self.version % self.cfg.trainer.checkpoint_every == 0 or self.version >= self.cfg.trainer.steps:
@@ -193,6 +196,7 @@ class TrainerWorker(Worker):
             "completion_len_mean": float(np.mean(tokens)),
             "reward_components": {k: float(np.mean(v)) for k, v in batch.reward_components.items()},
             **{k: v for k, v in batch.stats.items() if k != "wait_s"},
+            **episode_metrics(batch.rollouts),
             **engine,
         }
         line = self.metrics.write(rec)

@@ -28,9 +28,9 @@ from streamrl.broker import Keys
 NAME = "status"
 HELP = "live view of a run: trainer, streams, consumer lag, workers, staleness, reward"
 DESCRIPTION = "A live terminal view of a run read from its broker (--once prints one snapshot)."
-STREAMS = ["prompts", "rollouts", "annotations", "deadletter", "metrics", "control"]
+STREAMS = ["prompts", "rollouts", "annotations", "env_steps", "deadletter", "metrics", "control"]
 MAIN_COUNTER = {"generator": "rollouts", "reward": "scored", "reference": "scored", "producer": "scored",
-                "feeder": "admitted"}
+                "feeder": "admitted", "env": "steps"}
 """The counter whose rate is a role's throughput."""
 RECENT = 20
 """Steps the staleness histogram and the reward trend cover."""

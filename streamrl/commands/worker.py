@@ -12,7 +12,7 @@ NAME = "worker"
 HELP = "run one role process against a broker (multi-host, elastic)"
 DESCRIPTION = ("Run one role. Joins a running job: the same command on any host that reaches the broker "
                "adds a worker of that role.")
-ROLES = ["feeder", "generator", "reward", "reference", "trainer"]
+ROLES = ["feeder", "generator", "reward", "reference", "env", "trainer"]
 
 
 def add_arguments(p) -> None:

@@ -133,3 +133,14 @@ def test_loss_mask_zeroes_filtered_rows_and_the_normaliser():
     assert out["mask"][0].sum() == 0 and out["mask"][1].sum() == 4
     assert batch.num_loss_tokens == 4 and batch.num_tokens == 7
     assert batch.shard(1, 2).loss_mask.tolist() == [1.0]
+
+
+def test_episode_observation_tokens_are_masked_out_of_the_loss():
+    batch = make_batch([(3, 6), (2, 4)])
+    batch.rollouts[0].obs_spans = [[2, 4]]  # two observation tokens inside a 6-token episode
+    t = pad_batch(batch, PAD)
+    assert t["mask"][0].tolist() == [1, 1, 0, 0, 1, 1]
+    assert t["mask"][1].tolist() == [1, 1, 1, 1, 0, 0]
+    assert batch.num_loss_tokens == 4 + 4
+    batch.loss_mask = np.asarray([1.0, 0.0], np.float32)  # the overlong filter still applies on top
+    assert pad_batch(batch, PAD)["mask"].sum().item() == 4 and batch.num_loss_tokens == 4

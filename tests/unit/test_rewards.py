@@ -76,7 +76,7 @@ def test_resolve_builtins_and_module_paths():
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ("nonsense", r"not a built-in reward \(charclass, math\); use one of those or `package.module:function`"),
+        ("nonsense", r"not a built-in reward \(charclass, env, math\); use one of those or `package.module:function`"),
         ("no_such_module_xyz:fn", r"cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
         ("streamrl.rewards:nope", r"has no function 'nope'; define `def NAME"),
         ("streamrl.rewards:BUILTIN_REWARDS", r"has no function 'BUILTIN_REWARDS'"),
@@ -96,3 +96,10 @@ def test_config_validator_accepts_exactly_the_builtins_and_module_syntax():
     for bad in ["mathh", "pkg.mod", "pkg:mod:fn", "pkg..mod:fn", ":fn", "pkg:"]:
         with pytest.raises(ValidationError, match="reward.fn=math or reward.fn=my_rewards:score"):
             RewardConfig(fn=bad)
+
+
+def test_env_reward_reads_the_episode_reward_and_names_the_fix_without_one():
+    fn = resolve_reward("env")
+    assert fn("?", "abc", {"env_reward": 0.75}) == 0.75
+    with pytest.raises(ValueError, match="multi-turn episodes only"):
+        fn("?", "abc", {})

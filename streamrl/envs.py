@@ -1,0 +1,110 @@
+"""Python SDK for environments of multi-turn episodes: subclass `Env`, run it in env workers.
+
+    # my_envs.py
+    from streamrl.envs import Env
+
+    class Echo(Env):
+        def reset(self, item):            # item = {"text": prompt text, "meta": task data}
+            self.meta = item["meta"]
+        def step(self, action):           # action = the model's turn (text)
+            return f"you said {action!r}", 0.0, False      # (observation, reward, done)
+
+    streamrl env --fn my_envs:Echo --run tiny --broker redis://...     # or env.fn in the config
+
+`reset` and `step` may be `async def`; sync ones run in a thread. One instance serves one
+episode. An env worker that did not see an episode's earlier steps (another worker died, or
+evicted its instance) rebuilds it by calling `reset(item)` and `step` on every earlier action
+in order; an env whose steps cannot be replayed that way (real side effects, hidden randomness)
+sets `replayable = False`, and its interrupted episodes are restarted from the prompt instead.
+The wire protocol an env in another language speaks is docs/protocol.md, "Environment steps".
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import random
+import re
+import time
+from typing import Any
+
+from streamrl.errors import ConfigError
+from streamrl.rewards import charclass_reward
+
+
+class Env:
+    replayable: bool = True
+    """True when reset(item) + the same actions always rebuild the same state (deterministic)."""
+
+    def reset(self, item: dict) -> None:
+        """Start an episode for task `item` ({"text": ..., "meta": {...}})."""
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        """Apply the model's turn; return (observation text, reward of this step, done)."""
+        raise NotImplementedError
+
+
+class CharclassDialog(Env):
+    """The tiny multi-turn task (task.name=charclass_dialog): the prompt is only "?". Whatever the
+    model says first, the env answers with the character class ("\\ndigits:"); the model's second
+    turn is scored like `charclass` against that class, so the reward depends on what the env said.
+    Each step sleeps a random latency_ms (like a tool call); deterministic given the actions."""
+
+    def __init__(self, latency_ms: tuple[float, float] = (20.0, 200.0)):
+        self.latency_ms = latency_ms
+        self.meta: dict = {}
+        self.turn = 0
+
+    def reset(self, item: dict) -> None:
+        self.meta = item["meta"]
+        self.turn = 0
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        low, high = self.latency_ms
+        time.sleep(random.uniform(low, high) / 1000)
+        self.turn += 1
+        if self.turn == 1:
+            return f"\n{self.meta['cls']}:", 0.0, False
+        return "", charclass_reward("", action, self.meta), True
+
+
+BUILTIN_ENVS = {"charclass_dialog": CharclassDialog}
+
+
+def resolve_env(spec: str, latency_ms: tuple[float, float] = (20.0, 200.0)):
+    """A factory `() -> Env` for a built-in name or `package.module:Class`; ConfigError names the fix."""
+    if spec in BUILTIN_ENVS:
+        cls = BUILTIN_ENVS[spec]
+        return lambda: cls(latency_ms=tuple(latency_ms))
+    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec):
+        raise ConfigError(f"env {spec!r} is neither a built-in env ({', '.join(BUILTIN_ENVS)}) nor "
+                          "`package.module:Class`, e.g. --fn my_envs:Calculator")
+    module_name, _, attr = spec.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"env {spec!r}: cannot import {module_name!r} ({exc}); install it or add its folder "
+                          "to PYTHONPATH") from exc
+    cls = getattr(module, attr, None)
+    if not (inspect.isclass(cls) and callable(getattr(cls, "step", None))):
+        raise ConfigError(f"env {spec!r}: {module_name!r} has no class {attr!r} with reset(item) and step(action); "
+                          "subclass streamrl.envs.Env")
+    return cls
+
+
+def check_step(out: Any) -> tuple[str, float, bool]:
+    """Validate what step() returned; ValueError says what is wrong."""
+    if not (isinstance(out, tuple) and len(out) == 3):
+        raise ValueError(f"step() must return (observation: str, reward: float, done: bool), got {out!r:.100}")
+    obs, reward, done = out
+    if not isinstance(obs, str):
+        raise ValueError(f"step() returned observation {obs!r:.60}, not a str")
+    try:
+        reward = float(reward)
+    except (TypeError, ValueError):
+        raise ValueError(f"step() returned reward {reward!r:.60}, not a number") from None
+    if reward != reward or reward in (float("inf"), float("-inf")):
+        raise ValueError(f"step() returned reward {reward}")
+    if not isinstance(done, bool):
+        raise ValueError(f"step() returned done={done!r:.60}, not a bool")
+    return obs, reward, done

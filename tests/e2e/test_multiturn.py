@@ -1,0 +1,150 @@
+"""Multi-turn episodes end to end: `streamrl up --config configs/tiny-multiturn-cpu.yaml` (real broker,
+vLLM, env worker, reward, FSDP trainer) learns the two-turn task, and survives its env worker and
+its generator being SIGKILLed mid-run with the accounting invariant exact.
+
+    pytest tests/e2e/test_multiturn.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "tiny-multiturn-cpu.yaml"
+RUN = "tiny-multiturn"
+pytestmark = pytest.mark.slow
+
+
+def start(run_dir: Path, *sets: str) -> tuple[subprocess.Popen, Path]:
+    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(CONFIG), "--run-dir", str(run_dir)]
+    for s in sets:
+        cmd += ["--set", s]
+    out = run_dir.parent / f"{run_dir.name}.out"
+    env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=open(out, "wb"), stderr=subprocess.STDOUT), out
+
+
+def metrics(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
+
+
+def wait_step(proc: subprocess.Popen, out: Path, run_dir: Path, n: int, timeout: float = 300) -> None:
+    deadline = time.time() + timeout
+    while not (rows := metrics(run_dir)) or rows[-1]["step"] < n:
+        assert proc.poll() is None, f"up exited early:\n{out.read_text()[-4000:]}"
+        assert time.time() < deadline, f"step {n} not reached:\n{out.read_text()[-4000:]}"
+        time.sleep(0.3)
+
+
+def kill_role(run_dir: Path, role: str) -> int:
+    """SIGKILL `<role>-0` (this test's own child of `up`), its pid from its heartbeat."""
+    with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
+        pid = json.loads(r.get(f"streamrl:{RUN}:workers:{role}:{role}-0"))["pid"]
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.mark.timeout(600)
+def test_multiturn_job_learns(tmp_path):
+    run_dir = tmp_path / "mt"
+    proc, out = start(run_dir, "trainer.steps=40")
+    assert proc.wait(500) == 0, out.read_text()[-4000:]
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    for r in rows:
+        assert r["turns_mean"] > 1, "every episode should take the env's answer and a second turn"
+        assert r["staleness_max"] <= 1
+        assert r["env_tokens"] > 0 and 0.02 <= r["env_step_s_p50"] <= r["env_step_s_p99"]
+        assert r["episodes_failed"] == 0
+    first = sum(r["reward_mean"] for r in rows[:10]) / 10
+    last = sum(r["reward_mean"] for r in rows[-10:]) / 10
+    assert last - first >= 0.3, f"reward did not rise enough: first10={first:.3f} last10={last:.3f}"
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
+    e = s["episodes"]
+    assert e["invariant_holds"] and e["trained"] == 40 * 64 and e["episodes_failed"] == 0
+    text = out.read_text()
+    assert "turns 2.00" in text and "episodes: admitted" in text
+
+
+@pytest.mark.timeout(600)
+def test_multiturn_survives_env_and_generator_sigkill(tmp_path):
+    run_dir = tmp_path / "mtf"
+    proc, out = start(run_dir, "trainer.steps=16", "broker.claim_idle_ms=2000", "generator.drain_timeout_s=2",
+                      "supervisor.backoff_s=0.5", "supervisor.grace_s=30", "trainer.trim_every_s=2")
+    try:
+        wait_step(proc, out, run_dir, 3)
+        kill_role(run_dir, "env")        # its in-flight steps are claimed by the restarted env-0 and replayed
+        wait_step(proc, out, run_dir, 7)
+        kill_role(run_dir, "generator")  # its groups restart on the restarted generator-0
+        assert proc.wait(500) == 0, out.read_text()[-4000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = out.read_text()
+    assert "env-0 (env) killed by SIGKILL" in text and "generator-0 (generator) killed by SIGKILL" in text
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["invariant_holds"], s
+    assert s["lost"] == 0 and s["double_trained"] == 0 and s["trained_steps"] == 16
+    e = s["episodes"]
+    assert e["invariant_holds"] and e["lost"] == 0 and e["groups_restarted"] >= 1, e
+    assert [r["step"] for r in metrics(run_dir)] == list(range(1, 17))
+
+
+@pytest.mark.timeout(600)
+def test_node_env_drives_a_job(tmp_path):
+    from tests.nodejs import start_node_env
+
+    run_dir = tmp_path / "node"
+    proc, out = start(run_dir, "trainer.steps=4", "env.count=0")  # no Python env worker: only the Node one
+    node = None
+    try:
+        url_file = run_dir / "broker" / "url"
+        deadline = time.time() + 120
+        while not url_file.exists():
+            assert proc.poll() is None and time.time() < deadline, out.read_text()[-4000:]
+            time.sleep(0.2)
+        node = start_node_env(url_file.read_text().strip(), RUN, tmp_path / "node-env.log")
+        assert proc.wait(500) == 0, out.read_text()[-4000:]
+    finally:
+        if node is not None:
+            node.send_signal(signal.SIGTERM)
+            node.wait(30)
+        if proc.poll() is None:
+            proc.kill()
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["turns_mean"] == 2 and r["env_tokens"] > 0 for r in rows)
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["invariant_holds"] and s["episodes"]["trained"] == 4 * 64
+    node_log = [json.loads(ln) for ln in (tmp_path / "node-env.log").read_text().splitlines() if ln.startswith("{")]
+    stopped = [e for e in node_log if e["event"] == "stopped"]
+    assert stopped and stopped[0]["steps"] >= 4 * 64 * 2  # every episode: two steps, all answered by Node
+    assert not [e for e in node_log if e["event"] in ("dead_letter", "step_failed")]
+
+
+@pytest.mark.timeout(600)
+def test_env_errors_fail_their_episodes_not_the_job(tmp_path):
+    run_dir = tmp_path / "flaky"
+    proc, out = start(run_dir, "trainer.steps=4", "env.fn=tests.integration.env_fns:FlakyDialog")
+    assert proc.wait(500) == 0, out.read_text()[-4000:]
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["invariant_holds"] and s["lost"] == 0, s
+    assert s["failed"] >= 1 and s["episodes"]["episodes_failed"] >= s["failed"], s["episodes"]
+    assert s["dead_lettered"] >= 2 * s["failed"]  # the step request (env worker) and the prompt (generator)
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["episodes_failed"] >= 1
+    assert "failed episodes" in out.read_text()
+    events = [json.loads(ln) for ln in (run_dir / "logs" / "generator-0.jsonl").read_text().splitlines()]
+    failed = [e for e in events if e.get("event") == "episode_failed"]
+    assert failed and all("flaky tool crashed" in e["reason"] for e in failed)

@@ -1,0 +1,64 @@
+"""The generator's observation reader (workers/episodes.py) against a real redis-server: malformed
+observations are dead-lettered and acked, duplicates ignored, a missing one times out the episode."""
+
+import asyncio
+import time
+
+import msgpack
+import pytest
+
+from streamrl.messages import Observation, StepRequest, decode, encode
+from streamrl.worker import Worker
+from workers.episodes import READ_GROUP, EpisodeFailed, EpisodeRunner
+
+pytestmark = pytest.mark.anyio
+
+
+async def runner(config, broker, **env) -> EpisodeRunner:
+    cfg = config.model_copy(deep=True)
+    cfg.env.fn = "charclass_dialog"
+    for k, v in env.items():
+        setattr(cfg.env, k, v)
+    r = EpisodeRunner(Worker(cfg, broker, "gen-0"))  # the reader needs only the Worker side
+    await broker.ensure_group(r.stream, READ_GROUP)
+    return r
+
+
+def req(turn: int = 0) -> StepRequest:
+    return StepRequest(episode_id="g0:0:x", group_id="g0", sample=0, turn=turn, item={"text": "?", "meta": {}},
+                       actions=["a"] * (turn + 1), reply_to="gen-0")
+
+
+async def test_malformed_observations_are_dead_lettered_and_the_good_one_delivered(config, broker):
+    r = await runner(config, broker)
+    waiting = asyncio.create_task(r._observe(req()))
+    await asyncio.sleep(0.05)
+    steps = await broker.read(r.keys.env_steps)
+    assert len(steps) == 1 and decode(steps[0].data).actions == ["a"]  # the step request went out
+    bad_done = msgpack.packb({**{"schema": 1, "kind": "observation"}, **Observation("g0:0:x", 0).__dict__,
+                              "done": 1}, use_bin_type=True)
+    for payload in (b"\x00garbage", encode(req()), bad_done):
+        await broker.add(r.stream, payload)
+    await broker.client.xadd(r.stream, {"x": b"no d field"})
+    good = Observation(episode_id="g0:0:x", turn=0, text="\ndigits:", env_worker="env-0")
+    await broker.add(r.stream, encode(good))
+    await broker.add(r.stream, encode(good))  # a redone step's duplicate
+    while await r.read_once():
+        pass
+    assert (await asyncio.wait_for(waiting, 5)) == good
+    dead = [e.data.split(b"\n", 1)[0].decode() for e in await broker.read(r.keys.deadletter, count=100)]
+    assert len(dead) == 4, dead
+    assert any("not valid msgpack" in d for d in dead) and any("done must be a bool" in d for d in dead)
+    assert any("does not belong on this stream" in d for d in dead) and any("no 'd' field" in d for d in dead)
+    assert r.gen.stats["observations_ignored"] == 1
+    info = {g["name"]: g for g in await broker.group_info(r.stream)}
+    assert info[READ_GROUP]["pending"] == 0
+
+
+async def test_a_missing_observation_fails_the_episode_after_the_timeout(config, broker):
+    r = await runner(config, broker, observation_timeout_s=0.3)
+    t0 = time.monotonic()
+    with pytest.raises(EpisodeFailed, match="no observation for turn 1 within 0.3s"):
+        await r._observe(req(turn=1))
+    assert 0.3 <= time.monotonic() - t0 < 2
+    assert not r.waiting
