@@ -57,5 +57,8 @@ def run(args) -> int:
 
             shutil.rmtree(shm_root(cfg.run.name), ignore_errors=True)
     if code == 0:
-        print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
+        from streamrl.export import export_checkpoint
+
+        print(f"done: metrics in {run_dir / 'metrics.jsonl'}, model in {export_checkpoint(run_dir, run_dir / 'hf')}",
+              flush=True)
     return code
