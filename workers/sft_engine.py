@@ -117,6 +117,7 @@ def sft_train_step(engine, samples: list[Sample]) -> dict[str, float]:
         nll += float(loss_sum.detach())
     grad_norm = torch.nn.utils.clip_grad_norm_(engine.model.parameters(), engine.cfg.trainer.grad_clip)
     grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+    lr = float(engine.optimizer.param_groups[0]["lr"])  # the rate this step used (before the schedule moves)
     skipped = not torch.isfinite(torch.tensor(grad_norm)).item()
     if skipped:  # a non-finite norm would turn every weight into NaN: skip the step, report it
         engine.optimizer.zero_grad(set_to_none=True)
@@ -128,7 +129,7 @@ def sft_train_step(engine, samples: list[Sample]) -> dict[str, float]:
     (step_s,) = _sum_all(engine, [time.perf_counter() - start], op=dist.ReduceOp.MAX)
     return {"loss": nll_all / max(1.0, total_tokens), "loss_tokens": total_tokens, "seq_tokens": seq_tokens,
             "attn_sq_tokens": attn_sq, "padding_frac": 1.0 - seq_tokens / max(1.0, padded_all),
-            "grad_norm": grad_norm, "lr": float(engine.optimizer.param_groups[0]["lr"]),
+            "grad_norm": grad_norm, "lr": lr,
             "skipped_step": float(skipped), "train_s": step_s}
 
 
