@@ -32,7 +32,7 @@ from workers.sft_engine import enable_document_attention, sft_eval_loss, sft_tra
 
 log = structlog.get_logger("streamrl").bind(role="sft")
 
-PEAK_FLOPS = {"H200": 989.5e12, "H100": 989.5e12, "A100": 312e12}
+PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 """Dense bf16 peak FLOP/s per GPU by device-name fragment, for MFU (unknown devices: no MFU)."""
 
 
@@ -42,12 +42,15 @@ def _bcast(obj):
     return box[0]
 
 
-def flops_per_token(hf: dict, n_params: int) -> tuple[float, float]:
-    """(6 * N with N = parameters without the input embedding, 12 * layers * attention width): the
-    FLOPs of one trained token are a + b * (its document's length) (PaLM's accounting)."""
-    emb = hf["vocab_size"] * hf["hidden_size"]
-    heads_dim = hf["num_attention_heads"] * int(hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"])
-    return 6.0 * (n_params - emb), 12.0 * hf["num_hidden_layers"] * heads_dim
+def flops_per_token(hf: dict) -> tuple[float, float]:
+    """(a, b): training FLOPs of a token in a document of length n are a + b * n, with a = 6 * matmul
+    parameters (lm_head included, also when tied) and b = 12 * layers * heads * head_dim (attention
+    counted without the causal half); the same convention as bench/trainer_mfu.py."""
+    d, layers, heads = hf["hidden_size"], hf["num_hidden_layers"], hf["num_attention_heads"]
+    hd = hf.get("head_dim") or d // heads
+    kv = hf.get("num_key_value_heads") or heads
+    matmul = layers * (d * hd * (2 * heads + 2 * kv) + 3 * d * hf["intermediate_size"]) + d * hf["vocab_size"]
+    return 6.0 * matmul, 12.0 * layers * heads * hd
 
 
 class SFTRun:
@@ -65,10 +68,7 @@ class SFTRun:
         self.first_error: str | None = None
         eval_idx = list(range(min(len(eval_rows), cfg.sft.eval_max_samples)))
         self.eval_samples = self._samples(eval_rows, eval_idx[self.engine.dp_rank::self.engine.dp_size])
-        hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
-        # FSDP parameters are DTensors whose numel() is the full (unsharded) size.
-        n_params = sum(p.numel() for p in self.engine.model.parameters())
-        self.flops = flops_per_token(hf, n_params)
+        self.flops = flops_per_token(json.loads((Path(cfg.model.path) / "config.json").read_text()))
 
     def _samples(self, rows, indices: list[int]):
         out = []
