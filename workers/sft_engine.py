@@ -10,12 +10,14 @@ mean over the whole batch, so packing, micro-batching and the number of ranks do
 FSDP averages gradients over data-parallel ranks, so each rank's sum is scaled by dp_size.
 
 Attention for packed rows (several documents in one row, position ids restarting at 0):
-- hf: position_ids go to the model without an attention mask; transformers finds the resets and
-  builds a block-diagonal causal mask (sdpa/eager/flex attention, CPU and GPU; flash-attention-2
-  where installed turns them into varlen boundaries).
+- hf: position_ids go to the model without an attention mask (and without a KV cache); transformers
+  finds the resets and builds a block-diagonal causal mask for its attention implementation (the
+  default sdpa: a dense [L, L] mask, CPU and GPU; flash-attention-2, where installed and chosen,
+  turns the resets into varlen boundaries instead).
 - torchtitan: RoPE takes the per-token positions; each layer's inner attention becomes
-  `DocumentSDPA`, SDPA with the block-diagonal causal mask built from the resets (CPU and GPU;
-  torchtitan's own FlexAttention has no CPU backward).
+  `DocumentSDPA`: on GPU compiled flex_attention with a document BlockMask (only the blocks that
+  hold unmasked scores are computed); on CPU, where flex_attention has no backward, SDPA with the
+  dense block-diagonal causal mask.
 """
 
 from __future__ import annotations
@@ -35,16 +37,45 @@ def _is_titan(engine) -> bool:
     return hasattr(engine, "spec")
 
 
-class DocumentSDPA(torch.nn.Module):
-    """torchtitan inner attention taking a dense boolean mask [B, 1, L, L] (None: plain causal)."""
+_FLEX = None
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, attention_masks: Tensor | None = None,
+
+def _compiled_flex():
+    """flex_attention compiled once per process (eager flex materialises the full score matrix)."""
+    global _FLEX
+    if _FLEX is None:
+        from torch.nn.attention.flex_attention import flex_attention
+
+        _FLEX = torch.compile(flex_attention)
+    return _FLEX
+
+
+def document_block_mask(position_ids: Tensor):
+    """flex_attention BlockMask of causal attention within each document (documents start at position 0)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    doc = torch.cumsum((position_ids == 0).int(), dim=1)
+
+    def same_document_causal(b, h, q, k):
+        return (doc[b, q] == doc[b, k]) & (k <= q)
+
+    B, L = position_ids.shape
+    return create_block_mask(same_document_causal, B, None, L, L, device=position_ids.device)
+
+
+class DocumentSDPA(torch.nn.Module):
+    """torchtitan inner attention with document masks: a flex_attention BlockMask (GPU), a dense
+    boolean [B, 1, L, L] mask through SDPA (CPU: flex has no CPU backward), or None (plain causal)."""
+
+    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, attention_masks=None,
                 scale: float | None = None, enable_gqa: bool = False, is_causal: bool = True, **_) -> Tensor:
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
         if attention_masks is None:
             out = F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
-        else:
+        elif isinstance(attention_masks, Tensor):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa)
+        else:
+            out = _compiled_flex()(q, k, v, block_mask=attention_masks, scale=scale, enable_gqa=enable_gqa)
         return out.transpose(1, 2)
 
 
@@ -66,8 +97,9 @@ def logits_of(engine, t: dict[str, Tensor], packed: bool) -> Tensor:
         from torch.distributed.tensor import DTensor
 
         if packed:
-            out = engine.model(t["input_ids"], positions=t["position_ids"],
-                               attention_masks=document_mask(t["position_ids"]))
+            pos = t["position_ids"]
+            mask = document_block_mask(pos) if pos.device.type == "cuda" else document_mask(pos)
+            out = engine.model(t["input_ids"], positions=pos, attention_masks=mask)
         else:  # right-padded rows under causal attention: real tokens never see padding
             out = engine.model(t["input_ids"])
         return out.full_tensor() if isinstance(out, DTensor) else out

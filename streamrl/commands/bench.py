@@ -11,7 +11,7 @@ from streamrl.commands import load_modules
 NAME = "bench"
 HELP = "run a benchmark (broker, pipeline, e2e, weights, soak)"
 DESCRIPTION = "Benchmarks that print their numbers; `--out DIR` also writes DIR/result.json and plots."
-BENCHES = ["broker", "pipeline", "e2e", "weights", "soak", "objectives", "trainer_mfu"]
+BENCHES = ["broker", "pipeline", "e2e", "weights", "soak", "objectives", "trainer_mfu", "sft_mfu"]
 """Modules under bench/ exposing HELP, add_arguments(parser) and run(args) -> int."""
 
 
