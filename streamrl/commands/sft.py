@@ -29,6 +29,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from streamrl.checkpoint import list_checkpoints
     from streamrl.export import export_checkpoint
     from streamrl.sft_data import load_splits
     from workers.sft import main
@@ -41,6 +42,9 @@ def run(args) -> int:
     cfg = resolve_model(load(args))
     load_splits(cfg.sft, cfg.task, cfg.run.seed)  # a data error stops here, before any rank starts
     run_dir = Path(args.run_dir or Path("runs") / f"sft-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
+    if not args.resume and list_checkpoints(run_dir):
+        raise ConfigError(f"{run_dir} already holds checkpoints of an earlier run; pass --resume {run_dir} to "
+                          "continue it, or choose a new --run-dir")
     run_dir.mkdir(parents=True, exist_ok=True)
     dump_config(cfg, run_dir / "config.yaml")
     print(f"streamrl sft: run '{cfg.run.name}' in {run_dir} ({cfg.trainer.backend} backend, "

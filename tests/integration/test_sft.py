@@ -229,6 +229,16 @@ def test_export_errors_name_the_fix(runs, tmp_path):
     assert (tmp_path / "busy" / "notes.txt").read_text() == "mine"
 
 
+def test_a_fresh_run_refuses_a_run_dir_with_checkpoints(runs, capsys):
+    """Training from step 0 over an earlier run's checkpoints would export the earlier run's model."""
+    from streamrl.cli import main
+
+    run_dir = runs["hf"]
+    code = main(["sft", "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir)])
+    assert code == 2 and f"pass --resume {run_dir}" in capsys.readouterr().err
+    assert sorted(list_checkpoints(run_dir)) == [2, 4]
+
+
 def test_export_gives_the_trainers_logprobs_in_vllm(runs, tmp_path):
     pytest.importorskip("vllm")
     out = export_checkpoint(runs["hf"], tmp_path / "hf")
