@@ -23,6 +23,9 @@ DEFAULT = Path(__file__).resolve().parents[2] / "configs" / "tiny-sft-cpu.yaml"
 
 def add_arguments(p) -> None:
     add_config_args(p)
+    for action in p._actions:  # same flags as `up`, another default file
+        if action.dest == "config":
+            action.help = "YAML config (default: configs/tiny-sft-cpu.yaml)"
     p.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
     p.add_argument("--resume", metavar="RUN_DIR", help="continue the SFT run in RUN_DIR from its newest checkpoint "
                    "(its config plus --set): the same rows in the same order, as if it had never stopped")
