@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+import warnings
 from pathlib import Path
 
 import torch
@@ -43,7 +44,9 @@ def checkpoint_model_state(path: Path) -> dict[str, torch.Tensor]:
         raise ConfigError(f"{path} holds no model weights; pass a checkpoint directory written by streamrl "
                           "(RUN_DIR/checkpoints/step-N)")
     state = {"model": model}
-    dcp.load(state, checkpoint_id=str(path), no_dist=True)
+    with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, checkpoint_id=str(path), no_dist=True)
     return state["model"]
 
 

@@ -148,7 +148,11 @@ def _clean_messages(messages: Any) -> list[dict]:
 
 
 def _render(tokenizer, messages: list[dict], tools, generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt)
+    try:
+        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
+                                             add_generation_prompt=generation_prompt)
+    except Exception as exc:  # jinja errors, raise_exception() in the template, missing keys: all one bad row
+        raise SampleError(f"the chat template failed on this conversation ({type(exc).__name__}: {exc})") from exc
 
 
 def chat_sample(tokenizer, messages: list[dict], tools, turns: str) -> Sample:

@@ -99,6 +99,15 @@ def test_a_template_that_rewrites_history_is_reported(tok):
     assert trained_text(t, s) == ["4.\n"]
 
 
+def test_a_template_error_is_one_bad_row():
+    t = build_tokenizer()
+    t.chat_template = ("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+                       "{{ raise_exception('unknown role ' + m.role) }}{% endif %}{{ m.content }}{% endfor %}")
+    with pytest.raises(SampleError, match="unknown role robot"):
+        tokenize_row(t, {"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},
+                     SFTConfig())
+
+
 def test_prompt_completion_pairs(tok):
     s = tokenize_row(tok, {"prompt": "digits:", "completion": "123"}, SFTConfig())
     assert tok.decode(s.ids.tolist(), skip_special_tokens=False) == "digits:123</s>"
