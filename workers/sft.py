@@ -14,7 +14,9 @@ progress line per step.
 from __future__ import annotations
 
 import json
+import signal
 import time
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 
@@ -22,7 +24,7 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from streamrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
+from streamrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, truncate_metrics
 from streamrl.config import Config
 from streamrl.metrics import MetricsWriter
 from streamrl.sft_data import SampleError, load_splits, step_indices, tokenize_row
@@ -99,7 +101,33 @@ class SFTRun:
         return m
 
 
+STOP_FILE = ".stop-requested"
+"""Touched in RUN_DIR by the first SIGINT/SIGTERM: every rank stops after the step in progress."""
+
+
+@contextmanager
+def stop_on_signal(run_dir: Path):
+    """First SIGINT/SIGTERM: ask for a stop at the next step boundary (checkpoint, then exit); the
+    handler then reverts to the default, so a second signal kills at once."""
+    def handler(signum, _frame):
+        (run_dir / STOP_FILE).touch()
+        signal.signal(signum, signal.SIG_DFL)
+
+    old = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
 def _rank_main(cfg: Config, run_dir: Path, resume: bool, rank: int, world: int) -> None:
+    # Spawned ranks are fresh interpreters; a terminal's Ctrl-C reaches them too.
+    with stop_on_signal(run_dir):
+        _train(cfg, run_dir, resume, rank, world)
+
+
+def _train(cfg: Config, run_dir: Path, resume: bool, rank: int, world: int) -> None:
     run = SFTRun(cfg, run_dir, rank, world)
     tc = cfg.trainer
     start = 0
@@ -119,13 +147,19 @@ def _rank_main(cfg: Config, run_dir: Path, resume: bool, rank: int, world: int) 
             rec = {"step": done, **m, "time_s": round(time.time() - t0, 3), "epoch": done * cfg.sft.batch_size / len(run.train_rows)}
             if (done % cfg.sft.eval_every == 0 or done == tc.steps) and _has_eval(run):
                 rec["eval_loss"] = sft_eval_loss(run.engine, run.eval_samples)
-            rec.update(_counts(run))
+            counts, stop = _counts(run, (run_dir / STOP_FILE).exists())
+            rec.update(counts)
             metrics.write(rec)
             if rank == 0:
                 print(progress_line(rec, tc.steps), flush=True)
-            if done % tc.checkpoint_every == 0 or done == tc.steps:
+            if done % tc.checkpoint_every == 0 or done == tc.steps or stop:
                 meta = {"kind": "sft", "step": done, "data_position": done * cfg.sft.batch_size}
                 save_checkpoint(run.engine, run_dir, done, meta, tc.checkpoint_keep)
+            if stop:
+                if rank == 0:
+                    print(f"stopped after step {done} (checkpoint saved); continue with: streamrl sft --resume "
+                          f"{run_dir}", flush=True)
+                break
     finally:
         metrics.close()
 
@@ -137,11 +171,12 @@ def _has_eval(run: SFTRun) -> bool:
     return int(n.item()) > 0
 
 
-def _counts(run: SFTRun) -> dict:
-    buf = torch.tensor([run.counts["skipped_rows"], run.counts["truncated_rows"]], dtype=torch.int64,
+def _counts(run: SFTRun, stop: bool) -> tuple[dict, bool]:
+    """Row counters summed over ranks, and whether any rank saw a stop request (one collective)."""
+    buf = torch.tensor([run.counts["skipped_rows"], run.counts["truncated_rows"], int(stop)], dtype=torch.int64,
                        device=run.engine.device)
     dist.all_reduce(buf)
-    return {"skipped_rows": int(buf[0]), "truncated_rows": int(buf[1])}
+    return {"skipped_rows": int(buf[0]), "truncated_rows": int(buf[1])}, bool(buf[2])
 
 
 def progress_line(rec: dict, steps: int) -> str:
@@ -157,5 +192,12 @@ def progress_line(rec: dict, steps: int) -> str:
     return " | ".join(parts)
 
 
-def main(cfg: Config, run_dir: Path, resume: bool = False) -> None:
-    launch(cfg.trainer.world_size, partial(_rank_main, cfg, Path(run_dir), resume))
+def main(cfg: Config, run_dir: Path, resume: bool = False) -> bool:
+    """Train (or continue) the run; True if it reached trainer.steps, False if a signal stopped it."""
+    run_dir = Path(run_dir)
+    (run_dir / STOP_FILE).unlink(missing_ok=True)
+    with stop_on_signal(run_dir):  # the launching process (ranks > 1 are its children)
+        launch(cfg.trainer.world_size, partial(_rank_main, cfg, run_dir, resume))
+    (run_dir / STOP_FILE).unlink(missing_ok=True)
+    found = list_checkpoints(run_dir)  # a stop asked for during the last step still finished the run
+    return bool(found) and max(found) >= cfg.trainer.steps

@@ -52,7 +52,8 @@ def run(args) -> int:
     dump_config(cfg, run_dir / "config.yaml")
     print(f"streamrl sft: run '{cfg.run.name}' in {run_dir} ({cfg.trainer.backend} backend, "
           f"{cfg.trainer.world_size} rank(s), {cfg.trainer.steps} steps)", flush=True)
-    main(cfg, run_dir, resume=bool(args.resume))
+    if not main(cfg, run_dir, resume=bool(args.resume)):
+        return 130  # stopped by a signal after a checkpoint; the message says how to continue
     out = export_checkpoint(run_dir, run_dir / "hf")
     print(f"done: metrics in {run_dir / 'metrics.jsonl'}, model in {out}", flush=True)
     return 0
