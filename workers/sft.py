@@ -13,7 +13,6 @@ progress line per step.
 
 from __future__ import annotations
 
-import json
 import signal
 import time
 from contextlib import contextmanager
@@ -31,17 +30,12 @@ from streamrl.sft_data import SampleError, load_splits, step_indices, tokenize_r
 from workers.dist import launch
 from workers.engines import make_engine
 from workers.sft_engine import enable_document_attention, sft_eval_loss, sft_train_step
+from workers.train_engine import broadcast_batch
 
 log = structlog.get_logger("streamrl").bind(role="sft")
 
 PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
 """Dense bf16 peak FLOP/s per GPU by device-name fragment, for MFU (unknown devices: no MFU)."""
-
-
-def _bcast(obj):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
 
 
 def flops_per_token(hf: dict) -> tuple[float, float]:
@@ -59,7 +53,7 @@ class SFTRun:
     """One rank's view of the run: engine, tokenizer, data, counters."""
 
     def __init__(self, cfg: Config, run_dir: Path, rank: int, world: int):
-        from transformers import AutoTokenizer
+        from transformers import AutoConfig, AutoTokenizer
 
         self.cfg, self.run_dir, self.rank = cfg, run_dir, rank
         self.engine = make_engine(cfg, cfg.model.path, rank, world)
@@ -70,7 +64,7 @@ class SFTRun:
         self.first_error: str | None = None
         eval_idx = list(range(min(len(eval_rows), cfg.sft.eval_max_samples)))
         self.eval_samples = self._samples(eval_rows, eval_idx[self.engine.dp_rank::self.engine.dp_size])
-        self.flops = flops_per_token(json.loads((Path(cfg.model.path) / "config.json").read_text()))
+        self.flops = flops_per_token(AutoConfig.from_pretrained(cfg.model.path).to_dict())
 
     def _samples(self, rows, indices: list[int]):
         out = []
@@ -131,7 +125,8 @@ def _train(cfg: Config, run_dir: Path, resume: bool, rank: int, world: int) -> N
     run = SFTRun(cfg, run_dir, rank, world)
     tc = cfg.trainer
     start = 0
-    path = _bcast(str(latest_checkpoint(run_dir)) if rank == 0 and resume and latest_checkpoint(run_dir) else None)
+    newest = latest_checkpoint(run_dir) if rank == 0 and resume else None
+    path = broadcast_batch(str(newest) if newest else None, rank)  # every rank loads the one rank 0 picked
     if path:
         start = int(load_checkpoint(run.engine, Path(path))["version"])
     metrics = MetricsWriter(run_dir, cfg) if rank == 0 else MetricsWriter(None)
