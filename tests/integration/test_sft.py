@@ -127,6 +127,22 @@ def test_cross_document_attention_would_change_the_loss(tiny, data):
     assert abs(loss(one_running) - want) > 1e-3
 
 
+def test_gpu_block_mask_is_the_cpu_dense_mask():
+    """The torchtitan GPU path (flex_attention + document BlockMask) attends exactly like the CPU path
+    (SDPA + dense block-diagonal mask); checked forward-only here, where flex has no backward."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from streamrl.sft_pack import document_mask
+    from workers.sft_engine import document_block_mask
+
+    pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1] * 20])  # 200 tokens: crosses flex's 128-token blocks
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, pos.shape[1], 32) for _ in range(3))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=document_mask(pos))
+    got = flex_attention(q, k, v, block_mask=document_block_mask(pos))
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
 @pytest.fixture(scope="module")
 def runs(tiny, data, tmp_path_factory) -> dict[str, Path]:
     """A finished 4-step SFT run per backend (checkpoints at steps 2 and 4)."""
@@ -213,6 +229,14 @@ def test_export_loads_in_transformers_with_the_trainers_logprobs(runs, tiny, tmp
     early = export_checkpoint(runs[backend], tmp_path / "hf2", step=2)
     a = AutoModelForCausalLM.from_pretrained(early).state_dict()
     assert any(not torch.equal(a[k], v) for k, v in model.state_dict().items())
+
+
+def test_export_command(runs, tmp_path, capsys):
+    from streamrl.cli import main
+
+    assert main(["export", str(runs["torchtitan"]), "--step", "2", "--out", str(tmp_path / "out")]) == 0
+    assert f"exported {tmp_path / 'out'}" in capsys.readouterr().out
+    assert (tmp_path / "out" / "model.safetensors").is_file()
 
 
 def test_export_errors_name_the_fix(runs, tmp_path):
