@@ -14,7 +14,7 @@ import sys
 from streamrl.commands import load_modules
 from streamrl.errors import ConfigError, StreamRLError
 
-COMMANDS = ["up", "worker", "config", "scale", "status", "producer", "reward", "env", "bench", "report"]
+COMMANDS = ["up", "sft", "export", "worker", "config", "scale", "status", "producer", "reward", "env", "bench", "report"]
 """Subcommand modules under streamrl.commands, in --help order (a module not present is skipped)."""
 
 EPILOG = """Every role can also run alone: `streamrl worker ROLE` joins a running job through its broker

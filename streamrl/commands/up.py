@@ -69,6 +69,7 @@ def run(args) -> int:
         shutil.rmtree(shm_root(cfg.run.name, run_dir), ignore_errors=True)
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
+        _export(run_dir)
     return code
 
 
@@ -83,3 +84,14 @@ def _stop_broker(server) -> None:
     finally:
         for s, h in old.items():
             signal.signal(s, h)
+
+
+def _export(run_dir: Path) -> None:
+    """RUN_DIR/hf from the last checkpoint; a failure is reported, the finished run stays a success."""
+    from streamrl.export import export_checkpoint
+
+    try:
+        print(f"model: {export_checkpoint(run_dir, run_dir / 'hf')}", flush=True)
+    except Exception as exc:  # the training is done and checkpointed: the export can be redone by hand
+        print(f"export failed ({type(exc).__name__}: {exc}); retry with `streamrl export {run_dir} --out "
+              f"{run_dir / 'hf'}`", flush=True)
