@@ -102,6 +102,8 @@ class Keys:
         self.weights_latest = p + "weights:latest"
         self.trainer_version = p + "trainer:version"
         self.feeder_admitted = p + "feeder:admitted"
+        self.run_end = p + "run:end"
+        """Set when the run is over (streamrl.run_end); every producer may GET it."""
         self.groups_released = p + "trainer:released"
         """Groups the trainer will never train (dropped stale / filtered): the feeder admits that many more."""
 

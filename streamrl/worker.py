@@ -22,6 +22,8 @@ from streamrl.errors import DecodeError
 from streamrl.messages import Annotation, decode, encode
 
 HEARTBEAT_TTL_S = 15.0
+FAREWELL_S = 5.0
+"""How long the final heartbeat DEL may take: on a broker that is gone it would retry for a minute."""
 
 
 class Worker:
@@ -36,6 +38,8 @@ class Worker:
         self.log = structlog.get_logger("streamrl").bind(role=self.role, worker_id=worker_id, run=cfg.run.name)
         self.stopping = asyncio.Event()
         self.done = False
+        self.stop_reason = ""
+        """Why the loop ended (a signal, the run's end), shown on the `stopped` line."""
         self.stats: dict[str, float] = {}
         self._started = time.time()
         self._pending_cursor: dict[str, str | None] = {}
@@ -57,8 +61,9 @@ class Worker:
     async def close(self) -> None:
         """Release resources (engines, files). Called once after the loop ends."""
 
-    def stop(self) -> None:
-        """Ask the loop to finish its current step and exit."""
+    def stop(self, reason: str = "") -> None:
+        """Ask the loop to finish its current step and exit; `reason` goes on the `stopped` line."""
+        self.stop_reason = self.stop_reason or reason
         self.stopping.set()
 
     def stop_budget_s(self) -> float:
@@ -81,8 +86,17 @@ class Worker:
                 for task in background:
                     task.cancel()
                 await asyncio.gather(*background, return_exceptions=True)
-                await self.broker.delete(self.keys.worker(self.role, self.worker_id))
-            self.log.info("stopped", uptime_s=round(time.time() - self._started, 1), **self.stats)
+                await self._farewell()
+            reason = {"reason": self.stop_reason} if self.stop_reason else {}
+            self.log.info("stopped", **reason, uptime_s=round(time.time() - self._started, 1), **self.stats)
+
+    async def _farewell(self) -> None:
+        """Delete the heartbeat key; where that fails the key's TTL retires it, so say so and go on."""
+        try:
+            await asyncio.wait_for(self.broker.delete(self.keys.worker(self.role, self.worker_id)), FAREWELL_S)
+        except Exception as exc:
+            self.log.warning("heartbeat_not_deleted", error=str(exc) or type(exc).__name__,
+                             expires_in_s=HEARTBEAT_TTL_S)
 
     # -- helpers ---------------------------------------------------------------------------
     def count(self, name: str, by: float = 1) -> None:
@@ -91,13 +105,16 @@ class Worker:
     async def _heartbeat_loop(self) -> None:
         key = self.keys.worker(self.role, self.worker_id)
         while True:
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(),
-                    "uptime_s": round(time.time() - self._started, 1), **self.stats}
             try:
-                await self.broker.set(key, json.dumps(info), ttl_s=HEARTBEAT_TTL_S)
+                await self.broker.set(key, json.dumps(self.heartbeat()), ttl_s=HEARTBEAT_TTL_S)
             except Exception as exc:  # a broker hiccup must not kill the worker
                 self.log.warning("heartbeat_failed", error=str(exc))
             await asyncio.sleep(HEARTBEAT_TTL_S / 3)
+
+    def heartbeat(self) -> dict:
+        """The heartbeat key's JSON (docs/protocol.md, "Other keys")."""
+        return {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(),
+                "uptime_s": round(time.time() - self._started, 1), **self.stats}
 
     def hold(self, stream: str, group: str, entry_id: str) -> None:
         """Mark an entry as in progress: its idle time is reset periodically until `release`."""

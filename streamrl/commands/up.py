@@ -44,9 +44,14 @@ def run(args) -> int:
         url = embedded.url
         print(f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True)
     sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
+    code = 1
     try:
         code = sup.run()
     finally:
+        from streamrl.run_end import end_run
+
+        # Producers of the run see it end (and leave) before an embedded broker goes away under them.
+        end_run(url, cfg.run.name, "streamrl up exited" + ("" if code == 0 else f" with code {code}"))
         if embedded is not None:
             sup.broker_watch.server.stop()  # the one running now (restarted if the first died)
         if cfg.weights.backend == "shm":
