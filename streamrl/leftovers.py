@@ -102,7 +102,9 @@ class ProcessTree:
         candidates = {p for p in self.shm if p.exists()}
         if not candidates:
             return []
-        psutil.wait_procs(self.alive(), timeout=wait_s)
+        deadline = time.monotonic() + wait_s
+        while self.alive() and time.monotonic() < deadline:  # zombies count as gone: their maps are empty
+            time.sleep(0.02)
         in_use: set[Path] = set()
         for proc in psutil.process_iter():
             in_use |= _shm_in_use(proc.pid) & candidates

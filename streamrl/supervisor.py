@@ -122,12 +122,14 @@ class Supervisor:
         kill_group(c.proc)  # engine processes or ranks it left behind
         how = self._how(c)
         if not self.policy.allows(c.role, c.restarts):
+            self._clean_up(c)
             raise WorkerDied(f"{c.worker_id} ({c.role}) {how}; {self.policy.refusal(c.role, c.restarts)}. "
                              f"Last lines of {c.log_path}:\n{tail(c.log_path)}")
         delay = self.policy.delay(c.restarts)
         c.restart_at = time.time() + delay
         self.say(f"{c.worker_id} ({c.role}) {how}; restarting in {delay:.1f}s "
                  f"(restart {c.restarts + 1} of {self.cfg.supervisor.max_restarts})")
+        self._clean_up(c)  # during the back-off
 
     def _respawn(self, c: Child) -> None:
         c.restarts += 1
@@ -136,11 +138,13 @@ class Supervisor:
         c.proc = self._popen(c.role, c.worker_id, c.log_path)
 
     def _how(self, c: Child) -> str:
-        """How `c` (dead, its group killed) ended, with OOM evidence; removes what its tree left in /dev/shm."""
-        how = describe_exit(c.proc.returncode, self.oom.evidence({c.proc.pid, *c.tree.pids}, c.oom_mark))
+        """How `c` (dead) ended, with the OOM killer's evidence if there is any."""
+        return describe_exit(c.proc.returncode, self.oom.evidence({c.proc.pid, *c.tree.pids}, c.oom_mark))
+
+    def _clean_up(self, c: Child) -> None:
+        """Remove what the dead child's tree left in /dev/shm (streamrl/leftovers.py)."""
         if removed := c.tree.remove_leftovers():
             self.say(f"{c.worker_id}: {describe_removed(removed)}")
-        return how
 
     def _record_trees(self) -> None:
         for c in self.children + self.retiring:
@@ -231,6 +235,7 @@ class Supervisor:
             self.retiring.remove(c)
             kill_group(c.proc)  # its engine processes, if any outlived it
             self.say(f"{c.worker_id} left ({self._how(c)})")
+            self._clean_up(c)
         for role, want in self.desired_counts().items():
             live = sorted((c for c in self.children if c.role == role), key=lambda c: int(c.worker_id.rsplit("-", 1)[1]))
             for _ in range(want - len(live)):
@@ -270,5 +275,4 @@ class Supervisor:
         for c in self.children:  # ranks or engine processes a role started, if it left any
             kill_group(c.proc)
         for c in self.children:  # segments of the ones killed here (a clean exit unlinks its own)
-            if removed := c.tree.remove_leftovers():
-                self.say(f"{c.worker_id}: {describe_removed(removed)}")
+            self._clean_up(c)
