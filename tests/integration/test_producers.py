@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from brokers.redis_streams import connect
+from streamrl import run_end
 from streamrl.broker import Keys
 from streamrl.errors import BrokerError
 from streamrl.messages import Annotation, Rollout, decode, encode
@@ -141,12 +142,15 @@ async def test_node_producer_under_its_acl_user(redis_server, broker, run_name, 
         while (await broker.group_info(keys.rollouts))[0]["pending"] and time.time() < deadline:
             await asyncio.sleep(0.1)
         assert (await broker.group_info(keys.rollouts))[0]["pending"] == 0
+        await run_end.mark_ended(broker, keys, "trainer finished", version=5)
+        code = await asyncio.to_thread(proc.wait, 20)  # it leaves by itself when the run ends
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=20)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
     log = (tmp_path / "node.log").read_text()
     assert code == 0, log
-    assert '"event":"stopped"' in log and '"scored":12' in log
+    assert '"event":"stopped"' in log and '"scored":12' in log and "ended: trainer finished" in log
 
 
 async def test_producer_list_and_remove(redis_server, broker, run_name):
