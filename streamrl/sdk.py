@@ -39,7 +39,7 @@ from streamrl.broker import Broker, Entry
 from streamrl.config import BrokerConfig, Config, RunConfig
 from streamrl.errors import ConfigError
 from streamrl.messages import Annotation, Rollout, encode
-from streamrl.worker import HEARTBEAT_TTL_S, Worker
+from streamrl.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S, Worker
 
 BROKER_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 """Raised by a broker command once the client's own retries (broker.connect_retries) are spent."""
@@ -120,7 +120,7 @@ class ProducerWorker(Worker):
 
     async def _heartbeat_loop(self) -> None:
         key = self.keys.worker(self.role, self.worker_id)
-        while True:
+        while not self.closed:
             try:
                 await self.broker.set(key, json.dumps(self.heartbeat()), ttl_s=HEARTBEAT_TTL_S)
             except NoPermissionError:
@@ -133,7 +133,7 @@ class ProducerWorker(Worker):
             await asyncio.sleep(HEARTBEAT_TTL_S / 3)
 
     async def _watch_run_end(self) -> None:
-        while True:
+        while not self.closed:
             try:
                 info = await run_end.ended(self.broker, self.keys)
             except NoPermissionError:
@@ -153,7 +153,7 @@ class ProducerWorker(Worker):
             await super().run()
         finally:
             watcher.cancel()
-            await asyncio.gather(watcher, return_exceptions=True)
+            await asyncio.wait({watcher}, timeout=BACKGROUND_STOP_S)
 
     async def _farewell(self) -> None:
         if not self.heartbeats or self.exit_code:  # no heartbeat (6.2), or no broker to delete it on

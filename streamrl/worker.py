@@ -22,6 +22,8 @@ from streamrl.errors import DecodeError
 from streamrl.messages import Annotation, decode, encode
 
 HEARTBEAT_TTL_S = 15.0
+BACKGROUND_STOP_S = 2.0
+"""How long the stop waits for the heartbeat and keepalive tasks to end after cancelling them."""
 FAREWELL_S = 5.0
 """How long the final heartbeat DEL may take: on a broker that is gone it would retry for a minute."""
 
@@ -38,6 +40,8 @@ class Worker:
         self.log = structlog.get_logger("streamrl").bind(role=self.role, worker_id=worker_id, run=cfg.run.name)
         self.stopping = asyncio.Event()
         self.done = False
+        self.closed = False
+        """Set when the loop has ended: background loops end at their next turn even if a cancel was lost."""
         self.stop_reason = ""
         """Why the loop ended (a signal, the run's end), shown on the `stopped` line."""
         self.stats: dict[str, float] = {}
@@ -83,9 +87,16 @@ class Worker:
                 # must not look idle (another worker would claim and redo them) and the worker is alive.
                 await self.close()
             finally:
+                self.closed = True
                 for task in background:
                     task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
+                # A cancellation can be lost inside a library call (seen: a generator's heartbeat SET
+                # right after its start kept the stop waiting until the supervisor killed it).
+                _, stuck = await asyncio.wait(background, timeout=BACKGROUND_STOP_S)
+                if stuck:
+                    from streamrl.runtime import task_stacks
+
+                    self.log.warning("background_tasks_left", count=len(stuck), tasks=task_stacks())
                 await self._farewell()
             reason = {"reason": self.stop_reason} if self.stop_reason else {}
             self.log.info("stopped", **reason, uptime_s=round(time.time() - self._started, 1), **self.stats)
@@ -104,7 +115,7 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         key = self.keys.worker(self.role, self.worker_id)
-        while True:
+        while not self.closed:
             try:
                 await self.broker.set(key, json.dumps(self.heartbeat()), ttl_s=HEARTBEAT_TTL_S)
             except Exception as exc:  # a broker hiccup must not kill the worker
@@ -125,7 +136,7 @@ class Worker:
 
     async def _keepalive_loop(self) -> None:
         period = self.cfg.broker.claim_idle_ms / 3000
-        while True:
+        while not self.closed:
             await asyncio.sleep(period)
             for (stream, group), ids in list(self._held.items()):
                 try:
@@ -208,3 +219,4 @@ class Worker:
             for other, more in got.items():
                 self._read_ahead[other] = self._read_ahead.get(other, []) + more
         return await self.decode_entries(stream, group, entries, expect)
+
