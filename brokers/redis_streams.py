@@ -253,6 +253,24 @@ class RedisBroker:
                 break
         return out
 
+    async def offer(self, stream: str, group: str, consumer: str, idle_ms: int) -> int:
+        ids: list[str] = []
+        start = "-"
+        while True:
+            try:
+                page = await self.client.xpending_range(stream, group, start, "+", 1000, consumername=consumer)
+            except ResponseError as exc:
+                if "NOGROUP" in str(exc):
+                    return 0
+                raise
+            ids += [_s(p["message_id"]) for p in page]
+            if len(page) < 1000:
+                break
+            start = "(" + ids[-1]
+        for i in range(0, len(ids), 1000):
+            await self.client.xclaim(stream, group, consumer, 0, ids[i:i + 1000], idle=idle_ms, justid=True)
+        return len(ids)
+
     async def _ack_vanished(self, stream: str, group: str, consumer: str, keep: set[str]) -> None:
         """Ack entries pending on `consumer` that no longer exist in the stream (Redis 6.2 path)."""
         pending = await self.client.xpending_range(stream, group, "-", "+", 1000, consumername=consumer)

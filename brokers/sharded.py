@@ -107,6 +107,9 @@ class ShardedBroker:
     async def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64) -> list[Entry]:
         return await self.of(stream).claim_idle(stream, group, consumer, min_idle_ms, count)
 
+    async def offer(self, stream: str, group: str, consumer: str, idle_ms: int) -> int:
+        return await self.of(stream).offer(stream, group, consumer, idle_ms)
+
     async def read(self, stream: str, last_id: str = "0", count: int = 100, block_ms: int | None = None) -> list[Entry]:
         return await self.of(stream).read(stream, last_id, count, block_ms)
 

@@ -57,6 +57,11 @@ class Broker(Protocol):
         """Reset the idle time of `consumer`'s own pending entries (XCLAIM JUSTID), so work that
         is still in progress is not taken over by XAUTOCLAIM."""
 
+    async def offer(self, stream: str, group: str, consumer: str, idle_ms: int) -> int:
+        """Make `consumer`'s pending entries look idle for `idle_ms` (XCLAIM ... IDLE), so any consumer's
+        `claim_idle(min_idle_ms <= idle_ms)` takes them over now; return how many. A restarted worker
+        hands back what its previous life held instead of sitting on it through a slow start."""
+
     async def read(self, stream: str, last_id: str = "0", count: int = 100, block_ms: int | None = None) -> list[Entry]:
         """Plain read after `last_id` (no group): control and metrics streams."""
 
@@ -104,6 +109,8 @@ class Keys:
         self.feeder_admitted = p + "feeder:admitted"
         self.env_steps = p + "env_steps"
         """Step requests of multi-turn episodes (read by env workers, group `env`)."""
+        self.run_end = p + "run:end"
+        """Set when the run is over (streamrl.run_end); every producer may GET it."""
         self.groups_released = p + "trainer:released"
         """Groups the trainer will never train (dropped stale / filtered): the feeder admits that many more."""
 

@@ -133,6 +133,11 @@ class GeneratorConfig(Section):
     stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
+    cpu_worker_in_engine: bool = True
+    """CPU build of vLLM only: run the model worker inside the EngineCore process (UniProcExecutor,
+    VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of a third process of its own. One interpreter fewer
+    to start (a restart is seconds faster: docs/performance.md) and no shared-memory message queues
+    in /dev/shm. False: vLLM's CPU default (MultiprocExecutor, OpenMP threads bound per worker)."""
 
 
 class RewardConfig(Section):

@@ -21,6 +21,8 @@ from streamrl.config import Config
 from streamrl.errors import EXIT_NO_RESTART, NOT_TRANSIENT, ConfigError, FatalError
 from streamrl.logs import setup_logging
 
+STOPPING_NOTICE_S = 1.0
+"""A stop still running after this long is announced (`stopping`), so a slow drain is visible."""
 ROLES: dict[str, str] = {
     "feeder": "workers.feeder:FeederWorker",
     "generator": "workers.generator:GeneratorWorker",
@@ -53,8 +55,9 @@ async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
             worker.log.warning("forced_exit", signal=signal.Signals(signum).name, tasks=task_stacks())
             kill_children()  # e.g. vLLM's EngineCore: orphaned, it would keep its memory and cores
             os._exit(130)
-        worker.log.info("stopping", signal=signal.Signals(signum).name)
-        worker.stop()
+        worker.stop(reason=signal.Signals(signum).name)
+        # A quick stop is one line (`stopped reason=SIGTERM`); a slower one says it is draining.
+        loop.call_later(STOPPING_NOTICE_S, lambda: worker.log.info("stopping", signal=signal.Signals(signum).name))
         loop.call_later(worker.stop_budget_s(), lambda: worker.log.warning(
             "stop_slow", budget_s=worker.stop_budget_s(), tasks=task_stacks()))
 

@@ -15,6 +15,8 @@ batches of up to `batch_size` with at most `concurrency` batches in flight, writ
 `Annotation(key=...)` per rollout to `annotations` and then acks. A function that raises, times
 out, or returns a non-finite value yields annotations with `error` set (the assembler applies
 the key's on_timeout policy) and a dead-letter record; undecodable entries are dead-lettered.
+It exits by itself, with one `stopped` line, when its run ends (the `run:end` mark,
+streamrl/run_end.py) or its broker stays unreachable; SIGTERM stops it within DRAIN_S.
 The wire protocol it speaks is docs/protocol.md.
 """
 
@@ -22,18 +24,30 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import json
 import math
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 import numpy as np
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from streamrl import run_end
 from streamrl.broker import Broker, Entry
 from streamrl.config import BrokerConfig, Config, RunConfig
 from streamrl.errors import ConfigError
 from streamrl.messages import Annotation, Rollout, encode
-from streamrl.worker import HEARTBEAT_TTL_S, Worker
+from streamrl.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S, Worker
+
+BROKER_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
+"""Raised by a broker command once the client's own retries (broker.connect_retries) are spent."""
+DRAIN_S = 10.0
+"""On a stop, batches still running after this long are abandoned (their rollouts stay pending and
+are redelivered), so a stop never waits on a scoring call or a broker that hangs."""
+FAREWELL_S = 0.5
+"""The final heartbeat DEL's budget: a SIGTERM while the broker is gone must not wait out its retries."""
 
 
 @dataclass(frozen=True)
@@ -87,7 +101,15 @@ class ProducerWorker(Worker):
         self.slots = asyncio.Semaphore(spec.concurrency)
         self.tasks: set[asyncio.Task] = set()
         self.heartbeats = True
+        self.exit_code = 0
+        """1 when it stopped because the broker was lost or refused it, 0 otherwise."""
         self.log = self.log.bind(producer=spec.name, key=spec.key)
+
+    def end(self, reason: str, exit_code: int = 0) -> None:
+        """Stop for `reason` (the run ended, the broker is gone), shown on the `stopped` line."""
+        if not self.stopping.is_set():
+            self.exit_code = exit_code
+        self.stop(reason)
 
     async def start(self) -> None:
         try:
@@ -97,23 +119,51 @@ class ProducerWorker(Worker):
             self.log.info("group_create_not_permitted", group=self.spec.name)
 
     async def _heartbeat_loop(self) -> None:
-        try:
-            await self.broker.set(self.keys.worker(self.role, self.worker_id), "{}", ttl_s=HEARTBEAT_TTL_S)
-        except NoPermissionError:
-            # Redis 6.2 ACLs cannot grant SET on the heartbeat key alone (docs/protocol.md, Security).
-            self.heartbeats = False
-            self.log.info("heartbeat_not_permitted", reason="this broker user may not SET workers:* keys")
-            return
-        await super()._heartbeat_loop()
+        key = self.keys.worker(self.role, self.worker_id)
+        while not self.closed:
+            try:
+                await self.broker.set(key, json.dumps(self.heartbeat()), ttl_s=HEARTBEAT_TTL_S)
+            except NoPermissionError:
+                # Redis 6.2 ACLs cannot grant SET on the heartbeat key alone (docs/protocol.md, Access control).
+                self.heartbeats = False
+                self.log.info("heartbeat_not_permitted", reason="this broker user may not SET workers:* keys")
+                return
+            except BROKER_LOST:
+                pass  # the read loop reports a lost broker (and ends the producer)
+            await asyncio.sleep(HEARTBEAT_TTL_S / 3)
+
+    async def _watch_run_end(self) -> None:
+        while not self.closed:
+            try:
+                info = await run_end.ended(self.broker, self.keys)
+            except NoPermissionError:
+                self.log.warning("run_end_not_permitted", fix="this user predates the run:end grant; run "
+                                 "`streamrl producer add` again to reset it (or stop the producer by hand)")
+                return
+            except BROKER_LOST:
+                info = None  # the read loop reports a lost broker
+            if info is not None:
+                self.end(run_end.describe(self.cfg.run.name, info))
+                return
+            await asyncio.sleep(run_end.POLL_S)
 
     async def run(self) -> None:
+        watcher = asyncio.create_task(self._watch_run_end())
         try:
             await super().run()
-        except NoPermissionError:
-            if self.heartbeats:  # only the final heartbeat DEL of a restricted user is expected to fail
-                raise
+        finally:
+            watcher.cancel()
+            await asyncio.wait({watcher}, timeout=BACKGROUND_STOP_S)
 
-    async def step(self) -> bool:
+    async def _farewell(self) -> None:
+        if not self.heartbeats or self.exit_code:  # no heartbeat (6.2), or no broker to delete it on
+            return
+        try:  # a healthy broker answers in milliseconds; otherwise the key's TTL retires it
+            await asyncio.wait_for(self.broker.delete(self.keys.worker(self.role, self.worker_id)), FAREWELL_S)
+        except (asyncio.TimeoutError, *BROKER_LOST):
+            pass
+
+    async def _take(self) -> list[tuple[Entry, Rollout]]:
         await self.slots.acquire()  # read only when a call may start: unread entries stay for other replicas
         try:
             items = await self.read(self.keys.rollouts, self.spec.name, count=self.spec.batch_size, expect=Rollout)
@@ -122,6 +172,28 @@ class ProducerWorker(Worker):
             raise
         if not items:
             self.slots.release()
+        return items
+
+    async def step(self) -> bool:
+        taking = asyncio.ensure_future(self._take())
+        stopped = asyncio.ensure_future(self.stopping.wait())
+        await asyncio.wait({taking, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if not taking.done():
+            # Stopped while waiting for a free slot or for the broker: whatever the cancelled read was
+            # delivered stays pending on this consumer and is redelivered (XAUTOCLAIM), never lost.
+            taking.cancel()
+            await asyncio.gather(taking, return_exceptions=True)
+            return False
+        try:
+            items = taking.result()
+        except BROKER_LOST as exc:
+            self.end(f"broker unreachable ({exc}): the run is over or the broker is down", exit_code=1)
+            return False
+        except NoPermissionError as exc:
+            self.end(f"the broker refused this user ({exc}); create it with `streamrl producer add`", exit_code=1)
+            return False
+        if not items:
             return False
         for entry, _ in items:
             self.hold(self.keys.rollouts, self.spec.name, entry.id)
@@ -166,8 +238,17 @@ class ProducerWorker(Worker):
             self.slots.release()
 
     async def close(self) -> None:
-        if self.tasks:  # drain: finish the batches already taken, so they are acked, not redelivered
-            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+        if not self.tasks:
+            return
+        # Drain: finish the batches already taken, so they are acked, not redelivered; but not on a
+        # broker that is gone, and not past DRAIN_S.
+        _, late = await asyncio.wait(list(self.tasks), timeout=0 if self.exit_code else DRAIN_S)
+        for task in late:
+            task.cancel()
+        await asyncio.gather(*late, return_exceptions=True)
+        if late and not self.exit_code:
+            self.log.warning("batches_abandoned", batches=len(late), drain_s=DRAIN_S,
+                             reason="still running at the stop; their rollouts stay pending and are redelivered")
 
 
 def _check(value: Any, failure: str) -> tuple[Any, str]:
@@ -185,8 +266,16 @@ def _check(value: Any, failure: str) -> tuple[Any, str]:
 
 
 def serve_producer(fn: Callable, spec: ProducerSpec, broker_url: str, run: str, worker_id: str,
-                   claim_idle_ms: int = 30_000) -> None:
-    """Run one producer replica until SIGINT/SIGTERM (then drain in-flight batches and exit)."""
+                   claim_idle_ms: int = 30_000, retries: int = 20) -> int:
+    """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
+    in-flight batches and exit); return the exit code (ProducerWorker.exit_code)."""
     from streamrl.runtime import serve
 
-    serve(lambda broker: ProducerWorker(fn, spec, broker, run, worker_id, claim_idle_ms=claim_idle_ms), broker_url)
+    made: list[ProducerWorker] = []
+
+    def build(broker: Broker) -> ProducerWorker:
+        made.append(ProducerWorker(fn, spec, broker, run, worker_id, claim_idle_ms=claim_idle_ms))
+        return made[-1]
+
+    serve(build, broker_url, retries)
+    return made[-1].exit_code if made else 1

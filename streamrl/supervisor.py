@@ -16,14 +16,16 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl.config import Config
 from streamrl.config_files import dump_config
 from streamrl.errors import EXIT_NO_RESTART, WorkerDied
 from streamrl.failures import DeadLetterWatch
+from streamrl.leftovers import ProcessTree, describe_removed
 from streamrl.metrics import read_metrics
+from streamrl.oom import OomWatch
 from streamrl.recovery import BrokerWatch, RestartPolicy
 
 SCALE_FILE = "scale.json"
@@ -40,14 +42,16 @@ class Child:
     restarts: int = 0
     restart_at: float | None = None
     """Set while the child waits out its restart back-off."""
+    tree: ProcessTree = field(default_factory=ProcessTree)
+    """Its processes and shared-memory segments, recorded while it runs (cleaned up after it dies)."""
+    oom_mark: int | None = None
+    """The OOM-kill counter when it started (streamrl.oom)."""
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        name = signal.Signals(-code).name
-        hint = " — likely out of memory (the kernel's OOM killer sends SIGKILL)" if -code == signal.SIGKILL else ""
-        return f"killed by {name}{hint}"
-    return f"exited with code {code}"
+def describe_exit(code: int, oom: str = "") -> str:
+    """How a process ended; `oom`: the OOM killer's evidence (OomWatch.evidence), "" when there is none."""
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return f"{how} — {oom}" if oom else how
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -104,12 +108,13 @@ class Supervisor:
         """Dead-lettered entries per cause, printed while the job runs (streamrl/failures.py)."""
         self.retiring: list[Child] = []
         """Children asked to leave by `streamrl scale` (SIGTERM sent), until they exit."""
+        self.oom = OomWatch()
 
     def spawn(self, role: str, index: int) -> Child:
         wid = f"{role}-{index}"
         log_path = self.run_dir / "logs" / f"{wid}.out"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        child = Child(role, wid, self._popen(role, wid, log_path), log_path)
+        child = Child(role, wid, self._popen(role, wid, log_path), log_path, oom_mark=self.oom.counter())
         self.children.append(child)
         return child
 
@@ -129,22 +134,40 @@ class Supervisor:
 
     def _on_death(self, c: Child, code: int) -> None:
         """Report how `c` died; schedule its restart (back-off) or end the run (WorkerDied)."""
-        how = describe_exit(code)
         kill_group(c.proc)  # engine processes or ranks it left behind
+        how = self._how(c)
         if code == EXIT_NO_RESTART and (fatal := fatal_line(c.log_path)):
+            self._clean_up(c)
             raise WorkerDied(f"{c.worker_id} ({c.role}) stopped: {fatal} (log: {c.log_path})")
         if not self.policy.allows(c.role, c.restarts, code):
+            self._clean_up(c)
             raise WorkerDied(f"{c.worker_id} ({c.role}) {how}; {self.policy.refusal(c.role, c.restarts, code)}. "
                              f"Last lines of {c.log_path}:\n{tail(c.log_path)}")
         delay = self.policy.delay(c.restarts)
         c.restart_at = time.time() + delay
         self.say(f"{c.worker_id} ({c.role}) {how}; restarting in {delay:.1f}s "
                  f"(restart {c.restarts + 1} of {self.cfg.supervisor.max_restarts})")
+        self._clean_up(c)  # during the back-off
 
     def _respawn(self, c: Child) -> None:
         c.restarts += 1
         c.restart_at = None
+        c.tree, c.oom_mark = ProcessTree(), self.oom.counter()
         c.proc = self._popen(c.role, c.worker_id, c.log_path)
+
+    def _how(self, c: Child) -> str:
+        """How `c` (dead) ended, with the OOM killer's evidence if there is any."""
+        return describe_exit(c.proc.returncode, self.oom.evidence({c.proc.pid, *c.tree.pids}, c.oom_mark))
+
+    def _clean_up(self, c: Child) -> None:
+        """Remove what the dead child's tree left in /dev/shm (streamrl/leftovers.py)."""
+        if removed := c.tree.remove_leftovers():
+            self.say(f"{c.worker_id}: {describe_removed(removed)}")
+
+    def _record_trees(self) -> None:
+        for c in self.children + self.retiring:
+            if c.restart_at is None and c.tree.due() and c.proc.poll() is None:
+                c.tree.scan(c.proc.pid)
 
     def _on_signal(self, signum, _frame) -> None:
         self._stop_requested += 1
@@ -206,6 +229,7 @@ class Supervisor:
             self._progress()
             if line := self.failures.poll():
                 self.say(line)
+            self._record_trees()
             self.apply_scale()
             if self._stop_requested:
                 return 130
@@ -241,7 +265,8 @@ class Supervisor:
         for c in [c for c in self.retiring if c.proc.poll() is not None]:
             self.retiring.remove(c)
             kill_group(c.proc)  # its engine processes, if any outlived it
-            self.say(f"{c.worker_id} left ({describe_exit(c.proc.returncode)})")
+            self.say(f"{c.worker_id} left ({self._how(c)})")
+            self._clean_up(c)
         for role, want in self.desired_counts().items():
             live = sorted((c for c in self.children if c.role == role), key=lambda c: int(c.worker_id.rsplit("-", 1)[1]))
             for _ in range(want - len(live)):
@@ -283,3 +308,5 @@ class Supervisor:
                 c.proc.wait()
         for c in self.children:  # ranks or engine processes a role started, if it left any
             kill_group(c.proc)
+        for c in self.children:  # segments of the ones killed here (a clean exit unlinks its own)
+            self._clean_up(c)

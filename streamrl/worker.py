@@ -24,6 +24,10 @@ from streamrl.errors import NOT_TRANSIENT, DecodeError, FatalError
 from streamrl.messages import Annotation, decode, encode
 
 HEARTBEAT_TTL_S = 15.0
+BACKGROUND_STOP_S = 2.0
+"""How long the stop waits for the heartbeat and keepalive tasks to end after cancelling them."""
+FAREWELL_S = 5.0
+"""How long the final heartbeat DEL may take: on a broker that is gone it would retry for a minute."""
 
 
 class Worker:
@@ -42,6 +46,10 @@ class Worker:
         self.log = structlog.get_logger("streamrl").bind(role=self.role, worker_id=worker_id, run=cfg.run.name)
         self.stopping = asyncio.Event()
         self.done = False
+        self.closed = False
+        """Set when the loop has ended: background loops end at their next turn even if a cancel was lost."""
+        self.stop_reason = ""
+        """Why the loop ended (a signal, the run's end), shown on the `stopped` line."""
         self.stats: dict[str, float] = {}
         self._started = time.time()
         self._pending_cursor: dict[str, str | None] = {}
@@ -65,8 +73,9 @@ class Worker:
     async def close(self) -> None:
         """Release resources (engines, files). Called once after the loop ends."""
 
-    def stop(self) -> None:
-        """Ask the loop to finish its current step and exit."""
+    def stop(self, reason: str = "") -> None:
+        """Ask the loop to finish its current step and exit; `reason` goes on the `stopped` line."""
+        self.stop_reason = self.stop_reason or reason
         self.stopping.set()
 
     def stop_budget_s(self) -> float:
@@ -92,11 +101,27 @@ class Worker:
                 # must not look idle (another worker would claim and redo them) and the worker is alive.
                 await self.close()
             finally:
+                self.closed = True
                 for task in background:
                     task.cancel()
-                await asyncio.gather(*background, return_exceptions=True)
-                await self.broker.delete(self.keys.worker(self.role, self.worker_id))
-            self.log.info("stopped", uptime_s=round(time.time() - self._started, 1), **{**self.busy(), **self.stats})
+                # A cancellation can be lost inside a library call (seen: a generator's heartbeat SET
+                # right after its start kept the stop waiting until the supervisor killed it).
+                _, stuck = await asyncio.wait(background, timeout=BACKGROUND_STOP_S)
+                if stuck:
+                    from streamrl.runtime import task_stacks
+
+                    self.log.warning("background_tasks_left", count=len(stuck), tasks=task_stacks())
+                await self._farewell()
+            reason = {"reason": self.stop_reason} if self.stop_reason else {}
+            self.log.info("stopped", **reason, uptime_s=round(time.time() - self._started, 1), **{**self.busy(), **self.stats})
+
+    async def _farewell(self) -> None:
+        """Delete the heartbeat key; where that fails the key's TTL retires it, so say so and go on."""
+        try:
+            await asyncio.wait_for(self.broker.delete(self.keys.worker(self.role, self.worker_id)), FAREWELL_S)
+        except Exception as exc:
+            self.log.warning("heartbeat_not_deleted", error=str(exc) or type(exc).__name__,
+                             expires_in_s=HEARTBEAT_TTL_S)
 
     # -- helpers ---------------------------------------------------------------------------
     def busy(self) -> dict[str, float]:
@@ -111,14 +136,17 @@ class Worker:
 
     async def _heartbeat_loop(self) -> None:
         key = self.keys.worker(self.role, self.worker_id)
-        while True:
-            info = {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(),
-                    "uptime_s": round(time.time() - self._started, 1), **self.busy(), **self.stats}
+        while not self.closed:
             try:
-                await self.broker.set(key, json.dumps(info), ttl_s=HEARTBEAT_TTL_S)
+                await self.broker.set(key, json.dumps(self.heartbeat()), ttl_s=HEARTBEAT_TTL_S)
             except Exception as exc:  # a broker hiccup must not kill the worker
                 self.log.warning("heartbeat_failed", error=str(exc))
             await asyncio.sleep(HEARTBEAT_TTL_S / 3)
+
+    def heartbeat(self) -> dict:
+        """The heartbeat key's JSON (docs/protocol.md, "Other keys")."""
+        return {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(),
+                "uptime_s": round(time.time() - self._started, 1), **self.busy(), **self.stats}
 
     def hold(self, stream: str, group: str, entry_id: str) -> None:
         """Mark an entry as in progress: its idle time is reset periodically until `release`."""
@@ -129,7 +157,7 @@ class Worker:
 
     async def _keepalive_loop(self) -> None:
         period = self.cfg.broker.claim_idle_ms / 3000
-        while True:
+        while not self.closed:
             await asyncio.sleep(period)
             for (stream, group), ids in list(self._held.items()):
                 try:

@@ -93,10 +93,14 @@ class GeneratorWorker(Worker):
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
         self._version_cond = asyncio.Condition()
+        await self.broker.ensure_group(self.keys.prompts, GROUP)
+        # Groups this id held in a previous life (it was killed) go to a live peer now, not after
+        # broker.claim_idle_ms: the engine start below takes seconds. Alone, it reads them itself.
+        if offered := await self.broker.offer(self.keys.prompts, GROUP, self.worker_id, self.cfg.broker.claim_idle_ms):
+            self.log.info("offered_previous_groups", groups=offered)
         from transformers import AutoConfig
 
         self.vocab_size = getattr(AutoConfig.from_pretrained(self.cfg.model.path), "vocab_size", None)
-        await self.broker.ensure_group(self.keys.prompts, GROUP)
         t0 = time.monotonic()
         await self.engine.start()
         self.log.info("engine_started", seconds=round(time.monotonic() - t0, 2), model=self.cfg.model.path)

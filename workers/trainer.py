@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch.distributed as dist
 
-from streamrl import accounting
+from streamrl import accounting, run_end
 from streamrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
 from streamrl.config import Config
 from streamrl.episode import episode_metrics
@@ -70,6 +70,7 @@ class TrainerWorker(Worker):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
 
     async def start(self) -> None:
+        await run_end.clear_ended(self.broker, self.keys)  # a resumed run runs again
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()
         self.assembler.vocab_size = getattr(getattr(self.engine.model, "config", None), "vocab_size", None)
@@ -215,6 +216,7 @@ class TrainerWorker(Worker):
         if self.done:
             await self.broker.add(self.keys.control, encode(Control(action="stop", version=self.version,
                                                                     reason="trainer finished")))
+            await run_end.mark_ended(self.broker, self.keys, "trainer finished", self.version)
         self.metrics.close()
         self.pool.shutdown(wait=True)
 

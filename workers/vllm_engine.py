@@ -51,6 +51,12 @@ class VLLMEngine:
         # that touch the device); a forked EngineCore then dies with "Cannot re-initialize CUDA in
         # forked subprocess" (seen on the H200). Spawn is safe: entry points have a __main__ guard.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        from vllm.platforms import current_platform
+
+        if current_platform.is_cpu() and self.gen.cpu_worker_in_engine:
+            # vLLM's CPU build otherwise starts the model worker as a process of its own, after the
+            # EngineCore's: a second Python interpreter importing torch + vLLM on every (re)start.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 

@@ -7,7 +7,8 @@
 // packed little-endian int32 `completion_ids`), writes one annotation per rollout under --key and
 // acks. Raw Redis commands (sendCommand) so every step maps onto a line of the protocol doc:
 // own group on `rollouts`, own pending entries first, XAUTOCLAIM of a dead replica's entries,
-// dead-lettering of undecodable input, heartbeats with a TTL, a clean stop on SIGTERM/SIGINT.
+// dead-lettering of undecodable input, heartbeats with a TTL, a clean stop on SIGTERM/SIGINT and
+// when the run ends (`run:end` is set: docs/protocol.md, "Run end").
 import os from "node:os";
 import { parseArgs } from "node:util";
 import { createClient } from "redis";
@@ -37,6 +38,7 @@ const claimIdleMs = Number(opt["claim-idle-ms"]);
 const k = (suffix) => `streamrl:${opt.run}:${suffix}`;
 const ROLLOUTS = k("rollouts"), ANNOTATIONS = k("annotations"), DEADLETTER = k("deadletter");
 const HEARTBEAT = k(`workers:producer:${consumer}`);
+const RUN_END = k("run:end");
 
 const log = (event, fields = {}) =>
   console.log(JSON.stringify({ ts: new Date().toISOString(), event, producer: name, consumer, ...fields }));
@@ -114,7 +116,7 @@ async function heartbeat() {
   }
 }
 
-let stopping = false;
+let stopping = false, endReason = null;
 for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => { stopping = true; log("stopping", { signal: sig }); });
 
 await client.connect();
@@ -125,9 +127,29 @@ try {
   if (!text.includes("BUSYGROUP") && !text.includes("NOPERM")) throw err;
 }
 let beats = await heartbeat();
-let lastBeat = Date.now(), lastClaim = 0, pendingDone = false;
+let lastBeat = Date.now(), lastClaim = 0, lastEndCheck = 0, pendingDone = false;
 log("started", { run: opt.run, key: opt.key, group: name });
+async function runEnded() {
+  // The end mark is a string; WRONGTYPE (a stream someone created there) reads as "not ended".
+  try {
+    const raw = await cmd(["GET", RUN_END]);
+    return raw === null ? null : JSON.parse(str(raw));
+  } catch (err) {
+    if (String(err.message ?? err).includes("WRONGTYPE")) return null;
+    throw err;
+  }
+}
+
 async function poll() {
+  if (Date.now() - lastEndCheck > 1000) {
+    lastEndCheck = Date.now();
+    const end = await runEnded();
+    if (end) {
+      endReason = `run ${opt.run} ended: ${end.reason}`;
+      stopping = true;
+      return;
+    }
+  }
   let entries = [];
   if (!pendingDone) {
     // Own pending entries first (delivered to this consumer id before a restart, never acked).
@@ -166,4 +188,4 @@ while (!stopping) {
 }
 if (beats) await cmd(["DEL", HEARTBEAT]).catch(() => {});
 await client.disconnect().catch(() => {});
-log("stopped", { scored });
+log("stopped", { scored, ...(endReason ? { reason: endReason } : {}) });

@@ -5,9 +5,10 @@
 
 `add` creates the consumer group NAME on `rollouts` (as the admin) and a user that may only run
 the stream commands a producer needs (ACL_COMMANDS) on its run's `rollouts`, `annotations` and
-`deadletter` keys. What Redis can and cannot restrict is spelled out in docs/protocol.md
-("Security"): on Redis 6.2 commands and key patterns are granted independently; on Redis >= 7
-selectors pair XADD with `annotations`/`deadletter` only and SET/DEL with the heartbeat keys.
+`deadletter` keys, and GET the run's end mark (`run:end`, streamrl/run_end.py). What Redis can and
+cannot restrict is spelled out in docs/protocol.md ("Access control"): on Redis 6.2 commands and
+key patterns are granted independently; on Redis >= 7 selectors pair XADD with
+`annotations`/`deadletter` only, GET with `run:end` only and SET/DEL with the heartbeat keys.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ ACL_COMMANDS = ["ping", "xreadgroup", "xack", "xautoclaim", "xclaim", "xpending"
                 "xgroup|create"]
 """Reading through a consumer group, taking over a dead replica's entries, creating the own group."""
 WRITE_COMMANDS = ["xadd"]
+END_COMMANDS = ["get"]
+"""Reading the run's end mark (a string key: XADD cannot overwrite it)."""
 HEARTBEAT_COMMANDS = ["set", "del"]
 
 
@@ -42,12 +45,15 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
     heartbeat = f"~{keys.prefix}workers:producer:{name}-*"
     base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
     if server_major >= 7:
-        # Selectors pair commands with keys: XADD only to annotations/deadletter, SET/DEL only the heartbeat.
+        # Selectors pair commands with keys: XADD only to annotations/deadletter, GET only the end
+        # mark, SET/DEL only the heartbeat.
         return [*base, *read, f"({' '.join(write + ['+' + c for c in WRITE_COMMANDS])})",
+                f"(%R~{keys.run_end} {' '.join('+' + c for c in END_COMMANDS)})",
                 f"({heartbeat} {' '.join('+' + c for c in HEARTBEAT_COMMANDS)})"]
     # Redis 6.2: one command set x one key set. XADD must be granted, so it also works on `rollouts`;
-    # SET/DEL are not granted (they would work on every granted key): no heartbeats for this user.
-    return [*base, *(f"+{c}" for c in WRITE_COMMANDS), *read, *write]
+    # GET works on the granted streams too, where it only answers WRONGTYPE. SET/DEL are not granted
+    # (they would work on every granted key): no heartbeats for this user.
+    return [*base, *(f"+{c}" for c in WRITE_COMMANDS + END_COMMANDS), *read, *write, f"~{keys.run_end}"]
 
 
 def producer_url(admin_url: str, user: str, password: str) -> str:

@@ -35,6 +35,9 @@ def add_arguments(p) -> None:
     p.add_argument("--timeout", type=float, dest="timeout_s", help="seconds per call before its batch fails")
     p.add_argument("--claim-idle-ms", type=int, default=30_000,
                    help="take over a dead replica's entries after they are idle this long")
+    p.add_argument("--connect-retries", type=int, default=20,
+                   help="attempts (with back-off up to 2 s) to reach the broker, at start and per command, before "
+                   "the producer gives up and exits (default 20: about 40 s)")
     p.add_argument("--id", help="replica id (default: NAME-HOST-PID)")
 
 
@@ -68,5 +71,4 @@ def run(args) -> int:
     url = broker_url(args)
     wid = args.id or f"{spec.name}-{os.uname().nodename}-{os.getpid()}"
     setup_logging("producer", wid, Path(args.run_dir) if args.run_dir else None, run=args.run)
-    serve_producer(fn, spec, url, args.run, wid, claim_idle_ms=args.claim_idle_ms)
-    return 0
+    return serve_producer(fn, spec, url, args.run, wid, claim_idle_ms=args.claim_idle_ms, retries=args.connect_retries)

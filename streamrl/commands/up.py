@@ -48,8 +48,8 @@ def run(args) -> int:
                           "folder under runs/)")
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
     embedded = sup = None
+    url, code = cfg.broker.url, 1
     try:
-        url = cfg.broker.url
         if url == "embedded":
             from brokers.embedded import EmbeddedRedis
 
@@ -60,8 +60,9 @@ def run(args) -> int:
         sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
         code = sup.run()
     finally:
-        # The broker goes last, after every role drained and the accounting read it.
-        _stop_broker(sup.broker_watch.server if sup is not None else embedded)
+        # Producers of the run see it end (and leave) before the broker goes away under them; the
+        # broker goes last, after every role drained and the accounting read it.
+        _end_run_and_stop_broker(url, cfg.run.name, code, sup.broker_watch.server if sup is not None else embedded)
         from streamrl.weightstores.shm import shm_root
 
         # This run's host-local weights and copies (shm, dir and torchstore backends); keyed by the
@@ -73,14 +74,18 @@ def run(args) -> int:
     return code
 
 
-def _stop_broker(server) -> None:
-    """Stop the embedded server (the one running now: restarted if the first died), whatever signals
-    arrive meanwhile: it runs in its own session, so nothing else would stop it."""
-    if server is None:
-        return
+def _end_run_and_stop_broker(url: str, run: str, code: int, server) -> None:
+    """Set the run's end mark (streamrl/run_end.py), then stop the embedded server (the one running
+    now: restarted if the first died), whatever signals arrive meanwhile: it runs in its own
+    session, so nothing else would stop it."""
+    from streamrl.run_end import end_run
+
     old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.stop()
+        if url != "embedded":  # "embedded" here: the server never started, nobody to tell
+            end_run(url, run, "streamrl up exited" + ("" if code == 0 else f" with code {code}"))
+        if server is not None:
+            server.stop()
     finally:
         for s, h in old.items():
             signal.signal(s, h)

@@ -138,8 +138,10 @@ def test_node_producer_scores_reach_the_trainer(tmp_path):
     node = attach_node_judge(up, run_dir)
     try:
         rows = finish(up, run_dir)
+        code = node.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
     finally:
-        code = stop(node)  # the broker is gone by now: the producer keeps retrying until SIGTERM
+        if node.poll() is None:
+            stop(node)
     for r in rows:
         parts = r["reward_components"]
         assert set(parts) == {"reward", "judge"}
@@ -148,7 +150,8 @@ def test_node_producer_scores_reach_the_trainer(tmp_path):
         assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"], abs=1e-5)
         assert r["annotation_timeouts"] == 0 and r["failed"] == 0
     log = (tmp_path / "node.log").read_text()
-    assert code == 0 and '"event":"stopped"' in log, log[-2000:]
+    assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[-2000:]
+    assert '"event":"broker_error"' not in log, log[-2000:]
 
 
 @pytest.mark.timeout(900)

@@ -111,7 +111,7 @@ def test_every_worker_role_sigkilled_and_broker_restarted(tmp_path):
     out = up.output()
     assert code == 0, out[-4000:]
     for role in ("generator", "reward", "reference", "feeder"):
-        assert f"{role}-0 ({role}) killed by SIGKILL — likely out of memory" in out
+        assert f"{role}-0 ({role}) killed by SIGKILL; restarting in" in out  # kill -9 is not "out of memory"
     assert out.count("restarting in") >= 4
     assert "broker (redis-server) killed by SIGKILL" in out and "broker back after" in out
     assert_metrics(up, steps)
@@ -135,7 +135,7 @@ def test_trainer_sigkilled_then_resumed_and_gracefully_stopped(tmp_path):
     code = up.wait()
     out = up.output()
     assert code == 1, out[-4000:]
-    assert "trainer-0 (trainer) killed by SIGKILL — likely out of memory" in out
+    assert "trainer-0 (trainer) killed by SIGKILL;" in out
     assert "supervisor.restart_trainer=true" in out
     s = up.summary()
     assert_exact(s)

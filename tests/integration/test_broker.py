@@ -91,6 +91,20 @@ async def test_claim_idle_takes_over_a_dead_consumers_entries(broker, run_name):
     assert [e.id for e in await broker.read_group(s, "reward", "alive", start="0")] == ids
 
 
+async def test_offer_hands_a_restarted_consumers_entries_to_its_peers_at_once(broker, run_name):
+    s = f"streamrl:{run_name}:prompts"
+    await broker.ensure_group(s, "generator")
+    for i in range(5):
+        await broker.add(s, f"p{i}".encode())
+    held = await broker.read_group(s, "generator", "generator-0", count=3)  # its previous life's groups
+    assert await broker.claim_idle(s, "generator", "generator-1", min_idle_ms=30_000) == []  # not idle yet
+    assert await broker.offer(s, "generator", "generator-0", idle_ms=30_000) == 3
+    got = await broker.claim_idle(s, "generator", "generator-1", min_idle_ms=30_000)
+    assert [e.id for e in got] == [e.id for e in held]
+    assert await broker.offer(s, "generator", "generator-0", idle_ms=30_000) == 0  # nothing left on it
+    assert await broker.offer(s, "nogroup", "generator-0", idle_ms=30_000) == 0
+
+
 async def test_claim_idle_skips_and_acks_deleted_entries(broker, run_name):
     s = Keys(run_name).rollouts
     await broker.ensure_group(s, "reward")

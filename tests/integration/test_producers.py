@@ -1,6 +1,7 @@
 """External producers against a real redis-server: the Python SDK (batches, concurrency limit, sync
-and async functions, errors, dead letters, takeover of a dead replica's entries), the restricted
-broker user of `streamrl producer add`, and the Node.js example producer under that user."""
+and async functions, errors, dead letters, takeover of a dead replica's entries), `streamrl producer
+add|list|remove`, and the Node.js example producer under its user. What that user may and may not do,
+on Redis 6.2 and >= 7: tests/integration/test_producer_acl.py."""
 
 import asyncio
 import json
@@ -12,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from redis.exceptions import NoPermissionError
 
 from brokers.redis_streams import connect
+from streamrl import run_end
 from streamrl.broker import Keys
 from streamrl.errors import BrokerError
 from streamrl.messages import Annotation, Rollout, decode, encode
@@ -119,54 +120,6 @@ def producer_add(url: str, run: str, name: str) -> str:
     return res.stdout.splitlines()[0]
 
 
-async def test_producer_user_cannot_touch_keys_outside_its_grant(redis_server, broker, run_name):
-    keys, other = Keys(run_name), Keys(run_name + "-other")
-    await broker.set(keys.weights_latest, "secret")
-    await broker.add(keys.prompts, b"p")
-    await broker.add(other.annotations, b"x")
-    url = producer_add(redis_server.url, run_name, "judge")
-    assert url.startswith(f"redis://producer-{run_name}-judge:") and "@127.0.0.1:" in url
-    pb = await connect(url, retries=0)
-    try:
-        await publish(pb_admin := broker, keys, 2, garbage=False)
-        # Inside the grant: read rollouts through its group, append annotations and dead letters, ack.
-        got = await pb.read_group(keys.rollouts, "judge", "judge-0", count=10)
-        assert len(got) == 2
-        await pb.add(keys.annotations, encode(Annotation(rollout_id="g0:0", key="judge", value=1.0)))
-        await pb.add(keys.deadletter, b"{}")
-        # Batches: scripts are refused to this user, so add_many falls back to a pipeline.
-        batch = [encode(Annotation(rollout_id=f"g1:{i}", key="judge", value=float(i))) for i in range(3)]
-        assert len(await pb.add_many(keys.annotations, batch)) == 3 and not pb._batch_script
-        assert await pb.ack(keys.rollouts, "judge", [e.id for e in got]) == 2
-        assert await pb.claim_idle(keys.rollouts, "judge", "judge-0", 0) == []
-        # Outside: other keys of the run, other runs, plain reads, destructive and admin commands.
-        c = pb.client
-        denied = [
-            c.get(keys.weights_latest), c.set(keys.weights_latest, "x"), c.xadd(keys.prompts, {"d": b"x"}),
-            c.xrange(keys.prompts), c.xreadgroup("judge", "j", {keys.prompts: ">"}),
-            c.xadd(other.annotations, {"d": b"x"}), c.xrange(other.annotations),
-            c.xreadgroup("judge", "j", {other.rollouts: ">"}), c.delete(keys.rollouts), c.set(keys.rollouts, "x"),
-            c.expire(keys.annotations, 1), c.xtrim(keys.annotations, 0), c.xdel(keys.rollouts, got[0].id),
-            c.xgroup_destroy(keys.rollouts, "trainer"), c.xgroup_setid(keys.rollouts, "trainer", "$"),
-            c.keys("*"), c.flushall(), c.config_get("*"), c.execute_command("ACL", "LIST"),
-            c.eval("return 1", 0), c.incr(keys.trainer_version),
-        ]
-        for call in denied:
-            with pytest.raises(NoPermissionError):
-                await call
-        assert await broker.get(keys.weights_latest) == b"secret" and await pb_admin.stream_len(keys.prompts) == 1
-        # What Redis 6.2 cannot express (docs/protocol.md, Security): XADD is granted for annotations,
-        # so it also works on the other granted key, rollouts. Redis >= 7 selectors close that.
-        major = int((await broker.client.info("server"))["redis_version"].split(".")[0])
-        if major >= 7:
-            with pytest.raises(NoPermissionError):
-                await c.xadd(keys.rollouts, {"d": b"x"})
-        else:
-            await c.xadd(keys.rollouts, {"d": b"x"})
-    finally:
-        await pb.close()
-
-
 async def test_node_producer_under_its_acl_user(redis_server, broker, run_name, tmp_path):
     keys = Keys(run_name)
     url = producer_add(redis_server.url, run_name, "judge")
@@ -189,28 +142,15 @@ async def test_node_producer_under_its_acl_user(redis_server, broker, run_name, 
         while (await broker.group_info(keys.rollouts))[0]["pending"] and time.time() < deadline:
             await asyncio.sleep(0.1)
         assert (await broker.group_info(keys.rollouts))[0]["pending"] == 0
+        await run_end.mark_ended(broker, keys, "trainer finished", version=5)
+        code = await asyncio.to_thread(proc.wait, 20)  # it leaves by itself when the run ends
     finally:
-        proc.send_signal(signal.SIGTERM)
-        code = proc.wait(timeout=20)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=20)
     log = (tmp_path / "node.log").read_text()
     assert code == 0, log
-    assert '"event":"stopped"' in log and '"scored":12' in log
-
-
-async def test_sdk_runs_under_the_restricted_user(redis_server, broker, run_name):
-    keys = Keys(run_name)
-    url = producer_add(redis_server.url, run_name, "judge")
-    await publish(broker, keys, 4)
-    pb = await connect(url, retries=0)
-    try:
-        worker = ProducerWorker(lambda rs: [1.0] * len(rs), spec_of(lambda rs: [], key="judge"), pb, run_name,
-                                "judge-0", claim_idle_ms=200, block_ms=50)
-        got = await run_until(worker, broker, keys, 4)  # exits cleanly although heartbeats are not permitted
-    finally:
-        await pb.close()
-    major = int((await broker.client.info("server"))["redis_version"].split(".")[0])
-    assert len(got) == 4 and worker.heartbeats == (major >= 7)  # 6.2 cannot grant SET on the heartbeat alone
-    assert len(await broker.read(keys.deadletter)) == 1
+    assert '"event":"stopped"' in log and '"scored":12' in log and "ended: trainer finished" in log
 
 
 async def test_producer_list_and_remove(redis_server, broker, run_name):

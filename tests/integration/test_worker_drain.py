@@ -10,6 +10,7 @@ import asyncio
 
 import pytest
 
+from brokers.redis_streams import RedisBroker
 from streamrl.config import BrokerConfig
 from streamrl.messages import Control, encode
 from streamrl.worker import Worker
@@ -51,3 +52,30 @@ async def test_entries_being_drained_are_not_claimed_by_others(broker, config):
     assert claimed == []  # 1.5 s of drain, 5 x claim_idle_ms: kept alive throughout
     assert (await broker.client.xpending(w.keys.prompts, GROUP))["pending"] == 0
     assert await broker.get(w.keys.worker("generator", "gen-a")) is None  # deregistered at the end
+
+
+class LosesCancellation(RedisBroker):
+    """A broker call that swallows its cancellation, as one did inside a generator's first heartbeat
+    SET right after its start (its stop then waited until the supervisor killed it)."""
+
+    async def set(self, key, value, ttl_s=None) -> None:
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            pass
+
+
+class Idle(Worker):
+    role = "generator"
+
+    async def step(self) -> bool:
+        await asyncio.sleep(0.05)
+        return False
+
+
+async def test_a_lost_cancellation_does_not_hang_the_stop(broker, config):
+    w = Idle(config, LosesCancellation(broker.client), "gen-a")
+    run = asyncio.create_task(w.run())
+    await asyncio.sleep(0.3)  # the heartbeat task is inside its SET
+    w.stop()
+    await asyncio.wait_for(run, 10)  # before: waited on the heartbeat task forever

@@ -23,8 +23,10 @@ def test_trainer_restarts_only_when_configured():
     assert "max_restarts=2" in p.refusal("reward", 2)
 
 
-def test_exit_descriptions_name_the_signal_and_oom():
-    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL — likely out of memory (the kernel's OOM killer sends SIGKILL)"
+def test_exit_descriptions_name_the_signal_and_oom_only_with_evidence():
+    assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"  # kill -9, a runtime, ...: not "out of memory"
+    assert describe_exit(-signal.SIGKILL, "killed by the kernel's OOM killer: out of memory (kernel log: ...)") == (
+        "killed by SIGKILL — killed by the kernel's OOM killer: out of memory (kernel log: ...)")
     assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
     assert describe_exit(3) == "exited with code 3"
 
