@@ -254,6 +254,10 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward on one rank."""
+    logprob_chunk_tokens: int = Field(2048, ge=0)
+    """Tokens whose logits are formed at once when recomputing log-probs (streamrl/logprobs.py): the
+    [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the
+    model's full logits (more activation memory, no recomputation)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["hf", "torchtitan"] = "hf"
     """Model definitions: `hf` = transformers AutoModelForCausalLM + FSDP2; `torchtitan` = torchtitan's

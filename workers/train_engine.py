@@ -31,8 +31,9 @@ from torch import Tensor
 from streamrl.batch import Batch
 from streamrl.config import Config
 from streamrl.errors import ConfigError, StreamRLError
+from streamrl.logprobs import gathered_logprobs
 from streamrl.losses import LossInputs, compute_loss, loss_requirements
-from streamrl.modeling import pick_device
+from streamrl.modeling import check_plain_head, decoder_hidden_states, pick_device
 
 
 def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
@@ -42,8 +43,8 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
     positions [B, T]: index of the logit that predicts completion token t, i.e. len(prompt)+t-1;
         T = longest completion; padded entries point at 0 (any valid index; they are masked).
     targets [B, T] (the completion ids), mask [B, T] float (1 on real completion tokens),
-    old_logprobs [B, T] (behaviour log-probs), advantages [B], and ref_logprobs [B, T] when the
-    batch carries them. An empty batch gives one fully masked row, so a rank with nothing to
+    old_logprobs [B, T] (behaviour log-probs), advantages [B], lengths [B] (completion tokens per
+    row), and ref_logprobs [B, T] when the batch carries them. An empty batch gives one fully masked row, so a rank with nothing to
     train on still runs the forward/backward that FSDP's collectives need on every rank.
     """
     rows = batch.rollouts
@@ -51,7 +52,7 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
         one = torch.zeros((1, 1), dtype=torch.long)
         out = {"input_ids": one + pad_id, "attention_mask": one + 1, "positions": one.clone(),
                "targets": one + pad_id, "mask": one.float(), "old_logprobs": one.float(),
-               "advantages": torch.zeros(1)}
+               "advantages": torch.zeros(1), "lengths": torch.ones(1, dtype=torch.long)}
         if batch.ref_logprobs is not None:
             out["ref_logprobs"] = one.float()
         return out
@@ -90,7 +91,8 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
             ref[i, :c] = torch.from_numpy(ref_row)
     out = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions,
            "targets": targets, "mask": mask, "old_logprobs": old,
-           "advantages": torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32))}
+           "advantages": torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)),
+           "lengths": torch.as_tensor([len(r.completion_ids) for r in rows], dtype=torch.long)}
     if ref is not None:
         out["ref_logprobs"] = ref
     return out
@@ -110,6 +112,23 @@ def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperatu
     elif with_entropy:
         entropy = -(logp_all.exp() * logp_all).sum(-1)
     return logp, entropy
+
+
+def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str = "weight") -> Tensor:
+    """module.<name> as the full tensor FSDP2 gathered for this forward, so its gradient reaches FSDP's
+    reduce-scatter; a tensor-parallel shard is then all-gathered, differentiably.
+
+    `owner` is the FSDP module whose parameter group holds the weight: unshard() is a no-op right
+    after its forward (FSDP keeps the root's and the last group's parameters gathered for the
+    backward) and gathers them if a reshard policy freed them. Read the attribute only after it:
+    FSDP swaps the registered parameter between the sharded and the gathered one."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(owner, FSDPModule):
+        owner.unshard()
+    weight = getattr(module, name)
+    return weight.full_tensor() if isinstance(weight, DTensor) else weight
 
 
 def num_micro_batches(batch_size: int, world: int, micro_batch_size: int) -> int:
@@ -207,6 +226,7 @@ class TrainEngine:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
         model.train()
+        self.head = check_plain_head(model) if tc.logprob_chunk_tokens else None
         shard_model(model, init_device_mesh(self.device.type, (world_size,)), compute_dtype)
         self.model = model
         self._init_optimizer()
@@ -220,11 +240,21 @@ class TrainEngine:
         self.steps_done = 0
 
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward)."""
-        logits = self.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
-                            use_cache=False).logits
-        return token_logprobs(logits, padded["positions"], padded["targets"],
-                              self.cfg.generator.temperature, with_entropy)
+        """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
+
+        With trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from
+        the decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
+        chunk = self.cfg.trainer.logprob_chunk_tokens
+        if not chunk:
+            logits = self.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                                use_cache=False).logits
+            return token_logprobs(logits, padded["positions"], padded["targets"],
+                                  self.cfg.generator.temperature, with_entropy)
+        hidden = decoder_hidden_states(self.model, padded["input_ids"], padded["attention_mask"])
+        weight = unsharded_weight(self.model, self.head)
+        bias = None if self.head.bias is None else unsharded_weight(self.model, self.head, "bias")
+        return gathered_logprobs(hidden, weight, bias, padded["positions"], padded["targets"],
+                                 padded["lengths"], self.cfg.generator.temperature, chunk, with_entropy)
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
