@@ -278,6 +278,10 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
     """Save a checkpoint (RUN_DIR/checkpoints, torch.distributed.checkpoint) every this many steps,
     and at the end or on a graceful stop. Steps after the newest checkpoint are replayed on resume."""
+    checkpoint_async: bool = True
+    """Write checkpoints on a background thread: training pays only for staging the state (a CPU
+    copy); the checkpoint becomes visible, and what it covers is acked, once the write completes.
+    False: the trainer waits for the write (metrics.jsonl `checkpoint_stall_s` shows the cost)."""
     checkpoint_keep: int = Field(2, ge=1)
     """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
     trim_every_s: float = Field(10.0, gt=0)
