@@ -254,6 +254,10 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward on one rank."""
+    micro_batch_tokens: int = Field(0, ge=0)
+    """Token budget of one micro-batch: rows are sorted by length and packed while rows x longest row
+    stays within it (and rows within micro_batch_size), so little of each forward is padding;
+    metrics.jsonl's padded_tokens vs input_tokens shows the waste. 0 = slices of micro_batch_size rows."""
     logprob_chunk_tokens: int = Field(2048, ge=0)
     """Tokens whose logits are formed at once when recomputing log-probs (streamrl/logprobs.py): the
     [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the

@@ -137,6 +137,36 @@ def num_micro_batches(batch_size: int, world: int, micro_batch_size: int) -> int
     return max(1, -(-largest_shard // micro_batch_size))
 
 
+def pack_by_tokens(lengths: list[int], micro_batch_size: int, micro_batch_tokens: int) -> list[list[int]]:
+    """Row indices of each micro-batch: rows sorted longest first, a micro-batch closed before its
+    padded size (rows x longest row) would pass micro_batch_tokens or its rows micro_batch_size.
+    A row longer than the budget trains alone. Sorting keeps rows of similar length together, so
+    little of each [rows, longest] input is padding."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        # The first row of a micro-batch is its longest (sorted): that length sets its padded size.
+        if out and len(out[-1]) < micro_batch_size and lengths[out[-1][0]] * (len(out[-1]) + 1) <= micro_batch_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def plan_micro_batches(batch: Batch, world: int, micro_batch_size: int, micro_batch_tokens: int) -> list[list[list[int]]]:
+    """For each data-parallel rank, the row indices (into its batch.shard) of each micro-batch; every
+    rank gets the same number (FSDP's collectives must line up), padded with empty micro-batches.
+
+    micro_batch_tokens = 0: contiguous slices of at most micro_batch_size rows (num_micro_batches)."""
+    shards = [batch.shard(r, world) for r in range(world)]
+    if not micro_batch_tokens:
+        k = num_micro_batches(len(batch), world, micro_batch_size)
+        return [[list(range(i * len(s) // k, (i + 1) * len(s) // k)) for i in range(k)] for s in shards]
+    plans = [pack_by_tokens([len(r.prompt_ids) + len(r.completion_ids) for r in s.rollouts],
+                            micro_batch_size, micro_batch_tokens) for s in shards]
+    k = max(1, max(len(p) for p in plans))
+    return [p + [[] for _ in range(k - len(p))] for p in plans]
+
+
 def lr_factor(tc, step: int) -> float:
     """Multiplier of trainer.lr before optimizer step `step` (0-based): warm-up, then the decay."""
     if step < tc.warmup_steps:
@@ -258,6 +288,9 @@ class TrainEngine:
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
+        # Pad waste: input positions the forward computes vs those that hold a real token.
+        sizes = {"input_tokens": float(sum(len(r.prompt_ids) + len(r.completion_ids) for r in mb.rollouts)),
+                 "padded_tokens": float(padded["input_ids"].numel())}
         # Entropy is always logged (no gradient unless loss.entropy_coef > 0 asks for the bonus).
         want = True if "entropy" in self.requirements else ("metric" if self.cfg.trainer.log_entropy else False)
         logp, entropy = self.logprobs(padded, with_entropy=want)
@@ -271,7 +304,7 @@ class TrainEngine:
         )
         loss, metrics = compute_loss(self.cfg.loss, inp)
         loss.backward()
-        return metrics
+        return {**metrics, **sizes}
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on the whole batch (every rank passes the same full batch)."""
@@ -282,12 +315,13 @@ class TrainEngine:
             raise ConfigError("the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
                               "the assembler must wait for the reference workers' annotation")
         total_tokens, total_seqs = float(max(1, batch.num_loss_tokens)), float(len(batch))
+        tc = self.cfg.trainer
         shard = batch.shard(self.dp_rank, self.dp_size)
-        n_micro = num_micro_batches(len(batch), self.dp_size, self.cfg.trainer.micro_batch_size)
+        plan = plan_micro_batches(batch, self.dp_size, tc.micro_batch_size, tc.micro_batch_tokens)[self.dp_rank]
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for i in range(n_micro):
-            for key, value in self._micro_step(shard.shard(i, n_micro), total_tokens, total_seqs).items():
+        for index in plan:
+            for key, value in self._micro_step(shard.select(index), total_tokens, total_seqs).items():
                 sums[key] += float(value)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)

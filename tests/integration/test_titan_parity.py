@@ -153,7 +153,7 @@ def test_full_state_dict_is_the_checkpoint_in_hf_names_on_rank_0_only(runs, tiny
 def test_one_step_matches_world_1_and_the_hf_backend(runs, other, atol):
     m1, m2 = (_read(runs[r], "rank0.json")["metrics"] for r in ("titan1", other))
     assert m1["grad_norm"] > 1e-3 and m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
-    for key in set(m1) - {"time_s"}:
+    for key in set(m1) - {"time_s", "padded_tokens"}:  # padding depends on the split
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
     w1, w2, w0 = _read(runs["titan1"], "final.safetensors"), _read(runs[other], "final.safetensors"), \
         _read(runs["titan1"], "initial.safetensors")

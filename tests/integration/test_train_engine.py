@@ -153,7 +153,7 @@ def test_world_2_and_world_1_give_the_same_step(runs):
     # though Adam's first update is scale-invariant.
     assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     assert m1["grad_norm"] > 1e-3
-    for key in set(m1) - {"time_s"}:
+    for key in set(m1) - {"time_s", "padded_tokens"}:  # padding depends on the split
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
     assert m1["tokens"] == 27 and m1["seqs"] == 6 and m1["lr"] == 1e-3 and m1["skipped_step"] == 0
     # Entropy is logged even without an entropy bonus (trainer.log_entropy): near log(vocab) at init.
@@ -253,14 +253,15 @@ def test_prox_entropy_and_ref_inputs_reach_the_loss(tiny, batch, tmp_path):
 
 
 def _grads_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int,
-                backend: str = "hf") -> None:
+                backend: str = "hf", micro_batch_tokens: int = 0) -> None:
     """One step with an entropy bonus and a KL term; the full gradient of every weight to a file."""
     from workers.engines import make_engine
 
     cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
                  loss=LossConfig(kl_beta=0.1, entropy_coef=0.01),
                  trainer=TrainerConfig(world_size=world, device="cpu", micro_batch_size=2, logprob_chunk_tokens=chunk,
-                                       grad_clip=1e9, backend=backend))  # no clipping: raw gradients compared
+                                       grad_clip=1e9, backend=backend, micro_batch_tokens=micro_batch_tokens))
+    # (grad_clip 1e9: no clipping, the raw gradients are compared)
     batch = broadcast_batch(batch if rank == 0 else None, rank)
     batch = copy.copy(batch)
     batch.ref_logprobs = [r.logprobs - 0.1 for r in batch.rollouts]
@@ -289,6 +290,23 @@ def test_chunked_logprobs_give_the_full_logits_gradient(tiny, batch, tmp_path, a
     for key in ("loss", "entropy", "kl", "pg_loss"):
         assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-5, abs=1e-7), key
     assert list(a["grads"]) == list(b["grads"])
+    for name, g in a["grads"].items():
+        torch.testing.assert_close(b["grads"][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_token_budget_micro_batches_give_the_same_gradient(tiny, batch, tmp_path):
+    """trainer.micro_batch_tokens: rows sorted by length and packed (here 2 micro-batches of 1-2
+    rows on each of 2 ranks, each padded to its own longest row) give the gradient of row-count
+    slices on 1 rank, with fewer padded positions."""
+    by_count, by_tokens = tmp_path / "count", tmp_path / "tokens"
+    by_count.mkdir(), by_tokens.mkdir()
+    launch(1, functools.partial(_grads_main, str(tiny), batch, str(by_count), 0))
+    launch(2, functools.partial(_grads_main, str(tiny), batch, str(by_tokens), 0, micro_batch_tokens=16))
+    a, b = torch.load(by_count / "grads.pt"), torch.load(by_tokens / "grads.pt")
+    assert a["metrics"]["grad_norm"] == pytest.approx(b["metrics"]["grad_norm"], rel=1e-5)
+    assert a["metrics"]["input_tokens"] == b["metrics"]["input_tokens"] == sum(
+        len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts)
+    assert b["metrics"]["padded_tokens"] < a["metrics"]["padded_tokens"]
     for name, g in a["grads"].items():
         torch.testing.assert_close(b["grads"][name], g, atol=1e-6, rtol=1e-5, msg=name)
 
