@@ -44,8 +44,9 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
         T = longest completion; padded entries point at 0 (any valid index; they are masked).
     targets [B, T] (the completion ids), mask [B, T] float (1 on real completion tokens),
     old_logprobs [B, T] (behaviour log-probs), advantages [B], lengths [B] (completion tokens per
-    row), and ref_logprobs [B, T] when the batch carries them. An empty batch gives one fully masked row, so a rank with nothing to
-    train on still runs the forward/backward that FSDP's collectives need on every rank.
+    row), and ref_logprobs [B, T] when the batch carries them. An empty batch gives one fully
+    masked row, so a rank with nothing to train on still runs the forward/backward that FSDP's
+    collectives need on every rank.
     """
     rows = batch.rollouts
     if not rows:
