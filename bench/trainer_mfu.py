@@ -213,6 +213,8 @@ def run(args) -> int:
     print(f"{gpu}: {Path(cfg.model.path).name} {dtype}, {args.rows} rows x {seq:.0f} tokens{' (ragged)' * args.ragged},"
           f" micro-batch {cfg.trainer.micro_batch_size}, {fpt / 1e9:.2f} GFLOP/token, peak {peak} TFLOP/s", flush=True)
     results = {}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="trainer_mfu_ckpt_", dir=args.checkpoint_dir) as tmp:
         for variant in args.variants.split(","):

@@ -27,7 +27,6 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
            "--set", f"model.path={tmp_path / 'model'}", "--rows", "8", "--prompt-len", "8", "--completion-len", "24",
            "--ragged", "--warmup", "0", "--steps", "1", "--checkpoint", "--checkpoint-dir", str(tmp_path),
            "--variants", "hf,hf+nochunk+mbt=64"]
-    (tmp_path / "out").mkdir()
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "checkpoint: blocking save" in proc.stdout
