@@ -8,6 +8,14 @@ completion); MFU = tokens/s * FLOPs per token / the GPU's peak dense bf16 FLOP/s
 token = 6 * (matmul parameters, lm_head included) + 12 * layers * heads * head_dim * seq_len
 (torchtitan's convention: attention counted without the causal half).
 
+Variant options (after the backend, joined by +): compile, ac, nochunk (the model's full logits
+instead of trainer.logprob_chunk_tokens chunks), chunk=N, mbt=N (trainer.micro_batch_tokens),
+mbs=N (trainer.micro_batch_size).
+--ragged draws each completion's length uniformly in 1..completion-len (pad waste; tokens/s counts
+real tokens). --checkpoint also times, per variant, a blocking save and two background saves
+(streamrl.checkpoint.Checkpointer): the training thread's stall and the write's duration. A variant
+that runs out of GPU memory is reported as OOM with its peak, and the others still run.
+
     python -m bench.trainer_mfu --config configs/qwen3-1.7b-train.yaml --variants hf,torchtitan   # GPU
     python -m bench.trainer_mfu --shape qwen3-tiny --device cpu --rows 8 --prompt-len 16 --completion-len 16
 
@@ -37,13 +45,18 @@ def add_arguments(p) -> None:
     p.add_argument("--shape", default="qwen3-1.7b", help="streamrl.shapes shape built when model.path is missing")
     p.add_argument("--device", default=None, help="trainer.device override (cpu for the smoke run)")
     p.add_argument("--variants", default="hf,torchtitan",
-                   help="comma list of BACKEND[+compile][+ac], e.g. hf,torchtitan,torchtitan+compile")
+                   help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N], "
+                        "e.g. hf+nochunk,hf,torchtitan+compile+mbs=64")
     p.add_argument("--rows", type=int, default=32, help="rollouts per batch (groups of 8)")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--completion-len", type=int, default=1536)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=None, help="default: by GPU name (H100/H200 989)")
+    p.add_argument("--ragged", action="store_true", help="completion lengths uniform in 1..completion-len")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="also time a blocking and two background checkpoint saves per variant")
+    p.add_argument("--checkpoint-dir", default=None, help="where the timed checkpoints go (default: a temp dir)")
 
 
 def flops_per_token(hf: dict, seq_len: int) -> float:
@@ -57,7 +70,7 @@ def flops_per_token(hf: dict, seq_len: int) -> float:
     return 6.0 * matmul_params + 12.0 * layers * heads * hd * seq_len
 
 
-def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0):
+def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0, ragged: bool = False):
     import numpy as np
 
     from streamrl.batch import Batch
@@ -65,11 +78,12 @@ def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed
 
     rng = np.random.default_rng(seed)
     group = 8 if rows % 8 == 0 else rows
+    lengths = rng.integers(1, completion_len + 1, rows) if ragged else np.full(rows, completion_len)
     rollouts = [Rollout(rollout_id=f"g{i // group}:{i % group}", group_id=f"g{i // group}", sample=i % group,
                         group_size=group, prompt_ids=rng.integers(4, vocab, prompt_len).astype(np.int32),
-                        completion_ids=rng.integers(4, vocab, completion_len).astype(np.int32),
-                        logprobs=np.full(completion_len, -12.0, np.float32), version=0)
-                for i in range(rows)]
+                        completion_ids=rng.integers(4, vocab, int(n)).astype(np.int32),
+                        logprobs=np.full(int(n), -12.0, np.float32), version=0)
+                for i, n in enumerate(lengths)]
     adv = np.where(np.arange(rows) % 2 == 0, 1.0, -1.0).astype(np.float32)
     return Batch(rollouts=rollouts, group_index=np.arange(rows) // group, rewards=np.zeros(rows, np.float32),
                  advantages=adv, ref_logprobs=None, staleness=np.zeros(rows, np.int64))
@@ -82,7 +96,42 @@ def _sync(device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _rank_main(cfg, batch, warmup: int, steps: int, out: str, rank: int, world: int) -> None:
+def _peak_gb(device) -> float:
+    import torch
+
+    return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
+
+
+def time_checkpoints(engine, ckpt_dir: Path) -> dict:
+    """A blocking save, then two background saves (the first also allocates the staging buffers):
+    the seconds each blocked the caller, and how long the background write took to be complete."""
+    import shutil
+
+    from streamrl.checkpoint import Checkpointer
+
+    out = {}
+    try:
+        sync = Checkpointer(ckpt_dir, keep=1, background=False)
+        _sync(engine.device)
+        out["checkpoint_sync_stall_s"] = sync.start(engine, 1, {}).stall_s
+        sync.close()
+        ckpt = Checkpointer(ckpt_dir, keep=1)
+        stalls, writes = [], []
+        for version in (2, 3):
+            _sync(engine.device)
+            pending = ckpt.start(engine, version, {})
+            stalls.append(pending.stall_s)
+            t = time.perf_counter()
+            pending.finalize()
+            writes.append(pending.stall_s + time.perf_counter() - t)
+        ckpt.close()
+        out.update(checkpoint_async_stall_s=stalls, checkpoint_async_write_s=writes)
+    finally:
+        shutil.rmtree(ckpt_dir / "checkpoints", ignore_errors=True)
+    return out
+
+
+def _rank_main(cfg, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None, rank: int, world: int) -> None:
     import torch
 
     from workers.engines import make_engine
@@ -90,28 +139,59 @@ def _rank_main(cfg, batch, warmup: int, steps: int, out: str, rank: int, world: 
     t0 = time.perf_counter()
     engine = make_engine(cfg, cfg.model.path, rank, world)
     load_s = time.perf_counter() - t0
-    times = []
-    for i in range(warmup + steps):
-        _sync(engine.device)
-        t = time.perf_counter()
-        m = engine.train_step(batch)
-        _sync(engine.device)
-        if i >= warmup:
-            times.append(time.perf_counter() - t)
-    peak_gb = torch.cuda.max_memory_allocated(engine.device) / 2**30 if engine.device.type == "cuda" else 0.0
-    Path(out).write_text(json.dumps({"step_s": times, "load_s": load_s, "peak_gb": peak_gb,
-                                     "grad_norm": m["grad_norm"], "skipped": m["skipped_step"]}))
+    if engine.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(engine.device)  # the step's peak (weights and AdamW state stay in it)
+    times, m = [], {}
+    try:
+        for i in range(warmup + steps):
+            _sync(engine.device)
+            t = time.perf_counter()
+            m = engine.train_step(batch)
+            _sync(engine.device)
+            if i >= warmup:
+                times.append(time.perf_counter() - t)
+    except torch.OutOfMemoryError as exc:
+        Path(out).write_text(json.dumps({"oom": str(exc).splitlines()[0], "peak_gb": _peak_gb(engine.device),
+                                         "load_s": load_s}))
+        return
+    result = {"step_s": times, "load_s": load_s, "peak_gb": _peak_gb(engine.device),
+              "grad_norm": m["grad_norm"], "skipped": m["skipped_step"],
+              "input_tokens": m["input_tokens"], "padded_tokens": m["padded_tokens"],
+              **{k: getattr(cfg.trainer, k) for k in ("micro_batch_size", "micro_batch_tokens", "logprob_chunk_tokens")}}
+    if ckpt_dir is not None:
+        result.update(time_checkpoints(engine, Path(ckpt_dir)))
+    Path(out).write_text(json.dumps(result))
 
 
-def _variant_main(cfg, variant: str, batch, warmup: int, steps: int, out: str) -> None:
+def apply_variant(cfg, variant: str) -> None:
+    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N] onto cfg.trainer (module docstring)."""
+    from streamrl.errors import ConfigError
+
+    backend, *parts = variant.split("+")
+    cfg.trainer.backend = backend
+    cfg.trainer.parallelism.compile = "compile" in parts
+    cfg.trainer.activation_checkpointing = "ac" in parts
+    for part in parts:
+        key, _, value = part.partition("=")
+        if key == "nochunk":
+            cfg.trainer.logprob_chunk_tokens = 0
+        elif key == "chunk" and value.isdigit():
+            cfg.trainer.logprob_chunk_tokens = int(value)
+        elif key == "mbt" and value.isdigit():
+            cfg.trainer.micro_batch_tokens = int(value)
+        elif key == "mbs" and value.isdigit() and int(value) > 0:
+            cfg.trainer.micro_batch_size = int(value)
+        elif key not in ("compile", "ac"):
+            raise ConfigError(f"variant {variant!r}: unknown option {part!r}; "
+                              "use compile, ac, nochunk, chunk=N, mbt=N, mbs=N")
+
+
+def _variant_main(cfg, variant: str, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None) -> None:
     """One variant in a fresh process (its own CUDA context, compile caches and memory)."""
     from workers.dist import launch
 
-    parts = variant.split("+")
-    cfg.trainer.backend = parts[0]
-    cfg.trainer.parallelism.compile = "compile" in parts
-    cfg.trainer.activation_checkpointing = "ac" in parts
-    launch(1, functools.partial(_rank_main, cfg, batch, warmup, steps, out))
+    apply_variant(cfg, variant)
+    launch(1, functools.partial(_rank_main, cfg, batch, warmup, steps, out, ckpt_dir))
 
 
 def run(args) -> int:
@@ -136,40 +216,58 @@ def _measure(args, out_dir: Path) -> int:
     model = Path(cfg.model.path or f"runs/models/{args.shape}-random")
     cfg.model.path = str(build_random_model(args.shape, model, dtype) if not (model / "config.json").exists() else model)
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
-    seq = args.prompt_len + args.completion_len
-    batch = make_batch(args.rows, args.prompt_len, args.completion_len, hf["vocab_size"])
-    tokens = args.rows * seq
+    batch = make_batch(args.rows, args.prompt_len, args.completion_len, hf["vocab_size"], ragged=args.ragged)
+    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts)
+    seq = tokens / args.rows  # mean row length (the attention term of the FLOPs)
     fpt = flops_per_token(hf, seq)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
-    print(f"{gpu}: {Path(cfg.model.path).name} {dtype}, {args.rows} rows x {seq} tokens, micro-batch "
-          f"{cfg.trainer.micro_batch_size}, {fpt / 1e9:.2f} GFLOP/token, peak {peak} TFLOP/s", flush=True)
+    print(f"{gpu}: {Path(cfg.model.path).name} {dtype}, {args.rows} rows x {seq:.0f} tokens{' (ragged)' * args.ragged},"
+          f" micro-batch {cfg.trainer.micro_batch_size}, {fpt / 1e9:.2f} GFLOP/token, peak {peak} TFLOP/s", flush=True)
     results = {}
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
     ctx = mp.get_context("spawn")
-    for variant in args.variants.split(","):
-        out = out_dir / f"trainer_mfu_{variant.replace('+', '_')}.json"
-        out.unlink(missing_ok=True)  # a failed variant must not report an earlier run's file
-        proc = ctx.Process(target=_variant_main, args=(cfg.model_copy(deep=True), variant, batch, args.warmup,
-                                                        args.steps, str(out)))
-        proc.start()
-        proc.join()
-        if proc.exitcode != 0 or not out.exists():
-            print(f"{variant:>22}: FAILED (exit code {proc.exitcode})", flush=True)
-            results[variant] = {"error": f"exit code {proc.exitcode}"}
-            continue
-        r = json.loads(out.read_text())
-        step = sorted(r["step_s"])[len(r["step_s"]) // 2]  # median
-        tps = tokens / step
-        r.update(median_step_s=step, tokens_per_s=tps, mfu=(tps * fpt / (peak * 1e12)) if peak else None)
-        results[variant] = r
-        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-        print(f"{variant:>22}: step {step:.3f}s  {tps:,.0f} tok/s  MFU {mfu}  peak mem {r['peak_gb']:.1f} GiB  "
-              f"(load {r['load_s']:.0f}s, grad_norm {r['grad_norm']:.3g})", flush=True)
+    with tempfile.TemporaryDirectory(prefix="trainer_mfu_ckpt_", dir=args.checkpoint_dir) as tmp:
+        for variant in args.variants.split(","):
+            name = variant.replace("+", "_").replace("=", "")
+            out = out_dir / f"trainer_mfu_{name}.json"
+            out.unlink(missing_ok=True)  # a failed variant must not report an earlier run's file
+            ckpt_dir = str(Path(tmp) / name) if args.checkpoint else None
+            proc = ctx.Process(target=_variant_main, args=(cfg.model_copy(deep=True), variant, batch, args.warmup,
+                                                            args.steps, str(out), ckpt_dir))
+            proc.start()
+            proc.join()
+            results[variant] = _report(variant, proc.exitcode, out, tokens, fpt, peak)
     if args.out:
         Path(args.out, "result.json").write_text(json.dumps(
             {"gpu": gpu, "tokens_per_step": tokens, "flops_per_token": fpt, "peak_tflops": peak,
-             "micro_batch_size": cfg.trainer.micro_batch_size, "results": results}, indent=2))
+             "micro_batch_size": cfg.trainer.micro_batch_size, "rows": args.rows, "ragged": args.ragged,
+             "results": results}, indent=2))
     return 0 if all("error" not in r for r in results.values()) else 1
+
+
+def _report(variant: str, exitcode: int | None, out: Path, tokens: int, fpt: float, peak: float | None) -> dict:
+    """One variant's printed line and result (an OOM is a result, a crash an error)."""
+    if exitcode != 0 or not out.exists():
+        print(f"{variant:>22}: FAILED (exit code {exitcode})", flush=True)
+        return {"error": f"exit code {exitcode}"}
+    r = json.loads(out.read_text())
+    if "oom" in r:
+        print(f"{variant:>22}: OUT OF MEMORY at {r['peak_gb']:.1f} GiB peak ({r['oom']})", flush=True)
+        return r
+    step = sorted(r["step_s"])[len(r["step_s"]) // 2]  # median
+    tps = tokens / step
+    r.update(median_step_s=step, tokens_per_s=tps, mfu=(tps * fpt / (peak * 1e12)) if peak else None,
+             pad_frac=1.0 - r["input_tokens"] / r["padded_tokens"])
+    mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
+    print(f"{variant:>22}: step {step:.3f}s  {tps:,.0f} tok/s  MFU {mfu}  peak mem {r['peak_gb']:.1f} GiB  "
+          f"padding {100 * r['pad_frac']:.0f}%  (load {r['load_s']:.0f}s, grad_norm {r['grad_norm']:.3g})", flush=True)
+    if "checkpoint_sync_stall_s" in r:
+        print(f"{'':>22}  checkpoint: blocking save {r['checkpoint_sync_stall_s']:.2f}s; background save stalls "
+              + ", ".join(f"{s:.2f}s" for s in r["checkpoint_async_stall_s"]) + " (writes "
+              + ", ".join(f"{w:.2f}s" for w in r["checkpoint_async_write_s"]) + ")", flush=True)
+    return r
 
 
 def main(argv: list[str] | None = None) -> int:

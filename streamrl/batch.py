@@ -48,6 +48,22 @@ class Batch:
         weights = self.loss_mask if self.loss_mask is not None else [1.0] * len(self.rollouts)
         return int(sum(_trained(r) * float(w) for r, w in zip(self.rollouts, weights)))
 
+    def select(self, index: list[int]) -> "Batch":
+        """The rollouts at `index`, in that order (a micro-batch of rows sorted by length)."""
+        idx = np.asarray(index, dtype=np.int64)
+        return Batch(
+            rollouts=[self.rollouts[i] for i in index],
+            group_index=self.group_index[idx],
+            rewards=self.rewards[idx],
+            advantages=self.advantages[idx],
+            ref_logprobs=None if self.ref_logprobs is None else [self.ref_logprobs[i] for i in index],
+            staleness=self.staleness[idx],
+            reward_components={k: v[idx] for k, v in self.reward_components.items()},
+            stats=dict(self.stats),
+            group_ids=list(self.group_ids),
+            loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+        )
+
     def shard(self, rank: int, world: int) -> "Batch":
         """The slice of rollouts a data-parallel rank trains on (contiguous, balanced)."""
         n = len(self.rollouts)

@@ -12,6 +12,10 @@ version are replayed from their still-pending entries, so nothing is trained twi
 
     save_checkpoint(engine, run_dir, version=12, meta={...}, keep=2)   # collective: every rank
     path = latest_checkpoint(run_dir); meta = load_checkpoint(engine, path)
+
+The trainer saves through a Checkpointer: the training thread only stages the state (a CPU copy);
+the files are written in the background, and the checkpoint becomes visible (renamed, and only then
+does the trainer ack what it covers) once every rank's write is complete.
 """
 
 from __future__ import annotations
@@ -21,12 +25,16 @@ import os
 import random
 import re
 import shutil
+import threading
 import time
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from streamrl.errors import StreamRLError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
 
@@ -76,39 +84,144 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def save_checkpoint(engine, run_dir: Path, version: int, meta: dict, keep: int = 2) -> Path:
-    """Write checkpoint `version` (collective); rank 0 renames it into place and prunes old ones."""
-    import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict
+class PendingCheckpoint:
+    """One checkpoint being written: `future` completes when every rank's DCP write is done (DCP ends
+    with a collective), then finalize() publishes it on rank 0 (meta.json, rename, pruning)."""
 
-    root = checkpoint_root(run_dir)
-    tmp, final = root / f".tmp-step-{version:08d}", root / f"step-{version:08d}"
-    rank = _rank()
-    if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+    def __init__(self, root: Path, version: int, meta: dict, keep: int, future: Future, started: float):
+        self.root, self.version, self.meta, self.keep, self.future = root, version, meta, keep, future
+        self.tmp, self.path = root / f".tmp-step-{version:08d}", root / f"step-{version:08d}"
+        self.started = started
+        self.stall_s = 0.0
+        """Seconds the calling (training) thread spent in start(): waiting for the previous
+        checkpoint, collecting and staging the state; the write itself is not in it."""
+        self._lock = threading.Lock()
+        self._final: Path | None = None
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def finalize(self) -> Path:
+        """Wait for the write, then (rank 0) make the checkpoint visible; idempotent, any thread.
+        Raises what the background write raised."""
+        with self._lock:
+            if self._final is None:
+                from torch.distributed.checkpoint.api import CheckpointException
+
+                try:
+                    self.future.result()
+                except (Exception, CheckpointException) as exc:  # DCP's is a BaseException
+                    raise StreamRLError(
+                        f"writing checkpoint {self.version} to {self.tmp} failed: {type(exc).__name__}: {exc}; "
+                        "the newest complete checkpoint is unchanged (check free space and permissions there)"
+                    ) from exc
+                if _rank() == 0:
+                    _publish(self)
+                self._final = self.path
+            return self._final
+
+
+def _publish(p: PendingCheckpoint) -> None:
+    """meta.json last (fsynced), then the atomic rename: list_checkpoints never sees a torn one."""
+    record = {"version": p.version, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+              "saved_at": time.time(), "save_s": round(time.time() - p.started, 3), **p.meta}
+    with open(p.tmp / "meta.json", "w") as fh:
+        json.dump(record, fh, indent=1)
+        fh.flush()
+        os.fsync(fh.fileno())
+    if p.path.exists():  # the same version saved again after a replay: replace it whole
+        shutil.rmtree(p.path)
+    os.rename(p.tmp, p.path)
+    for old in sorted(list_checkpoints(p.root.parent))[:-p.keep]:
+        shutil.rmtree(p.root / f"step-{old:08d}", ignore_errors=True)
+
+
+class Checkpointer:
+    """One rank's checkpoint writer. start() is collective and returns once the state is staged (a
+    CPU copy, pinned on CUDA, reused across saves); the files are written on a background thread
+    (dcp.async_save over a gloo group of its own, so it never shares a collective with training).
+    One checkpoint is in flight at a time: start() and wait() first finish the previous one.
+
+        ckpt = Checkpointer(run_dir, keep=2)
+        pending = ckpt.start(engine, version, meta)   # training continues while it writes
+        ckpt.wait()                                    # before exit, or pending.finalize()
+    """
+
+    def __init__(self, run_dir: Path, keep: int = 2, background: bool = True, storage_writer=None):
+        self.root, self.keep, self.background = checkpoint_root(run_dir), keep, background
+        self.storage_writer = storage_writer
+        """A DCP StorageWriter factory (checkpoint dir -> writer); None: FileSystemWriter."""
+        self.pending: PendingCheckpoint | None = None
+        self._group = None
+        self._stager = None
+
+    def _setup(self) -> None:
+        if self._stager is not None:
+            return
+        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+        cuda = torch.cuda.is_available()
+        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
+                                                    use_async_staging=False, use_non_blocking_copy=cuda))
+        if dist.is_initialized():  # collective: every rank's first start() creates it
+            self._group = dist.new_group(backend="gloo")
+
+    def start(self, engine, version: int, meta: dict) -> PendingCheckpoint:
+        """Stage checkpoint `version` and start writing it (collective); see the class docstring."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        t0 = time.perf_counter()
+        self.wait()
+        self._setup()
+        rank = _rank()
+        tmp = self.root / f".tmp-step-{version:08d}"
+        if rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+        _barrier()
+        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+        # Small per-rank state, written before the DCP write starts: its completion (a collective)
+        # then implies every rank's extra file is on disk.
+        extra = {"scheduler": engine.scheduler.state_dict(), "rng": _rng_state(),
+                 "steps_done": getattr(engine, "steps_done", version)}
+        torch.save(extra, tmp / f"extra-rank{rank}.pt")
+        state = {"model": model_sd, "optim": optim_sd}
+        writer = self.storage_writer(str(tmp)) if self.storage_writer else None
+        if self.background:
+            future = dcp.async_save(state, checkpoint_id=str(tmp), storage_writer=writer,
+                                    process_group=self._group, async_stager=self._stager)
+        else:
+            future = Future()
+            future.set_result(dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer))
+        self.pending = PendingCheckpoint(self.root, version, meta, self.keep, future, time.time())
+        self.pending.stall_s = time.perf_counter() - t0
+        return self.pending
+
+    def wait(self) -> Path | None:
+        """Finish the checkpoint in flight, if any (re-raises its write error); its final path."""
+        pending, self.pending = self.pending, None
+        return pending.finalize() if pending is not None else None
+
+    def close(self) -> None:
+        try:
+            self.wait()
+        finally:
+            if self._stager is not None:
+                self._stager.close()
+                self._stager = None
+
+
+def save_checkpoint(engine, run_dir: Path, version: int, meta: dict, keep: int = 2) -> Path:
+    """Write checkpoint `version` and wait for it (collective); rank 0 renames it into place."""
+    ckpt = Checkpointer(run_dir, keep, background=False)
+    try:
+        ckpt.start(engine, version, meta)
+        path = ckpt.wait()
+    finally:
+        ckpt.close()
     _barrier()
-    t0 = time.time()
-    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
-    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp))
-    extra = {"scheduler": engine.scheduler.state_dict(), "rng": _rng_state(),
-             "steps_done": getattr(engine, "steps_done", version)}
-    torch.save(extra, tmp / f"extra-rank{rank}.pt")
-    _barrier()
-    if rank == 0:
-        record = {"version": version, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-                  "saved_at": time.time(), "save_s": round(time.time() - t0, 3), **meta}
-        with open(tmp / "meta.json", "w") as fh:
-            json.dump(record, fh, indent=1)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if final.exists():  # the same version saved again after a replay: replace it whole
-            shutil.rmtree(final)
-        os.rename(tmp, final)
-        for old in sorted(list_checkpoints(run_dir))[:-keep]:
-            shutil.rmtree(root / f"step-{old:08d}", ignore_errors=True)
-    _barrier()
-    return final
+    return path
 
 
 def load_checkpoint(engine, path: Path) -> dict:

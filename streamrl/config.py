@@ -307,6 +307,14 @@ class TrainerConfig(Section):
     grad_clip: float = Field(1.0, gt=0)
     micro_batch_size: int = Field(64, ge=1)
     """Sequences per forward/backward on one rank."""
+    micro_batch_tokens: int = Field(0, ge=0)
+    """Token budget of one micro-batch: rows are sorted by length and packed while rows x longest row
+    stays within it (and rows within micro_batch_size), so little of each forward is padding;
+    metrics.jsonl's padded_tokens vs input_tokens shows the waste. 0 = slices of micro_batch_size rows."""
+    logprob_chunk_tokens: int = Field(2048, ge=0)
+    """Tokens whose logits are formed at once when recomputing log-probs (streamrl/logprobs.py): the
+    [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the
+    model's full logits (more activation memory, no recomputation)."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["hf", "torchtitan"] = "hf"
     """Model definitions: `hf` = transformers AutoModelForCausalLM + FSDP2; `torchtitan` = torchtitan's
@@ -327,6 +335,10 @@ class TrainerConfig(Section):
     checkpoint_every: int = Field(10, ge=1)
     """Save a checkpoint (RUN_DIR/checkpoints, torch.distributed.checkpoint) every this many steps,
     and at the end or on a graceful stop. Steps after the newest checkpoint are replayed on resume."""
+    checkpoint_async: bool = True
+    """Write checkpoints on a background thread: training pays only for staging the state (a CPU
+    copy); the checkpoint becomes visible, and what it covers is acked, once the write completes.
+    False: the trainer waits for the write (metrics.jsonl `checkpoint_stall_s` shows the cost)."""
     checkpoint_keep: int = Field(2, ge=1)
     """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
     trim_every_s: float = Field(10.0, gt=0)

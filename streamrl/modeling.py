@@ -2,12 +2,23 @@
 
     model = load_hf_model(path, dtype="float32", device="cpu")
     lps = completion_logprobs(model, prompts, completions, temperature=1.0)  # list of float32 arrays
+    hidden = decoder_hidden_states(model, input_ids, attention_mask)     # [B, L, D], LM head skipped
 """
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 import torch
+
+from streamrl.errors import ConfigError
+from streamrl.logprobs import gathered_logprobs
+
+LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_soft_cap", "logits_scaling", "logit_scale",
+                    "lm_head_multiplier", "unpadded_vocab_size")
+"""config.json fields with which a transformers model changes its logits after the LM head (Gemma's
+soft-capping, Cohere's/Granite's scales, ...): the chunked log-probs would not see the change."""
 
 
 def pick_device(choice: str = "auto") -> torch.device:
@@ -37,17 +48,49 @@ def pack_sequences(prompts: list, completions: list, pad_id: int = 0):
     return ids, attn
 
 
+def check_plain_head(model) -> torch.nn.Module:
+    """The model's LM head, checked to be the last op before the logits (a Linear); else ConfigError."""
+    head = model.get_output_embeddings()
+    if not isinstance(head, torch.nn.Linear):
+        raise ConfigError(f"{type(model).__name__}'s output embedding is {type(head).__name__}, not a Linear; "
+                          "chunked log-probs need a plain LM head: set trainer.logprob_chunk_tokens=0")
+    for key in LOGIT_TRANSFORMS:
+        value = getattr(model.config, key, None)
+        if value not in (None, 1, 1.0):
+            raise ConfigError(f"{type(model).__name__} transforms its logits after the LM head ({key}={value}), "
+                              "which chunked log-probs do not reproduce: set trainer.logprob_chunk_tokens=0")
+    return head
+
+
+def decoder_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+    """Final (normed) hidden states [B, L, D] of a transformers causal LM, through the model's own
+    forward (so FSDP's hooks run) with the LM head applied to the last position only."""
+    captured = []
+    handle = model.get_decoder().register_forward_hook(lambda _m, _a, out: captured.append(out[0]))
+    kwargs = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(model.forward).parameters else {}
+    try:
+        model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, **kwargs)
+    finally:
+        handle.remove()
+    return captured[-1]
+
+
 @torch.no_grad()
 def completion_logprobs(model, prompts: list, completions: list, temperature: float = 1.0,
-                        pad_id: int = 0) -> list[np.ndarray]:
-    """Log-prob of each completion token under `model` (logits / temperature), one array per row."""
+                        pad_id: int = 0, chunk_tokens: int = 2048) -> list[np.ndarray]:
+    """Log-prob of each completion token under `model` (logits / temperature), one array per row;
+    the logits are formed chunk_tokens tokens at a time (streamrl.logprobs)."""
     device = next(model.parameters()).device
+    head = check_plain_head(model)
     ids, attn = pack_sequences(prompts, completions, pad_id)
-    logits = model(input_ids=ids.to(device), attention_mask=attn.to(device)).logits.float()
-    logp = torch.log_softmax(logits / temperature, dim=-1)
-    out = []
+    B, T = len(prompts), max(1, max(len(c) for c in completions))
+    positions = torch.zeros((B, T), dtype=torch.long)
+    targets = torch.zeros((B, T), dtype=torch.long)
     for i, (p, c) in enumerate(zip(prompts, completions)):
-        start, n = len(p) - 1, len(c)
-        targets = ids[i, len(p): len(p) + n].to(device)
-        out.append(logp[i, start: start + n].gather(-1, targets[:, None])[:, 0].cpu().numpy().astype(np.float32))
-    return out
+        positions[i, : len(c)] = torch.arange(len(p) - 1, len(p) + len(c) - 1)
+        targets[i, : len(c)] = ids[i, len(p): len(p) + len(c)]
+    lengths = torch.as_tensor([len(c) for c in completions])
+    hidden = decoder_hidden_states(model, ids.to(device), attn.to(device))
+    logp, _ = gathered_logprobs(hidden, head.weight, head.bias, positions.to(device), targets.to(device),
+                                lengths.to(device), temperature, chunk_tokens)
+    return [logp[i, : len(c)].cpu().numpy().astype(np.float32) for i, c in enumerate(completions)]

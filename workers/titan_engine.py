@@ -27,7 +27,8 @@ from torch.distributed.tensor import DTensor
 from streamrl.config import Config
 from streamrl.errors import ConfigError
 from workers.titan_models import TitanSpec, read_hf_config, titan_spec
-from workers.train_engine import TrainEngine, check_launch, engine_device, token_logprobs
+from streamrl.logprobs import gathered_logprobs
+from workers.train_engine import TrainEngine, check_launch, engine_device, token_logprobs, unsharded_weight
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 """Name parts that activation checkpointing / compile wrappers insert; the adapter expects none."""
@@ -158,13 +159,24 @@ class TitanEngine(TrainEngine):
         """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
 
         No attention mask: rows are right-padded (pad_batch), so under causal attention a real token
-        never attends to padding, and padded positions are masked out of the loss.
+        never attends to padding, and padded positions are masked out of the loss. With
+        trainer.logprob_chunk_tokens > 0 the model stops before its LM head (torchtitan's
+        `_skip_lm_head`, as its ChunkedLossWrapper does) and streamrl.logprobs forms the logits a
+        chunk of tokens at a time.
         """
-        logits = self.model(padded["input_ids"])
-        if isinstance(logits, DTensor):  # tensor parallel leaves the vocabulary sharded
-            logits = logits.full_tensor()
-        return token_logprobs(logits, padded["positions"], padded["targets"],
-                              self.cfg.generator.temperature, with_entropy)
+        chunk = self.cfg.trainer.logprob_chunk_tokens
+        self.model._skip_lm_head = bool(chunk)
+        out = self.model(padded["input_ids"])
+        if isinstance(out, DTensor):  # tensor parallel: replicated hidden states / vocab-sharded logits
+            out = out.full_tensor()
+        if not chunk:
+            return token_logprobs(out, padded["positions"], padded["targets"],
+                                  self.cfg.generator.temperature, with_entropy)
+        head = self.model.lm_head
+        weight = unsharded_weight(head, head)
+        bias = unsharded_weight(head, head, "bias") if getattr(head, "bias", None) is not None else None
+        return gathered_logprobs(out, weight, bias, padded["positions"], padded["targets"], padded["lengths"],
+                                 self.cfg.generator.temperature, chunk, with_entropy)
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
         """Full HF-named weights on rank 0 (CPU copies), None elsewhere; collective.

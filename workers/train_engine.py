@@ -31,8 +31,9 @@ from torch import Tensor
 from streamrl.batch import Batch
 from streamrl.config import Config
 from streamrl.errors import ConfigError, StreamRLError
+from streamrl.logprobs import gathered_logprobs
 from streamrl.losses import LossInputs, compute_loss, loss_requirements
-from streamrl.modeling import pick_device
+from streamrl.modeling import check_plain_head, decoder_hidden_states, pick_device
 
 
 def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
@@ -43,16 +44,17 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
         T = longest completion; padded entries point at 0 (any valid index; they are masked).
     targets [B, T] (the completion ids), mask [B, T] float (1 on real completion tokens, 0 on an
     episode's observation tokens),
-    old_logprobs [B, T] (behaviour log-probs), advantages [B], and ref_logprobs [B, T] when the
-    batch carries them. An empty batch gives one fully masked row, so a rank with nothing to
-    train on still runs the forward/backward that FSDP's collectives need on every rank.
+    old_logprobs [B, T] (behaviour log-probs), advantages [B], lengths [B] (completion tokens per
+    row), and ref_logprobs [B, T] when the batch carries them. An empty batch gives one fully
+    masked row, so a rank with nothing to train on still runs the forward/backward that FSDP's
+    collectives need on every rank.
     """
     rows = batch.rollouts
     if not rows:
         one = torch.zeros((1, 1), dtype=torch.long)
         out = {"input_ids": one + pad_id, "attention_mask": one + 1, "positions": one.clone(),
                "targets": one + pad_id, "mask": one.float(), "old_logprobs": one.float(),
-               "advantages": torch.zeros(1)}
+               "advantages": torch.zeros(1), "lengths": torch.ones(1, dtype=torch.long)}
         if batch.ref_logprobs is not None:
             out["ref_logprobs"] = one.float()
         return out
@@ -93,7 +95,8 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
             ref[i, :c] = torch.from_numpy(ref_row)
     out = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions,
            "targets": targets, "mask": mask, "old_logprobs": old,
-           "advantages": torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32))}
+           "advantages": torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)),
+           "lengths": torch.as_tensor([len(r.completion_ids) for r in rows], dtype=torch.long)}
     if ref is not None:
         out["ref_logprobs"] = ref
     return out
@@ -115,10 +118,57 @@ def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperatu
     return logp, entropy
 
 
+def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str = "weight") -> Tensor:
+    """module.<name> as the full tensor FSDP2 gathered for this forward, so its gradient reaches FSDP's
+    reduce-scatter; a tensor-parallel shard is then all-gathered, differentiably.
+
+    `owner` is the FSDP module whose parameter group holds the weight: unshard() is a no-op right
+    after its forward (FSDP keeps the root's and the last group's parameters gathered for the
+    backward) and gathers them if a reshard policy freed them. Read the attribute only after it:
+    FSDP swaps the registered parameter between the sharded and the gathered one."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(owner, FSDPModule):
+        owner.unshard()
+    weight = getattr(module, name)
+    return weight.full_tensor() if isinstance(weight, DTensor) else weight
+
+
 def num_micro_batches(batch_size: int, world: int, micro_batch_size: int) -> int:
     """Micro-batches per rank: the same on every rank (FSDP's collectives must line up)."""
     largest_shard = -(-batch_size // world)
     return max(1, -(-largest_shard // micro_batch_size))
+
+
+def pack_by_tokens(lengths: list[int], micro_batch_size: int, micro_batch_tokens: int) -> list[list[int]]:
+    """Row indices of each micro-batch: rows sorted longest first, a micro-batch closed before its
+    padded size (rows x longest row) would pass micro_batch_tokens or its rows micro_batch_size.
+    A row longer than the budget trains alone. Sorting keeps rows of similar length together, so
+    little of each [rows, longest] input is padding."""
+    out: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        # The first row of a micro-batch is its longest (sorted): that length sets its padded size.
+        if out and len(out[-1]) < micro_batch_size and lengths[out[-1][0]] * (len(out[-1]) + 1) <= micro_batch_tokens:
+            out[-1].append(i)
+        else:
+            out.append([i])
+    return out
+
+
+def plan_micro_batches(batch: Batch, world: int, micro_batch_size: int, micro_batch_tokens: int) -> list[list[list[int]]]:
+    """For each data-parallel rank, the row indices (into its batch.shard) of each micro-batch; every
+    rank gets the same number (FSDP's collectives must line up), padded with empty micro-batches.
+
+    micro_batch_tokens = 0: contiguous slices of at most micro_batch_size rows (num_micro_batches)."""
+    shards = [batch.shard(r, world) for r in range(world)]
+    if not micro_batch_tokens:
+        k = num_micro_batches(len(batch), world, micro_batch_size)
+        return [[list(range(i * len(s) // k, (i + 1) * len(s) // k)) for i in range(k)] for s in shards]
+    plans = [pack_by_tokens([len(r.prompt_ids) + len(r.completion_ids) for r in s.rollouts],
+                            micro_batch_size, micro_batch_tokens) for s in shards]
+    k = max(1, max(len(p) for p in plans))
+    return [p + [[] for _ in range(k - len(p))] for p in plans]
 
 
 def lr_factor(tc, step: int) -> float:
@@ -210,6 +260,7 @@ class TrainEngine:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
         model.train()
+        self.head = check_plain_head(model) if tc.logprob_chunk_tokens else None
         shard_model(model, init_device_mesh(self.device.type, (world_size,)), compute_dtype)
         self.model = model
         self._init_optimizer()
@@ -223,14 +274,27 @@ class TrainEngine:
         self.steps_done = 0
 
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
-        """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward)."""
-        logits = self.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
-                            use_cache=False).logits
-        return token_logprobs(logits, padded["positions"], padded["targets"],
-                              self.cfg.generator.temperature, with_entropy)
+        """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
+
+        With trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from
+        the decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
+        chunk = self.cfg.trainer.logprob_chunk_tokens
+        if not chunk:
+            logits = self.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
+                                use_cache=False).logits
+            return token_logprobs(logits, padded["positions"], padded["targets"],
+                                  self.cfg.generator.temperature, with_entropy)
+        hidden = decoder_hidden_states(self.model, padded["input_ids"], padded["attention_mask"])
+        weight = unsharded_weight(self.model, self.head)
+        bias = None if self.head.bias is None else unsharded_weight(self.model, self.head, "bias")
+        return gathered_logprobs(hidden, weight, bias, padded["positions"], padded["targets"],
+                                 padded["lengths"], self.cfg.generator.temperature, chunk, with_entropy)
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
+        # Pad waste: input positions the forward computes vs those that hold a real token.
+        sizes = {"input_tokens": float(sum(len(r.prompt_ids) + len(r.completion_ids) for r in mb.rollouts)),
+                 "padded_tokens": float(padded["input_ids"].numel())}
         # Entropy is always logged (no gradient unless loss.entropy_coef > 0 asks for the bonus).
         want = True if "entropy" in self.requirements else ("metric" if self.cfg.trainer.log_entropy else False)
         logp, entropy = self.logprobs(padded, with_entropy=want)
@@ -244,7 +308,7 @@ class TrainEngine:
         )
         loss, metrics = compute_loss(self.cfg.loss, inp)
         loss.backward()
-        return metrics
+        return {**metrics, **sizes}
 
     def train_step(self, batch: Batch) -> dict[str, float]:
         """One optimizer step on the whole batch (every rank passes the same full batch)."""
@@ -255,12 +319,13 @@ class TrainEngine:
             raise ConfigError("the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
                               "the assembler must wait for the reference workers' annotation")
         total_tokens, total_seqs = float(max(1, batch.num_loss_tokens)), float(len(batch))
+        tc = self.cfg.trainer
         shard = batch.shard(self.dp_rank, self.dp_size)
-        n_micro = num_micro_batches(len(batch), self.dp_size, self.cfg.trainer.micro_batch_size)
+        plan = plan_micro_batches(batch, self.dp_size, tc.micro_batch_size, tc.micro_batch_tokens)[self.dp_rank]
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
-        for i in range(n_micro):
-            for key, value in self._micro_step(shard.shard(i, n_micro), total_tokens, total_seqs).items():
+        for index in plan:
+            for key, value in self._micro_step(shard.select(index), total_tokens, total_seqs).items():
                 sums[key] += float(value)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.trainer.grad_clip)
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)

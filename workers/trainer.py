@@ -25,7 +25,7 @@ import numpy as np
 import torch.distributed as dist
 
 from streamrl import accounting, run_end
-from streamrl.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint, truncate_metrics
+from streamrl.checkpoint import Checkpointer, latest_checkpoint, load_checkpoint, truncate_metrics
 from streamrl.config import Config
 from streamrl.episode import episode_metrics
 from streamrl.errors import NOT_TRANSIENT, StreamRLError
@@ -65,6 +65,9 @@ class TrainerWorker(Worker):
         self.metrics = MetricsWriter(run_dir, cfg)
         self.publishing: asyncio.Task | None = None
         self.train_intervals: list[tuple[float, float]] = []
+        self.checkpointer = Checkpointer(run_dir, cfg.trainer.checkpoint_keep, cfg.trainer.checkpoint_async)
+        self.committing: asyncio.Task | None = None
+        """The checkpoint in flight: waits for its write, publishes it, then acks what it covers."""
 
     async def _call(self, fn, *args):
         return await asyncio.get_running_loop().run_in_executor(self.pool, fn, *args)
@@ -108,22 +111,40 @@ class TrainerWorker(Worker):
             except Exception as exc:  # trimming is housekeeping: a broker hiccup must not stop training
                 self.log.warning("trim_failed", error=repr(exc))
 
-    async def _checkpoint(self) -> None:
-        """Save (collective), mark it in the broker, THEN ack what it covers (see module docstring)."""
-        if self.run_dir is not None:
-            meta = {"feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
-                    "groups_released": int(await self.broker.get(self.keys.groups_released) or 0),
-                    "assembler": dict(self.assembler.counters),
-                    "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)}}
-            await self._call(_bcast, ("save", self.version))
-            await self._call(save_checkpoint, self.engine, self.run_dir, self.version, meta,
-                             self.cfg.trainer.checkpoint_keep)
-            await self.broker.set(accounting.LedgerKeys(self.keys).checkpointed, self.version)
-            self.checkpointed = self.version
-            self.log.info("checkpoint_saved", policy_version=self.version)
-        for batch in self.unacked:
+    async def _checkpoint(self) -> float:
+        """Start a save (collective) and return the seconds training was blocked by it. Once the
+        write completes, it is marked in the broker and THEN what it covers is acked (_commit)."""
+        t0 = time.perf_counter()
+        await self._committed()  # one checkpoint in flight: the previous one is published first
+        batches, self.unacked = self.unacked, []
+        if self.run_dir is None:
+            for batch in batches:
+                await self.assembler.commit(batch)
+            return time.perf_counter() - t0
+        meta = {"feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
+                "groups_released": int(await self.broker.get(self.keys.groups_released) or 0),
+                "assembler": dict(self.assembler.counters),
+                "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)}}
+        await self._call(_bcast, ("save", self.version))
+        pending = await self._call(self.checkpointer.start, self.engine, self.version, meta)
+        self.committing = asyncio.create_task(self._commit(pending, batches))
+        return time.perf_counter() - t0
+
+    async def _commit(self, pending, batches: list) -> None:
+        await asyncio.wrap_future(pending.future)
+        await asyncio.to_thread(pending.finalize)
+        await self.broker.set(accounting.LedgerKeys(self.keys).checkpointed, pending.version)
+        self.checkpointed = pending.version
+        self.log.info("checkpoint_saved", policy_version=pending.version,
+                      write_s=round(time.time() - pending.started, 3), stall_s=round(pending.stall_s, 4))
+        for batch in batches:
             await self.assembler.commit(batch)
-        self.unacked = []
+
+    async def _committed(self) -> None:
+        """Wait for the checkpoint in flight to be published and acked (re-raises its failure)."""
+        task, self.committing = self.committing, None
+        if task is not None:
+            await task
 
     def _overlap(self, rollouts) -> int:
         """Rollouts that finished while the trainer was busy training: generation overlapped training."""
@@ -160,9 +181,14 @@ class TrainerWorker(Worker):
         if self.cfg.env.fn:  # multi-turn: the running count of failed episodes for metrics.jsonl
             batch.stats["episodes_failed"] = float(await self.broker.get(self.keys.stat("episodes_failed")) or 0)
         self.train_intervals = (self.train_intervals + [(t0, t1)])[-8:]
-        self._record(batch, m, overlap, train_s=t1 - t0, stall_s=t2 - t1)
+        if self.committing is not None and self.committing.done():
+            await self._committed()  # surfaces a failed background write at the next step
+        ckpt_s = None
         if self.version % self.cfg.trainer.checkpoint_every == 0 or self.version >= self.cfg.trainer.steps:
-            await self._checkpoint()
+            ckpt_s = await self._checkpoint()
+        # The row is written before the checkpoint can become visible (_commit runs after this
+        # coroutine's next await), so a resume from it never lacks the row of its own step.
+        self._record(batch, m, overlap, train_s=t1 - t0, stall_s=t2 - t1, checkpoint_s=ckpt_s)
         self._clean = True
         return True
 
@@ -181,7 +207,8 @@ class TrainerWorker(Worker):
             self.replay.pop(step, None)
             self.log.info("step_replayed", step=step)
 
-    def _record(self, batch, m: dict, overlap: int, train_s: float, stall_s: float) -> None:
+    def _record(self, batch, m: dict, overlap: int, train_s: float, stall_s: float,
+                checkpoint_s: float | None = None) -> None:
         tokens = [len(r.completion_ids) for r in batch.rollouts]
         engine = {("engine_time_s" if k == "time_s" else k): v for k, v in m.items() if k not in ("tokens", "seqs")}
         rec = {
@@ -200,6 +227,8 @@ class TrainerWorker(Worker):
             **episode_metrics(batch.rollouts),
             **engine,
         }
+        if checkpoint_s is not None:  # steps that saved: how long the save blocked training
+            rec["checkpoint_stall_s"] = round(checkpoint_s, 4)
         line = self.metrics.write(rec)
         asyncio.get_running_loop().create_task(self.broker.add(self.keys.metrics, line.encode(), maxlen=10_000))
         self.log.info("step", step=self.version, reward=round(rec["reward_mean"], 3),
@@ -212,7 +241,11 @@ class TrainerWorker(Worker):
             await self.publishing
         if self._clean and self.unacked:  # a graceful stop between checkpoints: keep what was trained
             await self._checkpoint()
-        await self._call(_bcast, None)  # releases the follower ranks
+        # A checkpoint in flight was staged after a complete step, so it is valid even if a later
+        # step failed: finish it (and ack what it covers) before the ranks go.
+        await self._committed()
+        self.checkpointer.close()
+        await self._call(_bcast, None)  # releases the follower ranks (they finish their writes first)
         if self.done:
             await self.broker.add(self.keys.control, encode(Control(action="stop", version=self.version,
                                                                     reason="trainer finished")))
@@ -223,6 +256,7 @@ class TrainerWorker(Worker):
 
 def _follow(engine: TrainEngine, gather, cfg: Config, run_dir: Path | None) -> None:
     """Ranks > 0: run rank 0's collective commands (train, gather, save) until it sends None."""
+    checkpointer = Checkpointer(run_dir, cfg.trainer.checkpoint_keep, cfg.trainer.checkpoint_async)
     while (msg := _bcast(None)) is not None:
         if msg[0] == "train":
             engine.train_step(msg[1])
@@ -230,7 +264,8 @@ def _follow(engine: TrainEngine, gather, cfg: Config, run_dir: Path | None) -> N
         elif msg[0] == "gather":
             gather(engine)
         elif msg[0] == "save":
-            save_checkpoint(engine, run_dir, msg[1], {}, cfg.trainer.checkpoint_keep)
+            checkpointer.start(engine, msg[1], {})
+    checkpointer.close()
 
 
 def _load_newest(engine, run_dir: Path | None, rank: int) -> dict | None:

@@ -46,8 +46,9 @@ def log_events(run_dir: Path, event: str) -> list[dict]:
 
 
 def step_wall(m: dict) -> float:
-    """Wall time of one trainer step: waiting for the batch, training, and the publish stall."""
-    return m.get("wait_s", 0.0) + m.get("train_s", 0.0) + m.get("publish_stall_s", 0.0)
+    """Wall time of one trainer step: waiting for the batch, training, the publish and checkpoint stalls."""
+    return (m.get("wait_s", 0.0) + m.get("train_s", 0.0) + m.get("publish_stall_s", 0.0)
+            + m.get("checkpoint_stall_s", 0.0))
 
 
 def summarize(run_dir: Path, skip: int = 1) -> dict:

@@ -61,6 +61,15 @@ class Up:
         finally:
             self.out.close()
 
+    def wait_checkpointed(self, run: str, version: int, timeout: float = 120) -> None:
+        """Until the broker marks checkpoint `version` complete (it is written in the background)."""
+        deadline = time.time() + timeout
+        with self.redis() as r:
+            while int(r.get(f"streamrl:{run}:trainer:checkpointed") or 0) < version:
+                assert self.proc.poll() is None, f"up exited early:\n{self.output()[-4000:]}"
+                assert time.time() < deadline, f"checkpoint {version} not marked:\n{self.output()[-4000:]}"
+                time.sleep(0.1)
+
     def redis(self) -> redis.Redis:
         return redis.Redis.from_url((self.run_dir / "broker" / "url").read_text().strip())
 
@@ -89,10 +98,13 @@ def assert_exact(summary: dict, in_flight_ok: bool = True) -> None:
     assert in_flight_ok or summary["in_flight"] == 0, summary
 
 
-def assert_metrics(up: Up, steps: int, max_staleness: int = 1) -> None:
+def assert_metrics(up: Up, steps: int, max_staleness: int = 1, checkpoint_every: int = 3) -> None:
     rows = [json.loads(ln) for ln in (up.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     assert [r["step"] for r in rows] == list(range(1, steps + 1)), "every step exactly once"
     assert all(r["staleness_max"] <= max_staleness for r in rows), [r["staleness_max"] for r in rows]
+    saved = [r["step"] for r in rows if "checkpoint_stall_s" in r]
+    assert saved == [s for s in range(1, steps + 1) if s % checkpoint_every == 0 or s == steps], saved
+    assert all(r["checkpoint_stall_s"] >= 0 for r in rows if "checkpoint_stall_s" in r)
 
 
 @pytest.mark.timeout(1200)
@@ -131,6 +143,7 @@ def test_trainer_sigkilled_then_resumed_and_gracefully_stopped(tmp_path):
     run, steps = "faults-b", 8
     up = Up(tmp_path / "b", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3", *SMALL)
     up.wait_step(4)
+    up.wait_checkpointed(run, 3)  # the step-3 checkpoint is written in the background
     up.kill_role(run, "trainer")
     code = up.wait()
     out = up.output()
@@ -169,6 +182,7 @@ def test_two_rank_trainer_sigkilled_then_resumed(tmp_path):
     up = Up(tmp_path / "c", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3",
             "trainer.world_size=2", *SMALL)
     up.wait_step(4)
+    up.wait_checkpointed(run, 3)
     up.kill_role(run, "trainer")
     out = (up.wait(), up.output())[1]
     # The heartbeat's pid is rank 0's: the trainer process names the rank and exits, the run ends.

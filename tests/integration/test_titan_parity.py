@@ -61,15 +61,16 @@ def _shard_logprobs(engine, batch: Batch) -> list[torch.Tensor]:
 
 
 def _rank_main(model_path: str, batch: Batch, out: str, backend: str, mbs: int, ac: bool, tp: int,
-               rank: int, world: int) -> None:
-    """Every rank: log-probs before/after one step, the full state dicts, the metrics (to files)."""
+               rank: int, world: int, chunk: int = 4) -> None:
+    """Every rank: log-probs before/after one step, the full state dicts, the metrics (to files).
+    chunk = trainer.logprob_chunk_tokens (4: several chunks per micro-batch; 0: full logits)."""
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
     cfg = Config(generator=GeneratorConfig(temperature=1.0),
                  trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device="cpu",
                                        backend=backend, activation_checkpointing=ac,
-                                       parallelism=ParallelismConfig(tp=tp)))
+                                       parallelism=ParallelismConfig(tp=tp), logprob_chunk_tokens=chunk))
     batch = broadcast_batch(batch if rank == 0 else None, rank)
     engine = make_engine(cfg, model_path, rank, world)
     lp0 = _shard_logprobs(engine, batch)
@@ -117,11 +118,17 @@ def batch(tiny) -> Batch:
 
 @pytest.fixture(scope="module")
 def runs(tiny, batch, tmp_path_factory) -> dict[str, Path]:
-    specs = {"titan1": (1, "torchtitan", 3, True), "titan2": (2, "torchtitan", 2, False), "hf1": (1, "hf", 3, False)}
+    # The hf run forms the full logits, the torchtitan runs take the hidden-state path (one chunk:
+    # several chunks change the summation order, which Adam's first step amplifies past these
+    # tolerances on near-zero gradients; test_chunked_titan_step_has_the_full_logits_gradient
+    # compares several chunks on the gradient itself).
+    specs = {"titan1": (1, "torchtitan", 3, True, 2048), "titan2": (2, "torchtitan", 2, False, 2048),
+             "hf1": (1, "hf", 3, False, 0)}
     out = {}
-    for name, (world, backend, mbs, ac) in specs.items():
+    for name, (world, backend, mbs, ac, chunk) in specs.items():
         out[name] = tmp_path_factory.mktemp(name)
-        launch(world, functools.partial(_rank_main, str(tiny), batch, str(out[name]), backend, mbs, ac, 1))
+        launch(world, functools.partial(_rank_main, str(tiny), batch, str(out[name]), backend, mbs, ac, 1,
+                                        chunk=chunk))
     return out
 
 
@@ -146,7 +153,7 @@ def test_full_state_dict_is_the_checkpoint_in_hf_names_on_rank_0_only(runs, tiny
 def test_one_step_matches_world_1_and_the_hf_backend(runs, other, atol):
     m1, m2 = (_read(runs[r], "rank0.json")["metrics"] for r in ("titan1", other))
     assert m1["grad_norm"] > 1e-3 and m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
-    for key in set(m1) - {"time_s"}:
+    for key in set(m1) - {"time_s", "padded_tokens"}:  # padding depends on the split
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
     w1, w2, w0 = _read(runs["titan1"], "final.safetensors"), _read(runs[other], "final.safetensors"), \
         _read(runs["titan1"], "initial.safetensors")
@@ -164,7 +171,7 @@ def test_tensor_parallel_2_matches_world_1(tmp_path, batch):
     for r, lp in zip(b.rollouts, hf_logprobs(AutoModelForCausalLM.from_pretrained(model).eval(), b)):
         r.logprobs = lp.astype(np.float32)
     (tmp_path / "w1").mkdir(), (tmp_path / "tp2").mkdir()
-    launch(1, functools.partial(_rank_main, str(model), b, str(tmp_path / "w1"), "torchtitan", 3, False, 1))
+    launch(1, functools.partial(_rank_main, str(model), b, str(tmp_path / "w1"), "torchtitan", 3, False, 1, chunk=0))
     launch(2, functools.partial(_rank_main, str(model), b, str(tmp_path / "tp2"), "torchtitan", 3, False, 2))
     assert _read(tmp_path / "tp2", "rank1.json")["dp"] == [0, 1]  # both ranks train the same rows
     for got, want in zip(_lp(tmp_path / "tp2", "lp0"), [r.logprobs for r in b.rollouts], strict=True):
@@ -175,6 +182,26 @@ def test_tensor_parallel_2_matches_world_1(tmp_path, batch):
     w1, w2 = _read(tmp_path / "w1", "final.safetensors"), _read(tmp_path / "tp2", "final.safetensors")
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], atol=5e-5, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-tied"])
+def test_chunked_titan_step_has_the_full_logits_gradient(tiny, batch, tmp_path, arch):
+    """torchtitan backend, 3-token chunks over FSDP2 on 2 ranks vs full logits on 1 rank: the same
+    gradient of every weight (entropy bonus and KL included), also with tied embeddings (Qwen3)."""
+    from streamrl.shapes import build_random_model
+    from tests.integration.test_train_engine import _grads_main
+
+    model = str(tiny if arch == "llama" else build_random_model("qwen3-tiny", tmp_path / "qwen3", "float32"))
+    full, chunked = tmp_path / "full", tmp_path / "chunked"
+    full.mkdir(), chunked.mkdir()
+    launch(1, functools.partial(_grads_main, model, batch, str(full), 0, backend="torchtitan"))
+    launch(2, functools.partial(_grads_main, model, batch, str(chunked), 3, backend="torchtitan"))
+    a, b = torch.load(full / "grads.pt"), torch.load(chunked / "grads.pt")
+    assert a["metrics"]["grad_norm"] > 1e-3
+    assert a["metrics"]["grad_norm"] == pytest.approx(b["metrics"]["grad_norm"], rel=1e-5)
+    assert list(a["grads"]) == list(b["grads"])
+    for name, g in a["grads"].items():
+        torch.testing.assert_close(b["grads"][name], g, atol=1e-6, rtol=1e-5, msg=name)
 
 
 @pytest.mark.anyio

@@ -77,9 +77,10 @@ def _rank_main(model_path: str, batch: Batch, out: str, mbs: int, ac: bool, extr
 
     torch.set_num_threads(1)
     out_dir = Path(out)
+    # logprob_chunk_tokens=4: several chunks per micro-batch, so every comparison below covers them.
     cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
                  trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device=device,
-                                       activation_checkpointing=ac, grad_clip=1.0))
+                                       activation_checkpointing=ac, grad_clip=1.0, logprob_chunk_tokens=4))
     batch = broadcast_batch(batch if rank == 0 else None, rank)
     engine = TrainEngine(cfg, model_path, rank, world)
     _save_shard_logprobs(engine, batch, out_dir / f"lp0_rank{rank}.pt")
@@ -152,7 +153,7 @@ def test_world_2_and_world_1_give_the_same_step(runs):
     # though Adam's first update is scale-invariant.
     assert m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     assert m1["grad_norm"] > 1e-3
-    for key in set(m1) - {"time_s"}:
+    for key in set(m1) - {"time_s", "padded_tokens"}:  # padding depends on the split
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
     assert m1["tokens"] == 27 and m1["seqs"] == 6 and m1["lr"] == 1e-3 and m1["skipped_step"] == 0
     # Entropy is logged even without an entropy bonus (trainer.log_entropy): near log(vocab) at init.
@@ -251,6 +252,101 @@ def test_prox_entropy_and_ref_inputs_reach_the_loss(tiny, batch, tmp_path):
     assert 0 < m["entropy"] < np.log(100) and m["skipped_step"] == 0 and np.isfinite(m["grad_norm"])
 
 
+def _grads_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int,
+                backend: str = "hf", micro_batch_tokens: int = 0) -> None:
+    """One step with an entropy bonus and a KL term; the full gradient of every weight to a file."""
+    from workers.engines import make_engine
+
+    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
+                 loss=LossConfig(kl_beta=0.1, entropy_coef=0.01),
+                 trainer=TrainerConfig(world_size=world, device="cpu", micro_batch_size=2, logprob_chunk_tokens=chunk,
+                                       grad_clip=1e9, backend=backend, micro_batch_tokens=micro_batch_tokens))
+    # (grad_clip 1e9: no clipping, the raw gradients are compared)
+    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    batch = copy.copy(batch)
+    batch.ref_logprobs = [r.logprobs - 0.1 for r in batch.rollouts]
+    engine = make_engine(cfg, model_path, rank, world)
+    metrics = engine.train_step(batch)
+    grads = {n: p.grad.full_tensor() for n, p in engine.model.named_parameters()}
+    if rank == 0:
+        torch.save({"grads": grads, "metrics": metrics}, Path(out) / "grads.pt")
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-tied"])
+def test_chunked_logprobs_give_the_full_logits_gradient(tiny, batch, tmp_path, arch):
+    """The engine's step with chunked log-probs (3 tokens a chunk, FSDP over 2 ranks) has the
+    gradient of the full-logits step (1 rank), entropy bonus and KL included; also with the LM head
+    tied to the embeddings (Qwen3), where FSDP's root group holds the shared weight."""
+    from streamrl.shapes import build_random_model
+
+    model = str(tiny if arch == "llama" else build_random_model("qwen3-tiny", tmp_path / "qwen3", "float32"))
+    full, chunked = tmp_path / "full", tmp_path / "chunked"
+    full.mkdir(), chunked.mkdir()
+    launch(1, functools.partial(_grads_main, model, batch, str(full), 0))
+    launch(2, functools.partial(_grads_main, model, batch, str(chunked), 3))
+    a, b = torch.load(full / "grads.pt"), torch.load(chunked / "grads.pt")
+    assert a["metrics"]["grad_norm"] == pytest.approx(b["metrics"]["grad_norm"], rel=1e-5)
+    assert a["metrics"]["grad_norm"] > 1e-3
+    for key in ("loss", "entropy", "kl", "pg_loss"):
+        assert a["metrics"][key] == pytest.approx(b["metrics"][key], rel=1e-5, abs=1e-7), key
+    assert list(a["grads"]) == list(b["grads"])
+    for name, g in a["grads"].items():
+        torch.testing.assert_close(b["grads"][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
+def test_token_budget_micro_batches_give_the_same_gradient(tiny, batch, tmp_path):
+    """trainer.micro_batch_tokens: rows sorted by length and packed (here 2 micro-batches of 1-2
+    rows on each of 2 ranks, each padded to its own longest row) give the gradient of row-count
+    slices on 1 rank, with fewer padded positions."""
+    by_count, by_tokens = tmp_path / "count", tmp_path / "tokens"
+    by_count.mkdir(), by_tokens.mkdir()
+    launch(1, functools.partial(_grads_main, str(tiny), batch, str(by_count), 0))
+    launch(2, functools.partial(_grads_main, str(tiny), batch, str(by_tokens), 0, micro_batch_tokens=16))
+    a, b = torch.load(by_count / "grads.pt"), torch.load(by_tokens / "grads.pt")
+    assert a["metrics"]["grad_norm"] == pytest.approx(b["metrics"]["grad_norm"], rel=1e-5)
+    assert a["metrics"]["input_tokens"] == b["metrics"]["input_tokens"] == sum(
+        len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts)
+    assert b["metrics"]["padded_tokens"] < a["metrics"]["padded_tokens"]
+    for name, g in a["grads"].items():
+        torch.testing.assert_close(b["grads"][name], g, atol=1e-6, rtol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3-tied"])
+def test_hf_hidden_states_path_equals_the_logits_path_in_float64(tiny, batch, arch, tmp_path):
+    """decoder_hidden_states + chunked log-probs on real transformers models (the tiny Llama, and a
+    Qwen3 with tied embeddings): the logits path's values and gradients of every weight, float64."""
+    from transformers import AutoModelForCausalLM
+
+    from streamrl.logprobs import gathered_logprobs
+    from streamrl.modeling import check_plain_head, decoder_hidden_states
+    from streamrl.shapes import build_random_model
+
+    path = tiny if arch == "llama" else build_random_model("qwen3-tiny", tmp_path / "qwen3", "float32")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+    assert model.config.tie_word_embeddings == (arch == "qwen3-tied")
+    t = pad_batch(batch, 0)
+    weights = torch.linspace(-1, 1, t["mask"].numel(), dtype=torch.float64).view_as(t["mask"]) * t["mask"]
+
+    def grads(lp, ent):
+        loss = (weights * lp).sum() + 0.1 * (weights * ent).sum()
+        return lp.detach(), torch.autograd.grad(loss, list(model.parameters()))
+
+    logits = model(input_ids=t["input_ids"], attention_mask=t["attention_mask"]).logits
+    # token_logprobs' indexing in float64 (token_logprobs itself softmaxes in float32)
+    logp_all = torch.log_softmax(logits[torch.arange(len(batch))[:, None], t["positions"]] / TEMPERATURE, -1)
+    lp_full = logp_all.gather(-1, t["targets"][..., None])[..., 0]
+    ent_full = -(logp_all.exp() * logp_all).sum(-1)
+    want_lp, want = grads(lp_full * t["mask"].double(), ent_full * t["mask"].double())
+    head = check_plain_head(model)
+    hidden = decoder_hidden_states(model, t["input_ids"], t["attention_mask"])
+    lp, ent = gathered_logprobs(hidden, head.weight, head.bias, t["positions"], t["targets"], t["lengths"],
+                                TEMPERATURE, 5, True)
+    got_lp, got = grads(lp, ent)
+    torch.testing.assert_close(got_lp, want_lp, rtol=0, atol=1e-12)
+    for (name, _), g, w in zip(model.named_parameters(), got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-10, msg=name)
+
+
 def _fail_on_rank_1(rank: int, world: int) -> None:
     if rank == 1:
         raise ValueError("boom from the test")
@@ -268,3 +364,17 @@ def test_launch_names_the_failing_rank():
     with pytest.raises(RankFailed, match="rank 0 failed: KeyError") as err:
         launch(1, _fail_alone)
     assert not dist.is_initialized()
+
+
+def test_reference_worker_logprobs_match_the_plain_forward(hf_model, batch):
+    """streamrl.modeling.completion_logprobs (the reference worker's) goes through the same chunked
+    function: equal to a plain per-sequence forward, ragged rows and an empty completion included."""
+    from streamrl.modeling import completion_logprobs
+
+    prompts = [r.prompt_ids for r in batch.rollouts] + [batch.rollouts[0].prompt_ids]
+    completions = [r.completion_ids for r in batch.rollouts] + [np.zeros(0, np.int32)]
+    got = completion_logprobs(hf_model, prompts, completions, TEMPERATURE, chunk_tokens=4)
+    for g, want in zip(got[:-1], reference_logprobs(hf_model, batch), strict=True):
+        assert g.dtype == np.float32
+        np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+    assert got[-1].shape == (0,)

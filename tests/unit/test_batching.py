@@ -12,7 +12,7 @@ import torch
 from streamrl.batch import Batch
 from streamrl.errors import StreamRLError
 from streamrl.messages import Rollout
-from workers.train_engine import num_micro_batches, pad_batch, token_logprobs
+from workers.train_engine import num_micro_batches, pad_batch, plan_micro_batches, token_logprobs
 
 PAD = 0
 
@@ -144,3 +144,80 @@ def test_episode_observation_tokens_are_masked_out_of_the_loss():
     assert batch.num_loss_tokens == 4 + 4
     batch.loss_mask = np.asarray([1.0, 0.0], np.float32)  # the overlong filter still applies on top
     assert pad_batch(batch, PAD)["mask"].sum().item() == 4 and batch.num_loss_tokens == 4
+
+
+RAGGED = [(3, 20), (2, 1), (4, 12), (1, 2), (5, 19), (2, 3), (3, 8), (1, 1), (6, 14), (2, 2), (4, 5)]
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_token_budget_plan_covers_every_row_once_within_the_budget(world):
+    batch = make_batch(RAGGED)
+    budget, mbs = 40, 4
+    plans = plan_micro_batches(batch, world, mbs, budget)
+    assert len({len(p) for p in plans}) == 1, "every rank runs the same number of micro-batches"
+    for rank, plan in enumerate(plans):
+        shard = batch.shard(rank, world)
+        assert sorted(i for mb in plan for i in mb) == list(range(len(shard)))
+        lengths = [len(r.prompt_ids) + len(r.completion_ids) for r in shard.rollouts]
+        for mb in plan:
+            assert len(mb) <= mbs
+            if len(mb) > 1:  # a single row longer than the budget trains alone
+                assert len(mb) * max(lengths[i] for i in mb) <= budget
+
+
+def _padded_tokens(batch, plans) -> int:
+    return sum(pad_batch(batch.shard(r, len(plans)).select(mb), PAD)["input_ids"].numel()
+               for r, plan in enumerate(plans) for mb in plan if mb)
+
+
+def test_token_budget_cuts_padding_against_row_count_slices():
+    batch = make_batch(RAGGED)
+    real = sum(p + c for p, c in RAGGED)
+    by_count = _padded_tokens(batch, plan_micro_batches(batch, 1, 4, 0))
+    by_tokens = _padded_tokens(batch, plan_micro_batches(batch, 1, 4, 48))
+    assert real <= by_tokens < by_count, (real, by_tokens, by_count)
+    # The count-based plan is the contiguous slicing the trainer always did.
+    assert plan_micro_batches(batch, 2, 4, 0) == [[list(range(0, 2)), list(range(2, 5))],
+                                                  [list(range(0, 3)), list(range(3, 6))]]
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean", "fixed_horizon"])
+@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo", "decoupled_ppo"])
+def test_token_budget_micro_batches_give_the_full_batch_gradient(name, agg):
+    """Sorted, token-packed micro-batches on 2 ranks (each re-padded to its own length) give the
+    gradient and metrics of one full-batch pass: the losses only sum rows over global normalisers."""
+    from streamrl.config import LossConfig
+    from streamrl.losses import LossInputs, compute_loss
+    from workers.train_engine import plan_micro_batches as plan_fn
+
+    batch = make_batch(RAGGED, with_ref=True)
+    cfg = LossConfig(name=name, aggregation=agg, horizon=20, kl_beta=0.05, entropy_coef=0.01)
+    theta0 = 0.3 * torch.randn(50, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    total_tokens, total_seqs = float(batch.num_loss_tokens), float(len(batch))
+
+    def step(mb, world, theta):
+        t = pad_batch(mb, PAD)
+        ctx = theta[t["input_ids"]].cumsum(-1)  # depends on each row's own earlier tokens only
+        logits = torch.log_softmax(theta[None, None, :] + 0.1 * ctx.gather(1, t["positions"])[..., None], -1)
+        lp = logits.gather(-1, t["targets"][..., None])[..., 0]
+        ent = -(logits.exp() * logits).sum(-1)
+        inp = LossInputs(lp, t["old_logprobs"].double(), t["advantages"].double(), t["mask"].double(),
+                         ref_logprobs=t["ref_logprobs"].double(), prox_logprobs=lp.detach(), entropy=ent,
+                         total_tokens=total_tokens, total_seqs=total_seqs, dp_world_size=world)
+        loss, metrics = compute_loss(cfg, inp)
+        loss.backward()
+        return metrics
+
+    full = theta0.clone().requires_grad_(True)
+    want = step(batch, 1, full)
+    grads, sums = [], {}
+    for rank, plan in enumerate(plan_fn(batch, 2, 3, 30)):
+        theta = theta0.clone().requires_grad_(True)
+        for index in plan:
+            for k, v in step(batch.shard(rank, 2).select(index), 2, theta).items():
+                sums[k] = sums.get(k, 0.0) + v
+        grads.append(theta.grad)
+    torch.testing.assert_close(torch.stack(grads).mean(0), full.grad, rtol=1e-10, atol=1e-13)
+    assert full.grad.abs().sum() > 0
+    for k in want:
+        assert sums[k] == pytest.approx(want[k], rel=1e-9, abs=1e-12), k
