@@ -158,11 +158,12 @@ class Checkpointer:
     def _setup(self) -> None:
         if self._stager is not None:
             return
-        from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+        from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
-        cuda = torch.cuda.is_available()
-        self._stager = DefaultStager(StagingOptions(use_pinned_memory=cuda, use_shared_memory=False,
-                                                    use_async_staging=False, use_non_blocking_copy=cuda))
+        # BlockingAsyncStager copies tensor by tensor into CPU buffers (pinned and reused on CUDA;
+        # pinning needs CUDA). Not DefaultStager: its deepcopy-based stager in torch 2.11 has no
+        # entry for `type` objects and fails on FSDP state ("KeyError: <class 'type'>", seen on H200).
+        self._stager = BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_available())
         if dist.is_initialized():  # collective: every rank's first start() creates it
             self._group = dist.new_group(backend="gloo")
 
