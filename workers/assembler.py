@@ -63,8 +63,9 @@ class Assembler:
         self.groups: dict[str, _Group] = {}
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         """rollout_id (of a trained copy) -> key -> (entry id, annotation)."""
-        self.held: dict[str, dict[str, dict[str, tuple[str, Annotation]]]] = {}
-        """group_id -> rollout_id -> key -> (entry id, annotation): annotations whose rollout is not read yet."""
+        self.held: dict[str, dict[str, list[tuple[str, Annotation]]]] = {}
+        """group_id -> rollout_id -> [(entry id, annotation)]: annotations whose rollout is not read yet
+        (all of them: which one is valid for the rollout can only be told once it is read)."""
         self.ready: list[str] = []
         self.closed: set[str] = set()
         self.replay: set[str] = set()
@@ -149,7 +150,7 @@ class Assembler:
                 self.counters["duplicates"] += 1
                 await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
             return
-        held = self.held.get(r.group_id, {}).pop(r.rollout_id, {})
+        held = self.held.get(r.group_id, {}).pop(r.rollout_id, [])
         if r.sample in g.samples:
             # Another completion of a sample we already have (generated again after a crash): the
             # first copy read is trained; this one and every annotation computed for it are not.
@@ -157,11 +158,11 @@ class Assembler:
             self.counters["duplicates"] += 1 + len(held)
             await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
             if held:
-                await self.broker.ack(self.keys.annotations, GROUP, [eid for eid, _ in held.values()])
+                await self.broker.ack(self.keys.annotations, GROUP, [eid for eid, _ in held])
             return
         g.rollouts[r.rollout_id] = (entry_id, r)
         g.samples[r.sample] = r.rollout_id
-        for eid, a in held.values():
+        for eid, a in held:
             if r.group_id in self.closed:  # an earlier held annotation failed the group
                 self.counters["late"] += 1
                 await self.broker.ack(self.keys.annotations, GROUP, [eid])
@@ -179,12 +180,9 @@ class Assembler:
         elif g is not None and a.rollout_id in g.rollouts:
             await self._attach(g, entry_id, a)
         else:
-            slot = self.held.setdefault(group_id, {}).setdefault(a.rollout_id, {})
-            if a.key not in slot:
-                slot[a.key] = (entry_id, a)
-            elif slot[a.key][0] != entry_id:
-                self.counters["duplicates"] += 1
-                await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+            held = self.held.setdefault(group_id, {}).setdefault(a.rollout_id, [])
+            if all(eid != entry_id for eid, _ in held):  # the same entry re-read is held already
+                held.append((entry_id, a))
 
     async def _attach(self, g: _Group, entry_id: str, a: Annotation) -> None:
         """File an annotation of one of `g`'s trained copies: first per key wins, errors apply their policy."""
@@ -209,11 +207,10 @@ class Assembler:
 
     async def _ack_unknown(self) -> None:
         """Every rollout added before the last read has been read: held annotations name no rollout."""
-        ids = [eid for rids in self.held.values() for keys in rids.values() for eid, _ in keys.values()]
+        ids = [eid for rids in self.held.values() for held in rids.values() for eid, _ in held]
         if not ids:
             return
-        producers = sorted({a.producer for rids in self.held.values() for keys in rids.values()
-                            for _, a in keys.values()})
+        producers = sorted({a.producer for rids in self.held.values() for held in rids.values() for _, a in held})
         self.counters["unknown_annotations"] += len(ids)
         self.owner.log.warning("unknown_rollout_ids", annotations=len(ids), producers=producers[:10],
                                examples=[rid for rids in self.held.values() for rid in rids][:5])
@@ -280,7 +277,7 @@ class Assembler:
         rids = list(g.rollouts) if g else []
         r_ids = [g.rollouts[r][0] for r in rids] if g else []
         a_ids = [eid for r in rids for eid, _ in self.annotations.get(r, {}).values() if eid]
-        held = [eid for keys in self.held.get(group_id, {}).values() for eid, _ in keys.values()]
+        held = [eid for entries in self.held.get(group_id, {}).values() for eid, _ in entries]
         self.counters["late"] += len(held)  # for copies of samples not read yet: they will be late too
         return r_ids, a_ids + held
 
