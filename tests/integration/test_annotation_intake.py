@@ -147,3 +147,24 @@ async def test_a_regenerated_sample_trains_with_the_reward_of_its_own_tokens(con
 def test_rollout_ids_name_one_completion():
     ids = {new_rollout_id("g165", 5) for _ in range(1000)}
     assert len(ids) == 1000 and all(i.startswith("g165:5:") for i in ids)
+
+
+async def test_annotations_read_before_their_rollout_are_held_then_checked(config, broker):
+    """The trainer may read an annotation before its rollout: it is held, and checked against the
+    rollout once that is read, so a wrong-length ref_logprobs held first does not hide a good one."""
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.1)
+    await asm.start()
+    keys = owner.keys
+    for i in range(2):
+        for value in (np.zeros(2, np.float32), np.zeros(3, np.float32)):  # 2 values: wrong, 3: right
+            await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("g0", i), key="ref_logprobs",
+                                                                 value=value, producer="ref-0")))
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("g0", i), key="reward", value=float(i))))
+    await asm.poll()
+    assert sum(len(v) for v in asm.held.get("g0", {}).values()) == 6
+    await publish_group(broker, keys, "g0", [0, 1], ref=False)  # the rollouts (and repeated rewards)
+    batch = await asyncio.wait_for(asm.next_batch(0), 10)
+    assert [len(x) for x in batch.ref_logprobs] == [3, 3]
+    assert len(await dead_records(broker, keys)) == 2  # the two short ones
+    await asm.commit(batch)
+    assert await pending(broker, keys.annotations) == 0
