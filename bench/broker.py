@@ -25,7 +25,7 @@ from bench.common import (Servers, machine, percentiles_ms, print_table, pyplot,
 from brokers.sharded import parse_placement
 from streamrl.broker import Keys
 from streamrl.config import BrokerConfig, Config, LossConfig, ReferenceConfig, RewardConfig, RolloutConfig, RunConfig
-from streamrl.messages import Annotation, Rollout, decode, encode
+from streamrl.messages import Annotation, Rollout, decode, encode, new_rollout_id
 from streamrl.worker import Worker
 
 HELP = "message path throughput and latency (no model)"
@@ -91,7 +91,7 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
                 delay = t0 + g * gs / rate - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)  # the loop has nothing else to do; sleep() is the precise wait
-            blobs = [encode(Rollout(rollout_id=f"g{g}:{s}", group_id=f"g{g}", sample=s, group_size=gs,
+            blobs = [encode(Rollout(rollout_id=new_rollout_id(f"g{g}", s), group_id=f"g{g}", sample=s, group_size=gs,
                                     prompt_ids=prompt, completion_ids=completion, logprobs=logprobs, version=0,
                                     worker="generator-0", finished_at=time.time())) for s in range(gs)]
             nbytes += sum(map(len, blobs))

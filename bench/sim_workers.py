@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from streamrl.config import Config
-from streamrl.messages import Prompt, Rollout, encode
+from streamrl.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.metrics import MetricsWriter
 from streamrl.staleness import staleness_histogram
 from streamrl.worker import Worker
@@ -131,7 +131,7 @@ class SimGenerator(Worker):
         finally:
             self.busy.add(-1)
         ids = np.arange(self.tokens, dtype=np.int32) % 50
-        blobs = [encode(Rollout(rollout_id=f"{p.group_id}:{s}", group_id=p.group_id, sample=s, group_size=p.group_size,
+        blobs = [encode(Rollout(rollout_id=new_rollout_id(p.group_id, s), group_id=p.group_id, sample=s, group_size=p.group_size,
                                 prompt_ids=p.prompt_ids, completion_ids=ids, logprobs=np.full(self.tokens, -1.0, np.float32),
                                 version=first, version_switches=switches, text="a" * self.tokens, prompt_text=p.text,
                                 meta=p.meta, worker=self.worker_id, finished_at=time.time()))

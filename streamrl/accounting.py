@@ -12,8 +12,8 @@ BEFORE it trains; a step counts as trained once a checkpoint covers it (`trainer
 
 `in_flight` groups have no final outcome but are visibly somewhere in the pipeline (an un-acked
 prompt, an un-acked rollout for the trainer, a logged step not yet covered by a checkpoint);
-`lost` is what is left over and must be 0. `double_trained` counts rollout ids that appear in
-more than one trained step. `streamrl up` calls `write_summary` at the end of every run.
+`lost` is what is left over and must be 0. `double_trained` counts samples (`group:sample`, so
+two copies of one regenerated sample count as one sample) that appear in more than one trained step. `streamrl up` calls `write_summary` at the end of every run.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 
 from streamrl.broker import Broker, Keys
+from streamrl.messages import sample_key
 
 FINAL = ("dropped_stale", "filtered", "failed", "requeued")
 
@@ -178,7 +179,7 @@ def summarize(url: str, run: str, episodes_per_group: int = 0) -> dict:
     closed = {g for g in ledger if g not in pending_replay}
     open_ids = admitted_ids - closed
     in_flight = open_ids & (live | pending_replay)
-    rollouts = Counter(rid for s, rec in steps.items() if s <= durable for rid in rec["rollouts"])
+    rollouts = Counter(sample_key(rid) for s, rec in steps.items() if s <= durable for rid in rec["rollouts"])
     out = {
         "unit": "groups",
         "admitted": len(admitted_ids),

@@ -10,8 +10,10 @@ Token ids travel as packed little-endian int32, log-probs as packed little-endia
 from __future__ import annotations
 
 import math
+import re
 import time
-from dataclasses import asdict, dataclass, field, fields
+import uuid
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from typing import Any, ClassVar
 
 import msgpack
@@ -71,7 +73,8 @@ class Rollout:
 
     kind: ClassVar[str] = "rollout"
     rollout_id: str
-    """`{group_id}:{sample}`: redeliveries of the same completion share it."""
+    """`{group_id}:{sample}:{nonce}` (new_rollout_id): names exactly one generated completion; a
+    regenerated sample (a restarted generator) gets a new nonce, a redelivered entry keeps its id."""
     group_id: str
     sample: int
     group_size: int
@@ -181,6 +184,34 @@ class Observation:
 
 
 MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation)}
+_REQUIRED = {cls: [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+             for cls in MESSAGE_TYPES.values()}
+_KNOWN = {cls: {f.name for f in fields(cls)} for cls in MESSAGE_TYPES.values()}
+_F32_MAX = float(np.finfo(np.float32).max)
+
+_ROLLOUT_ID = re.compile(r"(?P<group>.+):(?P<sample>0|[1-9][0-9]*):(?P<nonce>[A-Za-z0-9]{1,32})")
+
+
+def new_rollout_id(group_id: str, sample: int) -> str:
+    """A fresh id for one generated completion: `{group_id}:{sample}:{nonce}` (12 random hex digits).
+
+    Minted once per completion, so a sample that is generated again (its generator crashed before
+    the group's prompt was acked) never shares an id with the first copy."""
+    return f"{group_id}:{sample}:{uuid.uuid4().hex[:12]}"
+
+
+def parse_rollout_id(rollout_id: str) -> tuple[str, int] | None:
+    """(group_id, sample) of a well-formed rollout id, else None."""
+    m = _ROLLOUT_ID.fullmatch(rollout_id)
+    return (m["group"], int(m["sample"])) if m else None
+
+
+def sample_key(rollout_id: str) -> str:
+    """`{group_id}:{sample}` of a rollout id: what two copies of one sample have in common."""
+    parsed = parse_rollout_id(rollout_id)
+    return f"{parsed[0]}:{parsed[1]}" if parsed else rollout_id
+
+
 _ARRAYS = {"prompt_ids": pack_i32, "completion_ids": pack_i32, "logprobs": pack_f32}
 _UNPACK = {"prompt_ids": unpack_i32, "completion_ids": unpack_i32, "logprobs": unpack_f32}
 
@@ -198,39 +229,64 @@ def encode(msg: Any) -> bytes:
     return msgpack.packb(data, use_bin_type=True)
 
 
-def decode(blob: Any) -> Any:
+def decode(blob: Any, expect: type | None = None) -> Any:
     """Decode and validate one entry's payload; raise DecodeError with the reason.
 
-    Decoded arrays are read-only views of the payload (np.frombuffer); copy before modifying.
+    `expect`: the message class the stream carries; another kind is rejected before its fields are
+    looked at. Fields this schema does not know are ignored (docs/protocol.md, "Versioning"): use
+    `decode_with_extras` to see them. Decoded arrays are read-only views of the payload
+    (np.frombuffer); copy before modifying.
     """
+    return decode_with_extras(blob, expect)[0]
+
+
+def decode_with_extras(blob: Any, expect: type | None = None) -> tuple[Any, list[str]]:
+    """`decode`, plus the names of the fields it ignored (written by a newer writer, or misspelt)."""
     if not isinstance(blob, (bytes, bytearray)):
         raise DecodeError(f"payload must be bytes, got {type(blob).__name__}")
     if len(blob) > MAX_ENTRY_BYTES:
         raise DecodeError(f"payload of {len(blob)} bytes exceeds the {MAX_ENTRY_BYTES}-byte limit")
     try:
         data = msgpack.unpackb(blob, raw=False, strict_map_key=True)
-    except Exception as exc:  # msgpack raises several unrelated types
-        raise DecodeError(f"not valid msgpack: {exc}") from None
+    except Exception as exc:  # msgpack raises several unrelated types, some with an empty message
+        detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        raise DecodeError(f"not valid msgpack ({detail}); the payload starts with {bytes(blob[:16]).hex(' ')!r}. "
+                          "Field `d` must hold one msgpack map (docs/protocol.md, Entries)") from None
     if not isinstance(data, dict):
-        raise DecodeError("payload must be a msgpack map")
+        raise DecodeError(f"payload must be a msgpack map, got a msgpack {type(data).__name__}")
     schema = data.pop("schema", None)
     if type(schema) is not int or schema != SCHEMA_VERSION:
         raise DecodeError(f"unknown schema version {schema!r} (this worker reads {SCHEMA_VERSION})")
     kind = data.pop("kind", None)
     cls = MESSAGE_TYPES.get(kind) if isinstance(kind, str) else None
     if cls is None:
-        raise DecodeError(f"unknown message kind; expected one of {sorted(MESSAGE_TYPES)}")
-    for name, unpack in _UNPACK.items():
-        if name in data:
-            data[name] = unpack(data[name])
-    if cls is Annotation and isinstance(data.get("value"), (bytes, bytearray)):
-        data["value"] = unpack_f32(data["value"])
+        raise DecodeError(f"unknown message kind {kind!r}; expected one of {sorted(MESSAGE_TYPES)}")
+    if expect is not None and cls is not expect:
+        raise DecodeError(f"a {cls.kind} message does not belong on this stream (expected kind {expect.kind!r})")
     try:
-        msg = cls(**data)
-    except TypeError as exc:
-        raise DecodeError(f"bad {cls.kind} fields: {exc}") from None
+        return _build(cls, data)
+    except DecodeError as exc:
+        if cls is Annotation:  # name the writer: its key and producer, as far as they can be read
+            who = {f: data.get(f, "?") for f in ("key", "producer", "rollout_id")}
+            raise DecodeError(f"annotation {who['key']!r} from producer {who['producer']!r} for rollout "
+                              f"{who['rollout_id']!r}: {exc}") from None
+        raise
+
+
+def _build(cls: type, data: dict) -> tuple[Any, list[str]]:
+    if missing := [name for name in _REQUIRED[cls] if name not in data]:
+        raise DecodeError(f"{cls.kind} is missing required field(s) {', '.join(missing)} "
+                          f"(it has {', '.join(sorted(map(str, data))) or 'no fields'}); see docs/protocol.md")
+    extras = [name for name in data if name not in _KNOWN[cls]]
+    fields_ = {name: value for name, value in data.items() if name in _KNOWN[cls]}
+    for name, unpack in _UNPACK.items():
+        if name in fields_:
+            fields_[name] = unpack(fields_[name])
+    if cls is Annotation and isinstance(fields_.get("value"), (bytes, bytearray)):
+        fields_["value"] = unpack_f32(fields_["value"])
+    msg = cls(**fields_)
     _validate(msg)
-    return msg
+    return msg, sorted(map(str, extras))
 
 
 def _check(cond: bool, why: str) -> None:
@@ -287,11 +343,13 @@ def _validate(msg: Any) -> None:
         v = msg.value
         if isinstance(v, np.ndarray):
             if not _all_finite(v):
-                raise DecodeError(f"annotation {msg.key}: values contain NaN or inf")
+                raise DecodeError("values contain NaN or inf")
         elif not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise DecodeError(f"annotation {msg.key}: value must be a number or float32 bytes")
+            raise DecodeError(f"value must be a number or float32 bytes, got {type(v).__name__}")
         elif not math.isfinite(v):
-            raise DecodeError(f"annotation {msg.key}: value is NaN or inf")
+            raise DecodeError("value is NaN or inf")
+        elif abs(v) > _F32_MAX:  # rewards are trained as float32: it would become inf in the advantages
+            raise DecodeError(f"value {v!r} is beyond the float32 range (|v| <= {_F32_MAX:.4g})")
 
 
 def as_dict(msg: Any) -> dict:

@@ -252,17 +252,21 @@ class ProducerWorker(Worker):
 
 
 def _check(value: Any, failure: str) -> tuple[Any, str]:
-    """(annotation value, error): a finite float or float array, else 0.0 with the reason."""
+    """(annotation value, error): one finite number in float32 range, else 0.0 with the reason.
+
+    An external key is a scalar (docs/protocol.md, "Annotation keys"): a vector would be
+    dead-lettered by the trainer, so it is reported here, where the function's author sees it."""
     if failure:
         return 0.0, failure
-    if isinstance(value, np.ndarray) or (isinstance(value, list) and value and not isinstance(value, str)):
-        arr = np.asarray(value, dtype=np.float32)
-        return (arr, "") if np.all(np.isfinite(arr)) else (0.0, "returned non-finite values")
+    if isinstance(value, (np.ndarray, list, tuple)) and np.size(value) != 1:
+        return 0.0, f"returned {np.size(value)} values for one rollout; an external key takes one number"
     try:
-        number = float(value)
+        number = float(np.asarray(value).item()) if isinstance(value, (np.ndarray, list, tuple)) else float(value)
     except (TypeError, ValueError):
         return 0.0, f"returned {value!r}, not a number"
-    return (number, "") if math.isfinite(number) else (0.0, f"returned {number}")
+    if not math.isfinite(number) or abs(number) > float(np.finfo(np.float32).max):
+        return 0.0, f"returned {number}"
+    return number, ""
 
 
 def serve_producer(fn: Callable, spec: ProducerSpec, broker_url: str, run: str, worker_id: str,

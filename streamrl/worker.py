@@ -21,7 +21,7 @@ import structlog
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
 from streamrl.errors import NOT_TRANSIENT, DecodeError, FatalError
-from streamrl.messages import Annotation, decode, encode
+from streamrl.messages import Annotation, decode_with_extras, encode
 
 HEARTBEAT_TTL_S = 15.0
 BACKGROUND_STOP_S = 2.0
@@ -61,6 +61,10 @@ class Worker:
         """New entries delivered by a shared XREADGROUP for a stream not being read at that moment."""
         self._loop_started: float | None = None
         self._step_busy_s = 0.0
+        self.caught_up: dict[str, bool] = {}
+        """Per stream: the last `read` asked the broker for new entries and got fewer than it asked
+        for, so every entry added before that read has been delivered to this worker."""
+        self._extras_seen: set[tuple[str, str]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -193,11 +197,15 @@ class Worker:
         for entry in entries:
             try:
                 if entry.data is None:
-                    raise DecodeError("entry has no 'd' field")
-                msg = decode(entry.data)
-                if expect is not None and not isinstance(msg, expect):
-                    raise DecodeError(f"a {msg.kind} message does not belong on this stream (expected {expect.kind})")
+                    raise DecodeError(f"entry has no 'd' field (it has {sorted(entry.fields) or 'none'}); every "
+                                      "entry carries its msgpack payload in one field named d")
+                msg, extras = decode_with_extras(entry.data, expect)
                 good.append((entry, msg))
+                for name in extras:  # ignored by the schema's rule; said once, it may be a typo
+                    if (msg.kind, name) not in self._extras_seen:
+                        self._extras_seen.add((msg.kind, name))
+                        self.log.warning("unknown_field_ignored", kind=msg.kind, field=name, stream=stream,
+                                         entry_id=entry.id, hint="written by a newer writer, or misspelt")
             except DecodeError as exc:
                 await self.dead_letter(stream, entry, str(exc))
                 bad.append(entry.id)
@@ -219,6 +227,7 @@ class Worker:
         streams = self._group_streams.setdefault(group, [])
         if stream not in streams:
             streams.append(stream)
+        self.caught_up[stream] = False
         if ahead := self._read_ahead.get(stream):
             self._read_ahead[stream] = ahead[count:]
             return await self.decode_entries(stream, group, ahead[:count], expect)
@@ -237,6 +246,7 @@ class Worker:
             shared = [stream] + [s for s in streams if s != stream and self._pending_cursor.get(s, "0") is None]
             got = await self.broker.read_groups(shared, group, self.worker_id, count=count, block_ms=b.block_ms)
             entries = got.pop(stream, [])
+            self.caught_up[stream] = len(entries) < count
             for other, more in got.items():
                 self._read_ahead[other] = self._read_ahead.get(other, []) + more
         return await self.decode_entries(stream, group, entries, expect)

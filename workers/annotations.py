@@ -10,7 +10,14 @@ their pending work is taken over if one dies. External keys (annotations.externa
 weight, a timeout counted from the moment all of a group's rollouts are in, and an on_timeout
 policy: `default` substitutes the configured value, `drop` drops the group. An `error`
 annotation on an external key applies the same policy at once (the producer gave up on it); on a
-built-in key it fails the group, except `reward` under reward.on_error=score (reward.error_value). Pure functions of their inputs, so unit tests need no broker.
+built-in key it fails the group, except `reward` under reward.on_error=score (reward.error_value).
+Pure functions of their inputs, so unit tests need no broker.
+
+Shapes (`shape`): `reward` and every external key are scalars (they are weighted into the reward);
+`ref_logprobs` is a vector of one float32 per completion token. A value of the wrong shape makes
+the annotation invalid (`invalid`, `mismatch`): the assembler dead-letters it with the key and the
+producer, so it never reaches the train step. A key the job does not use is never read: it is
+accepted whatever its value and acked with its group.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from streamrl.config import Config, ExternalAnnotation
 from streamrl.messages import Annotation
 
 Verdict = Literal["ready", "wait", "default", "drop"]
+Shape = Literal["scalar", "tokens"]
 TIMEOUT_PRODUCER = "assembler:timeout"
 """`producer` of the stand-in annotation the assembler files when a key times out under `default`."""
 
@@ -36,6 +44,32 @@ class JoinPolicy:
         self.reward_weight = cfg.annotations.reward_weight
         self.reward_keys = ["reward"] + list(self.external)
         """Scalar keys that make up the trained reward, in the order they are logged."""
+
+    def shape(self, key: str) -> Shape | None:
+        """What a value of `key` must be; None: a key this job does not use."""
+        if key == "reward" or key in self.external:
+            return "scalar"
+        return "tokens" if key == "ref_logprobs" else None
+
+    def invalid(self, a: Annotation) -> str:
+        """Why `a` cannot be used whatever its rollout ('' if it can): a value of the wrong shape."""
+        who = f"annotation {a.key!r} from producer {a.producer!r} for rollout {a.rollout_id!r}"
+        shape = self.shape(a.key)
+        if shape is None or a.error:
+            return ""  # an unused key is never read; an error annotation applies its key's policy
+        if shape == "scalar" and isinstance(a.value, np.ndarray):
+            return (f"{who}: {a.key!r} is a scalar key, but the value is {len(a.value)} packed float32 values; "
+                    "send one msgpack number")
+        if shape == "tokens" and not isinstance(a.value, np.ndarray):
+            return f"{who}: {a.key!r} must be packed float32 bytes, one value per completion token, not a number"
+        return ""
+
+    def mismatch(self, a: Annotation, completion_tokens: int) -> str:
+        """Why `a` does not fit its rollout ('' if it does): a per-token value of another length."""
+        if a.error or self.shape(a.key) != "tokens" or len(a.value) == completion_tokens:
+            return ""
+        return (f"annotation {a.key!r} from producer {a.producer!r} for rollout {a.rollout_id!r}: "
+                f"{len(a.value)} values for a completion of {completion_tokens} tokens")
 
     def missing(self, rollout_ids: list[str], have: dict[str, dict]) -> set[str]:
         """Required keys that at least one of these rollouts does not have yet."""

@@ -5,6 +5,13 @@ Runs inside trainer rank 0 (workers/trainer.py). Reads `rollouts` and `annotatio
 consumer group "trainer"; acks a batch's entries only after the step that used them (commit),
 and a dropped/failed group's entries as soon as it is dropped. Redeliveries are idempotent:
 a rollout id or (rollout id, key) seen twice is acked and ignored.
+
+Copies and unknown ids (docs/protocol.md, "Annotation semantics"): a rollout id names one
+generated completion. Per (group, sample) the first copy read (the lowest entry id) is trained;
+a later copy (the sample was generated again) and its annotations are acked as `duplicates`. An
+annotation whose rollout has not been read yet is held; once a read of `rollouts` comes back
+short (every rollout added before it was delivered) a held annotation still without its rollout
+names none: it is acked and counted in `unknown_annotations`, so it never holds back trimming.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from streamrl.batch import Batch
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
 from streamrl.failures import FailureStreak
-from streamrl.messages import Annotation, Prompt, Rollout, encode
+from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
 from streamrl.staleness import is_stale
 from workers.annotations import JoinPolicy
 
@@ -32,7 +39,11 @@ class _Group:
     group_id: str
     group_size: int
     rollouts: dict[str, tuple[str, Rollout]] = field(default_factory=dict)
-    """rollout_id -> (entry id, rollout)."""
+    """rollout_id -> (entry id, rollout): the copy of each sample that is trained."""
+    samples: dict[int, str] = field(default_factory=dict)
+    """sample -> rollout_id of its trained copy."""
+    superseded: set[str] = field(default_factory=set)
+    """Ids of later copies of a sample (acked when read; so are their annotations)."""
     completed_at: float = 0.0
     full_at: float = 0.0
     """When its last rollout arrived: external annotation timeouts count from here."""
@@ -54,15 +65,21 @@ class Assembler:
         """Failed groups in a row: past the bound it raises FatalError (the trainer stops the job)."""
         self.groups: dict[str, _Group] = {}
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
+        """rollout_id (of a trained copy) -> key -> (entry id, annotation)."""
+        self.held: dict[str, dict[str, list[tuple[str, Annotation]]]] = {}
+        """group_id -> rollout_id -> [(entry id, annotation)]: annotations whose rollout is not read yet
+        (all of them: which one is valid for the rollout can only be told once it is read)."""
         self.ready: list[str] = []
         self.closed: set[str] = set()
         self.replay: set[str] = set()
-        self._rescanned = time.monotonic()
         """Groups of logged steps a resumed trainer retrains exactly as logged (no filter, no staleness drop)."""
+        self._rescanned = time.monotonic()
+        self._unused_keys: set[str] = set()
         self.vocab_size: int | None = None
         """Token ids at or above it are dead-lettered (the trainer's embedding would fail on them)."""
         self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0,
-                         "dropped_timeout": 0, "annotation_timeouts": 0}
+                         "dropped_timeout": 0, "annotation_timeouts": 0, "annotation_errors": 0,
+                         "unknown_annotations": 0}
 
     async def start(self) -> None:
         for stream in (self.keys.rollouts, self.keys.annotations):
@@ -97,14 +114,17 @@ class Assembler:
                     await self._add_rollout(entry.id, msg)
                 else:
                     await self._add_annotation(entry.id, msg)
+            if kind is Rollout and self.owner.caught_up.get(stream):
+                await self._ack_unknown()
         return n
 
     def _invalid(self, msg) -> str:
         """Why a decodable message still cannot be used (it would break a group or the train step)."""
         if isinstance(msg, Rollout):
             g = self.groups.get(msg.group_id)
-            if msg.rollout_id != f"{msg.group_id}:{msg.sample}":
-                return f"rollout_id {msg.rollout_id!r} is not '<group_id>:<sample>'"
+            if parse_rollout_id(msg.rollout_id) != (msg.group_id, msg.sample):
+                return (f"rollout_id {msg.rollout_id!r} is not '<group_id>:<sample>:<nonce>' for group "
+                        f"{msg.group_id!r}, sample {msg.sample} (streamrl.messages.new_rollout_id)")
             if len(msg.prompt_ids) == 0:
                 return "rollout has an empty prompt"
             if g is not None and g.group_size != msg.group_size:
@@ -112,13 +132,15 @@ class Assembler:
             ids = np.concatenate([msg.prompt_ids, msg.completion_ids])
             if ids.min() < 0 or (self.vocab_size is not None and ids.max() >= self.vocab_size):
                 return f"token ids outside the vocabulary [0, {self.vocab_size})"
-        elif msg.error:
-            return ""  # an error annotation fails its group whatever its value
-        elif msg.key == "reward" and isinstance(msg.value, np.ndarray):
-            return "a reward annotation must be one number"
-        elif msg.key == "ref_logprobs" and not isinstance(msg.value, np.ndarray):
-            return "a ref_logprobs annotation must be float32 bytes (one value per completion token)"
-        return ""
+            return ""
+        if parse_rollout_id(msg.rollout_id) is None:
+            return (f"annotation {msg.key!r} from producer {msg.producer!r}: rollout_id {msg.rollout_id!r} is not "
+                    "'<group_id>:<sample>:<nonce>'; copy the rollout's rollout_id unchanged")
+        if self.join.shape(msg.key) is None and msg.key not in self._unused_keys:
+            self._unused_keys.add(msg.key)  # accepted and ignored (docs/protocol.md); said once, it may be a typo
+            self.owner.log.warning("unused_annotation_key", key=msg.key, producer=msg.producer,
+                                   hint="list it in annotations.external to train on it")
+        return self.join.invalid(msg)
 
     async def _add_rollout(self, entry_id: str, r: Rollout) -> None:
         if r.group_id in self.closed:
@@ -126,37 +148,83 @@ class Assembler:
             await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
             return
         g = self.groups.setdefault(r.group_id, _Group(r.group_id, r.group_size))
-        if r.rollout_id in g.rollouts:
-            if g.rollouts[r.rollout_id][0] != entry_id:  # the same entry re-read is still needed
+        if r.rollout_id in g.rollouts or r.rollout_id in g.superseded:
+            if g.rollouts.get(r.rollout_id, ("",))[0] != entry_id:  # the same entry re-read is still needed
                 self.counters["duplicates"] += 1
                 await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
             return
+        held = self.held.get(r.group_id, {}).pop(r.rollout_id, [])
+        if r.sample in g.samples:
+            # Another completion of a sample we already have (generated again after a crash): the
+            # first copy read is trained; this one and every annotation computed for it are not.
+            g.superseded.add(r.rollout_id)
+            self.counters["duplicates"] += 1 + len(held)
+            await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+            if held:
+                await self.broker.ack(self.keys.annotations, GROUP, [eid for eid, _ in held])
+            return
         g.rollouts[r.rollout_id] = (entry_id, r)
-        await self._check_group(g)
+        g.samples[r.sample] = r.rollout_id
+        for eid, a in held:
+            if r.group_id in self.closed:  # an earlier held annotation failed the group
+                self.counters["late"] += 1
+                await self.broker.ack(self.keys.annotations, GROUP, [eid])
+            else:
+                await self._attach(g, eid, a)
+        if r.group_id not in self.closed:
+            await self._check_group(g)
 
     async def _add_annotation(self, entry_id: str, a: Annotation) -> None:
-        group_id = a.rollout_id.rsplit(":", 1)[0]
-        slot = self.annotations.setdefault(a.rollout_id, {})
-        if group_id in self.closed or a.key in slot:
+        group_id = parse_rollout_id(a.rollout_id)[0]
+        g = self.groups.get(group_id)
+        if group_id in self.closed or (g is not None and a.rollout_id in g.superseded):
             self.counters["late" if group_id in self.closed else "duplicates"] += 1
-            if group_id in self.closed or slot[a.key][0] != entry_id:
+            await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+        elif g is not None and a.rollout_id in g.rollouts:
+            await self._attach(g, entry_id, a)
+        else:
+            held = self.held.setdefault(group_id, {}).setdefault(a.rollout_id, [])
+            if all(eid != entry_id for eid, _ in held):  # the same entry re-read is held already
+                held.append((entry_id, a))
+
+    async def _attach(self, g: _Group, entry_id: str, a: Annotation) -> None:
+        """File an annotation of one of `g`'s trained copies: first per key wins, errors apply their policy."""
+        slot = self.annotations.setdefault(a.rollout_id, {})
+        if a.key in slot:
+            if slot[a.key][0] != entry_id:
+                self.counters["duplicates"] += 1
                 await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
-            if group_id in self.closed and not slot:
-                self.annotations.pop(a.rollout_id, None)
+            return
+        if reason := self.join.mismatch(a, len(g.rollouts[a.rollout_id][1].completion_ids)):
+            # The group waits for a good one (or its key's timeout).
+            await self.owner.dead_letter(self.keys.annotations, Entry(entry_id, encode(a), {}), reason)
+            await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
             return
         slot[a.key] = (entry_id, a)
-        if a.error and self.join.on_error(a.key) != "default":
-            await self._close(group_id, "failed", reason=f"{a.key}: {a.error}")
+        if a.error:
+            self.counters["annotation_errors"] += 1
+            if self.join.on_error(a.key) != "default":
+                await self._close(g.group_id, "failed", reason=f"{a.key}: {a.error}")
+                return
+        await self._check_group(g)
+
+    async def _ack_unknown(self) -> None:
+        """Every rollout added before the last read has been read: held annotations name no rollout."""
+        ids = [eid for rids in self.held.values() for held in rids.values() for eid, _ in held]
+        if not ids:
             return
-        g = self.groups.get(group_id)
-        if g is not None:
-            await self._check_group(g)
+        producers = sorted({a.producer for rids in self.held.values() for held in rids.values() for _, a in held})
+        self.counters["unknown_annotations"] += len(ids)
+        self.owner.log.warning("unknown_rollout_ids", annotations=len(ids), producers=producers[:10],
+                               examples=[rid for rids in self.held.values() for rid in rids][:5])
+        self.held.clear()
+        await self.broker.ack(self.keys.annotations, GROUP, ids)
 
     async def _check_group(self, g: _Group) -> None:
         if g.completed_at or len(g.rollouts) < g.group_size:
             return
         g.full_at = g.full_at or time.time()
-        if self.join.missing(list(g.rollouts), self.annotations) or await self._bad_ref(g):
+        if self.join.missing(list(g.rollouts), self.annotations):
             return
         g.completed_at = time.time()
         if errors := self._reward_errors(g):  # reward.on_error=score: every rollout failed
@@ -177,19 +245,6 @@ class Assembler:
         """The reward errors of a group whose every rollout's reward errored, else []."""
         errors = [self.annotations[rid]["reward"][1].error for rid in g.rollouts]
         return errors if all(errors) else []
-
-    async def _bad_ref(self, g: _Group) -> bool:
-        """Dead-letter a ref_logprobs annotation whose length differs from its completion (the train
-        step would fail on it); the group waits for a good one (or its timeout)."""
-        for rid, (_, r) in g.rollouts.items():
-            ref = self.annotations.get(rid, {}).get("ref_logprobs")
-            if ref is not None and len(ref[1].value) != len(r.completion_ids):
-                del self.annotations[rid]["ref_logprobs"]
-                reason = "ref_logprobs length differs from the completion"
-                await self.owner.dead_letter(self.keys.annotations, Entry(ref[0], encode(ref[1]), {}), reason)
-                await self.broker.ack(self.keys.annotations, GROUP, [ref[0]])
-                return True
-        return False
 
     def _ordered(self, g: _Group) -> list[Rollout]:
         return [r for _, r in sorted(g.rollouts.values(), key=lambda er: er[1].sample)]
@@ -234,7 +289,9 @@ class Assembler:
         rids = list(g.rollouts) if g else []
         r_ids = [g.rollouts[r][0] for r in rids] if g else []
         a_ids = [eid for r in rids for eid, _ in self.annotations.get(r, {}).values() if eid]
-        return r_ids, a_ids
+        held = [eid for entries in self.held.get(group_id, {}).values() for eid, _ in entries]
+        self.counters["late"] += len(held)  # for copies of samples not read yet: they will be late too
+        return r_ids, a_ids + held
 
     async def _ack_group(self, *group_ids: str) -> None:
         """Ack every entry of these groups (one XACK per stream) and forget them."""
@@ -251,6 +308,7 @@ class Assembler:
             g = self.groups.pop(group_id, None)
             for rid in (g.rollouts if g else {}):
                 self.annotations.pop(rid, None)
+            self.held.pop(group_id, None)
             self.closed.add(group_id)
 
     async def _close(self, group_id: str, why: str, reason: str = "") -> None:

@@ -245,7 +245,8 @@ class EpisodeRunner:
             raise EpisodeFailed(f"the prompt ({len(s)} tokens) leaves no room under generator.max_model_len={max_len}")
         meta = {**prompt.meta, "env_reward": env_reward, "turns": len(actions), "env_step_s": step_s,
                 "env_tokens": s.env_tokens}
-        return Rollout(rollout_id=f"{prompt.group_id}:{sample}", group_id=prompt.group_id, sample=sample,
+        return Rollout(rollout_id=episode_id,  # one id per generated episode (docs/protocol.md, "Rollout ids")
+                       group_id=prompt.group_id, sample=sample,
                        group_size=prompt.group_size, finish_reason=finish, text="".join(texts),
                        prompt_text=prompt.text, meta=meta, worker=gen.worker_id, finished_at=time.time(),
                        **s.rollout_fields())

@@ -24,7 +24,7 @@ from streamrl.accounting import close_group
 from streamrl.broker import Broker, Entry
 from streamrl.config import Config
 from streamrl.errors import ConfigError
-from streamrl.messages import Prompt, Rollout, encode
+from streamrl.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.weights import WeightHandle, WeightStore, WeightStoreError, make_weight_store
 from streamrl.worker import Worker
 from workers.episodes import EpisodeRunner
@@ -176,7 +176,8 @@ class GeneratorWorker(Worker):
             elif attempt < MAX_GROUP_ATTEMPTS and not self.stopping.is_set():
                 # A transient failure (e.g. the broker restarting): run the group again now rather
                 # than leave its prompt pending until another worker's XAUTOCLAIM; completions
-                # already published are redelivered under the same rollout ids (idempotent).
+                # already published are generated again under new rollout ids, and the assembler
+                # trains the first copy of each sample (docs/protocol.md, "Rollout ids").
                 self._launch(entry, prompt, attempt + 1)
 
     def _invalid(self, prompt: Prompt, trainer_version: int) -> str:
@@ -245,7 +246,7 @@ class GeneratorWorker(Worker):
         finally:
             self._set_active(-1)
         rollout = Rollout(
-            rollout_id=f"{prompt.group_id}:{sample}", group_id=prompt.group_id, sample=sample,
+            rollout_id=new_rollout_id(prompt.group_id, sample), group_id=prompt.group_id, sample=sample,
             group_size=prompt.group_size, prompt_ids=prompt.prompt_ids, completion_ids=s.token_ids,
             logprobs=s.logprobs, version=self.version if s.version is None else s.version,
             version_switches=s.switches, finish_reason=s.finish_reason, text="".join(s.text),

@@ -16,8 +16,13 @@ class Owner(Worker):
     role = "trainer"
 
 
+def rid(gid: str, sample: int) -> str:
+    """A fixed well-formed rollout id (a generator mints a random nonce: streamrl.messages.new_rollout_id)."""
+    return f"{gid}:{sample}:t0"
+
+
 def rollout(gid: str, sample: int, version: int = 0, n: int = 4, switches=None) -> Rollout:
-    return Rollout(rollout_id=f"{gid}:{sample}", group_id=gid, sample=sample, group_size=n,
+    return Rollout(rollout_id=rid(gid, sample), group_id=gid, sample=sample, group_size=n,
                    prompt_ids=np.array([4, 5]), completion_ids=np.array([6, 7, 8]),
                    logprobs=np.array([-1.0, -2.0, -3.0]), version=version,
                    version_switches=switches or [], prompt_text="ab", text="xyz")
@@ -27,9 +32,9 @@ async def publish_group(broker, keys, gid, rewards, version=0, ref=False, n=None
     n = n or len(rewards)
     for i, r in enumerate(rewards):
         await broker.add(keys.rollouts, encode(rollout(gid, i, version, n)))
-        await broker.add(keys.annotations, encode(Annotation(rollout_id=f"{gid}:{i}", key="reward", value=float(r))))
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=rid(gid, i), key="reward", value=float(r))))
         if ref:
-            await broker.add(keys.annotations, encode(Annotation(rollout_id=f"{gid}:{i}", key="ref_logprobs",
+            await broker.add(keys.annotations, encode(Annotation(rollout_id=rid(gid, i), key="ref_logprobs",
                                                                  value=np.array([-1.0, -1.0, -1.0], np.float32))))
 
 
@@ -69,7 +74,7 @@ async def test_waits_for_required_annotations(config, broker):
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(asm.next_batch(0), 1.0)
     for i in range(2):
-        await broker.add(owner.keys.annotations, encode(Annotation(rollout_id=f"g0:{i}", key="ref_logprobs",
+        await broker.add(owner.keys.annotations, encode(Annotation(rollout_id=rid("g0", i), key="ref_logprobs",
                                                                    value=np.zeros(3, np.float32))))
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     assert batch.ref_logprobs is not None and len(batch.ref_logprobs) == 2
@@ -93,7 +98,7 @@ async def test_version_switch_counts_oldest_version(config, broker):
     await broker.add(keys.rollouts, encode(rollout("g", 0, version=1, n=2, switches=[[2, 3]])))
     await broker.add(keys.rollouts, encode(rollout("g", 1, version=3, n=2)))
     for i in range(2):
-        await broker.add(keys.annotations, encode(Annotation(rollout_id=f"g:{i}", key="reward", value=float(i))))
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("g", i), key="reward", value=float(i))))
     with pytest.raises(asyncio.TimeoutError):  # oldest token is v1: stale at v3 with bound 1
         await asyncio.wait_for(asm.next_batch(3), 1.0)
     assert asm.counters["dropped_stale"] == 1
@@ -134,7 +139,7 @@ async def test_failed_annotation_drops_group(config, broker):
     await asm.start()
     keys = owner.keys
     await broker.add(keys.rollouts, encode(rollout("bad", 0, n=1)))
-    await broker.add(keys.annotations, encode(Annotation(rollout_id="bad:0", key="reward", value=0.0,
+    await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("bad", 0), key="reward", value=0.0,
                                                          error="reward function raised ValueError")))
     await publish_group(broker, keys, "good", [1, 0])
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
@@ -146,7 +151,7 @@ async def test_malformed_entries_go_to_deadletter(config, broker):
     cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0)
     await asm.start()
     await broker.add(owner.keys.rollouts, b"\xc1 definitely not msgpack")
-    await broker.add(owner.keys.rollouts, encode(Annotation(rollout_id="x:0", key="reward", value=1.0)))
+    await broker.add(owner.keys.rollouts, encode(Annotation(rollout_id=rid("x", 0), key="reward", value=1.0)))
     await publish_group(broker, owner.keys, "g0", [1, 0])
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     assert batch.group_ids == ["g0"]
@@ -183,7 +188,7 @@ async def test_overlong_filter_masks_truncated_completions(config, broker):
         r = rollout("g", i, n=2)
         r.finish_reason = reason
         await broker.add(keys.rollouts, encode(r))
-        await broker.add(keys.annotations, encode(Annotation(rollout_id=f"g:{i}", key="reward", value=float(i))))
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("g", i), key="reward", value=float(i))))
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     np.testing.assert_array_equal(batch.loss_mask, [0.0, 1.0])
     assert batch.num_loss_tokens == 3 and batch.num_tokens == 6

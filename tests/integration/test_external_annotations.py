@@ -9,7 +9,7 @@ import pytest
 
 from streamrl.config import AnnotationsConfig, ExternalAnnotation
 from streamrl.messages import Annotation, encode
-from tests.integration.test_assembler import make, publish_group
+from tests.integration.test_assembler import make, publish_group, rid
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +24,7 @@ def external(config, broker, **spec):
 
 async def judge(broker, keys, gid, values, error=""):
     for i, v in enumerate(values):
-        await broker.add(keys.annotations, encode(Annotation(rollout_id=f"{gid}:{i}", key="judge", value=float(v),
+        await broker.add(keys.annotations, encode(Annotation(rollout_id=rid(gid, i), key="judge", value=float(v),
                                                              producer="test-judge", error=error)))
 
 

@@ -46,7 +46,7 @@ def _prompt(**kw) -> dict:
 
 
 def _rollout(**kw) -> dict:
-    base = dict(rollout_id="gz:0", group_id="gz", sample=0, group_size=2, prompt_ids=np.array([5, 6]),
+    base = dict(rollout_id="gz:0:f0", group_id="gz", sample=0, group_size=2, prompt_ids=np.array([5, 6]),
                 completion_ids=np.array([7, 8]), logprobs=np.array([-1.0, -2.0]), version=0, text="xy")
     return {**base, **kw}
 
@@ -103,15 +103,15 @@ def semantic(kind: str) -> st.SearchStrategy[bytes]:
         return bad_ids.map(lambda ids: encode(Rollout(**_rollout(completion_ids=ids, logprobs=np.zeros(len(ids))))))
     if kind == "assembler":
         return st.one_of(bad_ids.map(lambda ids: encode(Rollout(**_rollout(completion_ids=ids, logprobs=np.zeros(len(ids)))))),
-                         st.just(encode(Rollout(**_rollout(rollout_id="other:0")))),
+                         st.just(encode(Rollout(**_rollout(rollout_id="other:0:f0")))),
                          st.just(encode(Rollout(**_rollout(prompt_ids=np.array([], np.int32))))),
-                         st.just(encode(Annotation(rollout_id="gz:0", key="reward", value=np.ones(3, np.float32)))),
-                         st.just(encode(Annotation(rollout_id="gz:0", key="ref_logprobs", value=0.5))))
+                         st.just(encode(Annotation(rollout_id="gz:0:f0", key="reward", value=np.ones(3, np.float32)))),
+                         st.just(encode(Annotation(rollout_id="gz:0:f0", key="ref_logprobs", value=0.5))))
     return st.nothing()
 
 
 NAN_LOGPROBS = _mutate(encode(Rollout(**_rollout())), "logprobs", np.array([math.nan, 0.0], "<f4").tobytes())
-NAN_REWARD = _mutate(encode(Annotation(rollout_id="gz:0", key="reward", value=1.0)), "value", math.nan)
+NAN_REWARD = _mutate(encode(Annotation(rollout_id="gz:0:f0", key="reward", value=1.0)), "value", math.nan)
 VALID = {"generator": encode(Prompt(**_prompt())), "reward": encode(Rollout(**_rollout())),
          "reference": encode(Rollout(**_rollout()))}
 FIELDS = {"generator": {"group_id": "str", "prompt_ids": "array", "group_size": "int", "admitted_version": "int"},
@@ -211,10 +211,10 @@ def test_consumers_still_work_after_fuzzing(workers):
     want = {f"{prompt.group_id}:{s}" for s in range(prompt.group_size)}
     deadline, got = time.time() + 120, set()
     while time.time() < deadline and len(got) < 2 * len(want):
-        from streamrl.messages import decode
+        from streamrl.messages import decode, sample_key
 
-        got = {(a.rollout_id, a.key) for _, f in r.xrange(keys.annotations) if b"d" in f
-               for a in [decode(f[b"d"])] if a.rollout_id in want and not a.error}
+        got = {(sample_key(a.rollout_id), a.key) for _, f in r.xrange(keys.annotations) if b"d" in f
+               for a in [decode(f[b"d"])] if sample_key(a.rollout_id) in want and not a.error}
         time.sleep(0.2)
     assert got == {(rid, k) for rid in want for k in ("reward", "ref_logprobs")}
     assert all(p.poll() is None for p in procs.values())
@@ -244,7 +244,7 @@ def assembler(redis_server):
 
 
 ROLLOUT_OR_ANNOTATION = st.one_of(junk, corrupted(VALID["reward"], FIELDS["reward"]), semantic("assembler"),
-                                  corrupted(encode(Annotation(rollout_id="gz:0", key="reward", value=1.0)),
+                                  corrupted(encode(Annotation(rollout_id="gz:0:f0", key="reward", value=1.0)),
                                             {"rollout_id": "str", "key": "str", "value": "value"}))
 
 

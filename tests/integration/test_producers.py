@@ -85,7 +85,7 @@ async def test_sdk_sync_function_failures_become_error_annotations(broker, run_n
     def flaky(rollouts):  # a plain function runs in a thread
         if any(r.group_id == "g1" for r in rollouts):
             raise RuntimeError("judge backend returned 503")
-        return [float("nan") if r.sample == 3 else 1.0 for r in rollouts]
+        return [float("nan") if r.sample == 3 else [0.5, 0.5] if r.sample == 2 else 1.0 for r in rollouts]
 
     await publish(broker, keys, 8, garbage=False)
     worker = ProducerWorker(flaky, spec_of(flaky, key="judge", batch_size=4), broker, run_name, "j-0",
@@ -93,9 +93,10 @@ async def test_sdk_sync_function_failures_become_error_annotations(broker, run_n
     got = {a.rollout_id: a for a in await run_until(worker, broker, keys, 8)}
     assert got["g0:0"].value == 1.0 and not got["g0:0"].error
     assert "returned nan" in got["g0:3"].error
+    assert "returned 2 values for one rollout" in got["g0:2"].error and got["g0:2"].value == 0.0
     assert all("RuntimeError: judge backend returned 503" in got[f"g1:{i}"].error for i in range(4))
-    assert len(await broker.read(keys.deadletter)) == 5
-    assert worker.stats["errors"] == 5 and worker.stats["scored"] == 8
+    assert len(await broker.read(keys.deadletter)) == 6
+    assert worker.stats["errors"] == 6 and worker.stats["scored"] == 8
 
 
 async def test_a_dead_replicas_pending_rollouts_are_taken_over(broker, run_name):

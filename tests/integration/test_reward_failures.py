@@ -11,7 +11,7 @@ import pytest
 
 from streamrl.errors import FatalError
 from streamrl.failures import DeadLetterWatch
-from streamrl.messages import Rollout, encode
+from streamrl.messages import Rollout, encode, new_rollout_id
 from streamrl.worker import Worker
 from workers.assembler import Assembler
 from workers.reward import RewardWorker
@@ -25,7 +25,7 @@ class Owner(Worker):
 
 
 def rollout(gid: str, sample: int, text: str) -> Rollout:
-    return Rollout(rollout_id=f"{gid}:{sample}", group_id=gid, sample=sample, group_size=GROUP_SIZE,
+    return Rollout(rollout_id=new_rollout_id(gid, sample), group_id=gid, sample=sample, group_size=GROUP_SIZE,
                    prompt_ids=np.array([4, 5]), completion_ids=np.array([6, 7, 8]), logprobs=np.array([-1.0] * 3),
                    version=0, prompt_text="ab", text=text, meta={"length": 4, "chars": "ab"})
 

@@ -45,7 +45,7 @@ async def sharded(two_servers):
 
 
 def _rollout(group: int, sample: int, group_size: int) -> bytes:
-    return encode(Rollout(rollout_id=f"g{group}:{sample}", group_id=f"g{group}", sample=sample, group_size=group_size,
+    return encode(Rollout(rollout_id=f"g{group}:{sample}:s0", group_id=f"g{group}", sample=sample, group_size=group_size,
                           prompt_ids=np.arange(5), completion_ids=np.arange(8) + sample,
                           logprobs=np.full(8, -0.25, np.float32), version=0))
 
