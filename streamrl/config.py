@@ -169,7 +169,8 @@ class LossConfig(Section):
     name: str = "grpo"
     """Objective: grpo, dr_grpo, dapo, gspo, cispo, sapo, tis, decoupled_ppo, clipped_reinforce
     (registry: streamrl.losses; formulas: docs/losses.md). dr_grpo, dapo and gspo fill in their
-    papers' settings (LOSS_PRESETS) for fields you do not set."""
+    papers' settings (LOSS_PRESETS) for fields you do not set. Or `package.module:function`: an
+    objective in your own module, imported by the trainer (docs/losses.md)."""
     eps_low: float = Field(0.2, ge=0)
     """Lower clip range: the ratio is clipped at 1 - eps_low (PPO-clip, GSPO, CISPO weight)."""
     eps_high: float = Field(0.2, ge=0)

