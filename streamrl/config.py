@@ -163,6 +163,9 @@ class ReferenceConfig(Section):
     count: int = Field(1, ge=0)
     """Reference workers; started only when loss.kl_beta > 0."""
     batch_size: int = Field(32, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the frozen reference model runs: `auto` follows trainer.device; `cpu` keeps it off the
+    GPUs when they are short (slower log-probs, no GPU memory); `cuda` puts it on a GPU."""
 
 
 class LossConfig(Section):

@@ -88,7 +88,9 @@ def check_model_path(cfg: Config) -> str | None:
 def check_cuda(cfg: Config) -> str | None:
     """A GPU is visible when the config asks for CUDA (trainer.device=cuda, weights.backend=cuda_ipc)."""
     asks = {"trainer.device=cuda": ("trainer.device=cpu (or auto)", cfg.trainer.device == "cuda"),
-            "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc")}
+            "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc"),
+            "reference.device=cuda": ("reference.device=cpu", cfg.reference.device == "cuda" and cfg.loss.kl_beta > 0
+                                      and cfg.reference.count > 0)}
     wants = [w for w, (_, on) in asks.items() if on]
     if not wants:
         return None

@@ -2,7 +2,8 @@
 
     streamrl worker reference --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
-Started only when loss.kl_beta > 0. Reads `rollouts` with the consumer group "reference" in
+Started only when loss.kl_beta > 0. The model runs on reference.device (`auto`: trainer.device;
+`cpu` frees the GPUs for the trainer and generators). Reads `rollouts` with the consumer group "reference" in
 batches of reference.batch_size, and acks after the annotations are written. A rollout the model
 cannot score (malformed token ids) gets an annotation with `error` and a dead-letter record.
 """
@@ -20,11 +21,17 @@ from streamrl.worker import Worker
 GROUP = "reference"
 
 
+def reference_device(cfg) -> torch.device:
+    """reference.device, with `auto` meaning wherever the trainer runs (trainer.device)."""
+    choice = cfg.reference.device
+    return pick_device(cfg.trainer.device if choice == "auto" else choice)
+
+
 class ReferenceWorker(Worker):
     role = "reference"
 
     async def start(self) -> None:
-        self.device = pick_device(self.cfg.trainer.device)
+        self.device = reference_device(self.cfg)
         self.model = await asyncio.to_thread(load_hf_model, self.cfg.model.path, self.cfg.model.dtype, self.device)
         self.model.eval()
         await self.broker.ensure_group(self.keys.rollouts, GROUP)
