@@ -82,15 +82,88 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
-class TaskConfig(Section):
-    name: Literal["charclass", "gsm8k"] = "charclass"
-    """`charclass`: synthetic, no downloads. `gsm8k`: a jsonl file of {question, answer}."""
+class DatasetConfig(Section):
+    """Where a `dataset` task's records come from (streamrl/datasets.py): a local .jsonl/.json/.parquet
+    file, or anything Hugging Face `datasets.load_dataset` reads (a hub id in the local cache or
+    reachable, a folder of data files, a builder such as `json` with data_files)."""
+
     path: str | None = None
-    """jsonl file for `gsm8k`."""
+    """File, folder or dataset id (load_dataset's `path`); task.path is the same setting."""
+    name: str | None = None
+    """The dataset's configuration (load_dataset's `name`, e.g. `main` for openai/gsm8k)."""
+    split: str = "train"
+    """Split to read (`train`, `test`, `train[:1000]`); ignored for a local .jsonl/.parquet file."""
+    data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    """load_dataset's `data_files` (e.g. {train: a.parquet, test: b.parquet} with path=parquet)."""
+    streaming: bool = False
+    """Read records lazily (load_dataset(streaming=True)) instead of preparing the whole dataset;
+    only the first task.max_items records are read, so set that too."""
+    revision: str | None = None
+    """A hub dataset's revision (branch, tag or commit)."""
+
+
+class TaskFields(Section):
+    """Which record fields make a prompt and its reward metadata."""
+
+    prompt: str | None = "prompt"
+    """Field with the prompt text (formatted into task.template as {prompt})."""
+    messages: str | None = None
+    """Field with chat messages ([{role, content}, ...]) rendered with the tokenizer's chat template
+    (generation prompt added); when set, `prompt` is not used."""
+    answer: str | None = "answer"
+    """Field copied into meta["answer"] for the reward (None: no answer, e.g. a judge-only task)."""
+    meta: list[str] = []
+    """Further fields copied into meta unchanged (str, int, float or bool values only)."""
+
+
+class TaskConfig(Section):
+    name: Literal["charclass", "gsm8k", "dataset"] = "charclass"
+    """`charclass`: synthetic, no downloads. `dataset`: records from task.dataset mapped by task.fields.
+    `gsm8k`: `dataset` preset for GSM8K-style records {question, answer "... #### 42"}."""
+    path: str | None = None
+    """Shorthand for task.dataset.path (a jsonl/parquet file, a folder or a dataset id)."""
+    dataset: DatasetConfig = DatasetConfig()
+    fields: TaskFields = TaskFields()
+    template: str = "{prompt}"
+    """Prompt format; {prompt} is the prompt field (gsm8k: "{prompt}\\nAnswer:")."""
+    answer_format: Literal["raw", "gsm8k"] = "raw"
+    """`gsm8k`: meta["answer"] is the number after the last '####' (commas removed); `raw`: as is."""
+    max_items: int | None = Field(None, ge=1)
+    """Read at most this many records (required with dataset.streaming)."""
     num_prompts: int = Field(512, ge=1)
     """Synthetic prompts generated for `charclass` (the feeder cycles through them)."""
     charclass_length: int = Field(16, ge=1)
     """Completion characters the `charclass` reward scores; keep it equal to generator.max_tokens."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gsm8k_preset(cls, data: Any) -> Any:
+        # gsm8k is one use of the dataset loader: its field names, template and answer format,
+        # unless set explicitly.
+        if isinstance(data, dict) and data.get("name") == "gsm8k":
+            fields = {"prompt": "question", "answer": "answer", **(data.get("fields") or {})}
+            data = {"template": "{prompt}\nAnswer:", "answer_format": "gsm8k", **data, "fields": fields}
+        return data
+
+    @model_validator(mode="after")
+    def _dataset(self) -> "TaskConfig":
+        if self.path and self.dataset.path and self.path != self.dataset.path:
+            raise ValueError(f"task.path={self.path!r} and task.dataset.path={self.dataset.path!r} differ; set one")
+        if self.path and not self.dataset.path:
+            self.dataset.path = self.path
+        if self.name == "charclass":
+            return self
+        if not self.dataset.path:
+            raise ValueError(f"task.name={self.name} needs records: set task.path=/path/to/train.jsonl "
+                             "(or a parquet file, a folder, a Hugging Face dataset id)")
+        if self.fields.prompt is None and self.fields.messages is None:
+            raise ValueError("task.fields: set prompt (a text field) or messages (a chat field); "
+                             "e.g. task.fields.prompt=question")
+        if self.dataset.streaming and self.max_items is None:
+            raise ValueError("task.dataset.streaming=true reads records lazily; set task.max_items (how many to take)")
+        if "{prompt}" not in self.template:
+            raise ValueError(f"task.template={self.template!r} has no {{prompt}}; e.g. task.template='{{prompt}}\\nAnswer:'")
+        return self
 
 
 class RolloutConfig(Section):
@@ -427,8 +500,6 @@ class Config(Section):
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
-        if self.task.name == "gsm8k" and not self.task.path:
-            raise ValueError("task.name=gsm8k needs a jsonl file: set task.path=/path/to/train.jsonl")
         if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
             raise ValueError(
                 f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "

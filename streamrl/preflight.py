@@ -66,10 +66,18 @@ def check_loss_fn(cfg: Config) -> str | None:
 
 
 def check_task(cfg: Config) -> str | None:
-    """The dataset file of a file-backed task exists."""
-    if cfg.task.name == "gsm8k" and cfg.task.path and not Path(cfg.task.path).expanduser().is_file():
-        return f"task.path={cfg.task.path!r} is not a file; set task.path to a GSM8K-style jsonl file"
-    return None
+    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset)."""
+    from streamrl.datasets import missing_file
+
+    task = cfg.task
+    if task.name == "charclass":
+        return None
+    path = task.dataset.path or ""
+    if not (problem := missing_file(task)) and path.startswith(("/", "./", "../", "~")):
+        if not Path(path).expanduser().exists():
+            problem = (f"task.path={path!r} does not exist; set task.path to a jsonl or parquet file, "
+                       "a folder of data files or a dataset id")
+    return problem
 
 
 def check_model_path(cfg: Config) -> str | None:

@@ -27,9 +27,9 @@ class FeederWorker(Worker):
     role = "feeder"
 
     async def start(self) -> None:
-        self.items = load_task(self.cfg.task, self.cfg.run.seed)
-        random.Random(self.cfg.run.seed).shuffle(self.items)
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer)  # the tokenizer renders chat tasks
+        random.Random(self.cfg.run.seed).shuffle(self.items)
         r = self.cfg.rollout
         self.total = self.cfg.trainer.steps * r.groups_per_step
         self.log.info("feeder_ready", prompts=len(self.items), groups_needed=self.total,
