@@ -206,10 +206,45 @@ class GeneratorConfig(Section):
     """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
 
 
+REWARD_BUILTINS = ("charclass", "math", "math_regex", "think_format")
+"""Built-in reward names (streamrl.rewards.BUILTIN_REWARDS)."""
+_REWARD_FN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def _check_reward_fn(value: str, where: str) -> str:
+    # Syntax only: user modules are imported by the reward worker, never at config time.
+    if value in REWARD_BUILTINS or _REWARD_FN.fullmatch(value):
+        return value
+    raise ValueError(
+        f"{where}={value!r} is neither a built-in reward ({', '.join(REWARD_BUILTINS)}) nor "
+        "`package.module:function`; e.g. set reward.fn=math or reward.fn=my_rewards:score"
+    )
+
+
+class RewardComponent(Section):
+    """One term of a combined reward (reward.components)."""
+
+    fn: str
+    """A built-in reward name or `package.module:function`, as reward.fn."""
+    weight: float = 1.0
+    """Its weight in the sum that becomes the `reward` annotation."""
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Its name in metrics.jsonl's reward_components (`reward/<name>`); default: the function's name."""
+
+    @field_validator("fn")
+    @classmethod
+    def _fn(cls, value: str) -> str:
+        return _check_reward_fn(value, "reward.components[].fn")
+
+    def label(self) -> str:
+        return self.name or self.fn.rsplit(":", 1)[-1]
+
+
 class RewardConfig(Section):
     count: int = Field(1, ge=0)
     fn: str = "charclass"
-    """A built-in reward name (charclass, math) or `package.module:function`."""
+    """A built-in reward (charclass; math = math-verify's answer check; math_regex = the last number;
+    think_format = <think>...</think> structure) or `package.module:function`."""
     timeout_s: float = Field(10.0, gt=0)
     on_error: Literal["drop", "score"] = "drop"
     """A rollout whose reward function raised, timed out or returned NaN/inf: `drop` fails its whole
@@ -220,16 +255,23 @@ class RewardConfig(Section):
     error_value: float = 0.0
     """The reward of a rollout whose reward function failed, under reward.on_error=score."""
 
+    components: list[RewardComponent] = []
+    """Several rewards combined, e.g. [{fn: math, weight: 1.0}, {fn: think_format, weight: 0.2}]: the
+    `reward` annotation is sum(weight * fn(...)) and each term is logged as reward_components
+    ["reward/<name>"] in metrics.jsonl. When set, reward.fn is not used."""
+
     @field_validator("fn")
     @classmethod
     def _fn(cls, value: str) -> str:
-        # Syntax only: user modules are imported by the reward worker, never at config time.
-        if value in ("charclass", "math") or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
-            return value
-        raise ValueError(
-            f"reward.fn={value!r} is neither a built-in reward (charclass, math) nor "
-            "`package.module:function`; e.g. set reward.fn=math or reward.fn=my_rewards:score"
-        )
+        return _check_reward_fn(value, "reward.fn")
+
+    @field_validator("components")
+    @classmethod
+    def _components(cls, value: list[RewardComponent]) -> list[RewardComponent]:
+        labels = [c.label() for c in value]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"reward.components: names {labels} repeat; give each a distinct `name`")
+        return value
 
 
 class ReferenceConfig(Section):

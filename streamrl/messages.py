@@ -113,6 +113,9 @@ class Annotation:
     producer: str = ""
     error: str = ""
     """Set when the producer could not score this rollout: the assembler drops its group (counted)."""
+    parts: dict = field(default_factory=dict)
+    """Optional {name: number}: the components a combined `reward` was summed from (reward.components),
+    logged per step as reward_components["reward/<name>"]; never trained on separately."""
 
 
 @dataclass
@@ -224,6 +227,9 @@ def _validate(msg: Any) -> None:
             raise DecodeError(f"annotation {msg.key}: value must be a number or float32 bytes")
         elif not math.isfinite(v):
             raise DecodeError(f"annotation {msg.key}: value is NaN or inf")
+        for name, part in msg.parts.items():
+            _check(isinstance(name, str) and isinstance(part, (int, float)) and not isinstance(part, bool)
+                   and math.isfinite(part), f"annotation {msg.key}: parts must map names to finite numbers")
 
 
 def as_dict(msg: Any) -> dict:

@@ -22,7 +22,7 @@ from streamrl.errors import ConfigError
 
 def check_reward_fn(cfg: Config) -> str | None:
     """reward.fn resolves to a callable, imported the way the reward worker imports it."""
-    from streamrl.rewards import resolve_reward
+    from streamrl.rewards import make_reward
 
     if cfg.reward.count == 0:
         return None
@@ -31,7 +31,7 @@ def check_reward_fn(cfg: Config) -> str | None:
     if added:
         sys.path.insert(0, os.getcwd())
     try:
-        resolve_reward(cfg.reward.fn)
+        make_reward(cfg.reward)  # reward.fn, or every reward.components fn
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # the module itself raised while importing: user code

@@ -336,7 +336,7 @@ class Assembler:
             advantages=batch_advantages(rewards_a, gidx_a, self.cfg.loss.advantage).astype(np.float32),
             ref_logprobs=refs if refs else None,
             staleness=version - oldest,
-            reward_components={k: np.concatenate([p[k] for p in parts]) for k in self.join.reward_keys},
+            reward_components={k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
             stats={"wait_s": wait_s, **{k: float(v) for k, v in self.counters.items()}},
             group_ids=list(gids),
         )
