@@ -63,6 +63,8 @@ class Prompt:
     """Task data the reward needs (e.g. the reference answer)."""
     index: int = 0
     """Feeder sequence number (0, 1, 2, ...)."""
+    temperature: float | None = None
+    """Sampling temperature for this group; None: the generator's (generator.temperature). Eval rounds set it."""
 
 
 @dataclass
@@ -218,6 +220,9 @@ def _validate(msg: Any) -> None:
             _check(0 <= sw[0] <= len(msg.completion_ids), "rollout: a version switch index is outside the completion")
     if isinstance(msg, Prompt):
         _check(msg.group_size >= 1, "prompt: group_size must be >= 1")
+        t = msg.temperature
+        _check(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0),
+               "prompt: temperature must be null or a number >= 0")
     if isinstance(msg, Annotation):
         v = msg.value
         if isinstance(v, np.ndarray):

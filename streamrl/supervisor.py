@@ -254,7 +254,10 @@ class Supervisor:
             self.say(f"step {m['step']:>4}/{self.cfg.trainer.steps} | reward {m['reward_mean']:.3f} | "
                      f"staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
                      f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
-                     + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else ""))
+                     + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else "")
+                     + "".join(f" | {k} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/mean@",
+                                                                                            "eval/maj@")))
+                     + (f" (eval at step {m['eval/step']})" if "eval/step" in m else ""))
         self._printed = len(rows)
 
     def stop_all(self) -> None:

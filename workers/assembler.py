@@ -23,6 +23,7 @@ from streamrl.failures import FailureStreak
 from streamrl.messages import Annotation, Prompt, Rollout, encode
 from streamrl.staleness import is_stale
 from workers.annotations import JoinPolicy
+from workers.eval_collector import EvalCollector
 
 GROUP = "trainer"
 
@@ -61,6 +62,8 @@ class Assembler:
         """Groups of logged steps a resumed trainer retrains exactly as logged (no filter, no staleness drop)."""
         self.vocab_size: int | None = None
         """Token ids at or above it are dead-lettered (the trainer's embedding would fail on them)."""
+        self.evals = EvalCollector(cfg, broker, self.keys, self.join)
+        """Eval rounds (streamrl/eval.py): their entries go there, never into a group or a batch."""
         self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0,
                          "dropped_timeout": 0, "annotation_timeouts": 0}
 
@@ -93,6 +96,8 @@ class Assembler:
                 if reason := self._invalid(msg):
                     await self.owner.dead_letter(stream, entry, reason)
                     await self.broker.ack(stream, GROUP, [entry.id])
+                elif self.evals.owns(msg):
+                    await self.evals.add(stream, entry.id, msg)
                 elif kind is Rollout:
                     await self._add_rollout(entry.id, msg)
                 else:

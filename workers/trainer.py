@@ -194,6 +194,9 @@ class TrainerWorker(Worker):
             **{k: v for k, v in batch.stats.items() if k != "wait_s"},
             **engine,
         }
+        if evaluation := self.assembler.evals.take():  # a finished eval round (workers/eval_collector.py)
+            rec.update(evaluation)
+            self.log.info("eval", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in evaluation.items()})
         line = self.metrics.write(rec)
         asyncio.get_running_loop().create_task(self.broker.add(self.keys.metrics, line.encode(), maxlen=10_000))
         self.log.info("step", step=self.version, reward=round(rec["reward_mean"], 3),
