@@ -532,6 +532,11 @@ class EvalConfig(Section):
     """Evaluate every this many trainer steps (a round at each multiple below trainer.steps). None: off."""
     at_start: bool = True
     """Also evaluate the initial weights (version 0), the baseline of the curve."""
+    at_end: bool = True
+    """Also evaluate the final weights: the trainer waits (at most final_timeout_s) for that round
+    before writing its last metrics row, which then carries it."""
+    final_timeout_s: float = Field(120.0, gt=0)
+    """How long the trainer waits for the final round; past it the run ends without it (logged)."""
     num_prompts: int = Field(16, ge=1)
     """Prompts per round: the first ones of the eval task, the same every round."""
     samples: int = Field(8, ge=1)

@@ -3,14 +3,15 @@ the reward workers, never trained and never counted in the training accounting.
 
     eval: {every_steps: 10, samples: 8, num_prompts: 16, temperature: 1.0}    (streamrl/config.py)
 
-Protocol (docs/protocol.md, "Evaluation"): at trainer version v (v = 0 with eval.at_start, then each
-multiple of eval.every_steps below trainer.steps) the feeder appends one eval round to `prompts`:
+Protocol (docs/protocol.md, "Evaluation"): at trainer version v (v = 0 with eval.at_start, each multiple
+of eval.every_steps below trainer.steps, and the final version with eval.at_end) the feeder appends one eval round to `prompts`:
 groups `eval-<v>-<n>-<i>` (n prompts, i = 0..n-1) with group_size = eval.samples, admitted_version v
 and the eval temperature. Generators treat them like any prompt (they load version >= v first);
 the reward workers score them; the trainer's assembler recognises the group ids and hands them to
 its EvalCollector (workers/eval_collector.py) instead of a batch: they are acked once their round is
 scored and never enter a step, the ledger or the feeder's admission counts. The round's metrics
-(eval/pass@k, eval/mean@k, eval/maj@k, ...) go into the next metrics.jsonl row with `eval/step` = v.
+(eval/pass@k, eval/mean@k, eval/maj@k, ...) go into the next metrics.jsonl row with `eval/step` = v;
+the final round's into the last row, which the trainer holds back (at most eval.final_timeout_s) for it.
 
 Pure functions here (the estimators are unit-tested against brute force); EvalIssuer is the
 feeder's half.
@@ -60,12 +61,15 @@ def eval_group_of(rollout_id: str) -> str | None:
     return group if _EVAL_ID.match(group) else None
 
 
-def due_version(version: int, last_issued: int, every: int, at_start: bool, steps: int) -> bool:
+def due_version(version: int, last_issued: int, every: int, at_start: bool, steps: int, at_end: bool = False) -> bool:
     """Whether the feeder issues a round at trainer version `version`, the last round having been
     issued at `last_issued` (-1: none). A round is due once per multiple of `every` (and at 0 with
-    `at_start`) that `version` has reached; none at or past the final step (nothing would read it)."""
-    if version >= steps or version <= last_issued:
+    `at_start`) that `version` has reached; at the final version `steps` only with `at_end` (the
+    trainer then waits for it before it writes its last row)."""
+    if version > steps or version <= last_issued:
         return False
+    if version == steps:
+        return at_end
     multiple = version // every * every
     if multiple == 0 and not at_start:
         return False
@@ -137,7 +141,7 @@ class EvalIssuer:
         if self.last is None:
             raw = await broker.get(self.issued_key)
             self.last = int(raw) if raw is not None else -1
-        if not due_version(version, self.last, ev.every_steps, ev.at_start, self.cfg.trainer.steps):
+        if not due_version(version, self.last, ev.every_steps, ev.at_start, self.cfg.trainer.steps, ev.at_end):
             return 0
         n = len(self.items)
         payloads = [encode(self.make_prompt(item, eval_group_id(version, n, i), ev.samples, version))

@@ -108,3 +108,14 @@ class EvalCollector:
     def take(self) -> dict:
         """The oldest reported round's metrics (one per metrics row), or {}."""
         return self.finished.pop(0) if self.finished else {}
+
+    def take_all(self) -> dict:
+        """Every reported round merged, the newest winning (the last metrics row)."""
+        out: dict = {}
+        while self.finished:
+            out.update(self.finished.pop(0))
+        return out
+
+    def has(self, version: int) -> bool:
+        """Whether the round issued at `version` is over (reported, or abandoned for a newer one)."""
+        return version in self.done

@@ -6,7 +6,8 @@
 Plots: reward.png (mean +- std per step), throughput.png (trained tokens/s per step),
 busy.png (trainer busy share of each step, rollouts generated while training, and each role's
 busy fraction from its shutdown log line), staleness.png (trained tokens per staleness),
-losses.png (every loss metric the objective logs). `summarize()` is what `streamrl bench e2e`
+losses.png (every loss metric the objective logs), eval.png (eval/pass@k, mean@n, maj@n per evaluated
+version, with eval.every_steps). `summarize()` is what `streamrl bench e2e`
 reports for each job.
 """
 
@@ -84,7 +85,20 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
         "reward_first": rows[0].get("reward_mean"), "reward_last": rows[-1].get("reward_mean"),
         "wait_s_mean": round(float(np.mean([m.get("wait_s", 0.0) for m in steady])), 4),
         "train_s_mean": round(float(np.mean([m.get("train_s", 0.0) for m in steady])), 4),
+        **eval_summary(rows),
     }
+
+
+EVAL_PREFIXES = ("eval/pass@", "eval/mean@", "eval/maj@")
+
+
+def eval_summary(rows: list[dict]) -> dict:
+    """Evaluation during training (eval.every_steps): each eval metric per eval step, {} without eval."""
+    evals = [m for m in rows if "eval/step" in m]
+    if not evals:
+        return {}
+    keys = sorted({k for m in evals for k in m if k.startswith(EVAL_PREFIXES)})
+    return {"eval": {k: {int(m["eval/step"]): round(float(m[k]), 4) for m in evals if k in m} for k in keys}}
 
 
 def plot_run(run_dir: Path, out: Path) -> list[Path]:
@@ -134,6 +148,14 @@ def plot_run(run_dir: Path, out: Path) -> list[Path]:
     ax.bar([int(k) for k in hist], list(hist.values()))
     ax.set(xlabel="staleness (trainer version - oldest token version)", ylabel="trained tokens", title="staleness")
     save(fig, "staleness.png")
+
+    if summary.get("eval"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key, by_step in summary["eval"].items():
+            ax.plot(list(by_step), list(by_step.values()), marker="o", label=key.removeprefix("eval/"))
+        ax.set(xlabel="policy version evaluated", ylabel="score", ylim=(-0.02, 1.02), title="evaluation")
+        ax.legend(fontsize=8)
+        save(fig, "eval.png")
 
     keys = [k for k in LOSS_KEYS if any(isinstance(m.get(k), (int, float)) for m in rows)]
     if keys:

@@ -64,10 +64,10 @@ def test_round_metrics():
 
 
 def test_due_versions():
-    def issued(every, at_start, steps, seen):
+    def issued(every, at_start, steps, seen, at_end=False):
         last, out = -1, []
         for v in seen:
-            if due_version(v, last, every, at_start, steps):
+            if due_version(v, last, every, at_start, steps, at_end):
                 out.append(v)
                 last = v
         return out
@@ -76,6 +76,8 @@ def test_due_versions():
     assert issued(10, False, 30, range(31)) == [10, 20]
     assert issued(10, True, 30, [0, 0, 3, 12, 13, 25, 31]) == [0, 12, 25]  # a feeder that saw only some versions
     assert issued(5, True, 12, [2, 4, 6]) == [2, 6]
+    assert issued(10, True, 30, range(32), at_end=True) == [0, 10, 20, 30]
+    assert issued(10, False, 25, range(26), at_end=True) == [10, 20, 25]
 
 
 def test_ids_and_answer_keys():
