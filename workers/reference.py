@@ -14,6 +14,7 @@ import asyncio
 
 import torch
 
+from streamrl.eval import is_eval_group
 from streamrl.messages import Rollout
 from streamrl.modeling import completion_logprobs, load_hf_model, pick_device
 from streamrl.worker import Worker
@@ -52,6 +53,12 @@ class ReferenceWorker(Worker):
         items = await self.read(self.keys.rollouts, GROUP, count=self.cfg.reference.batch_size, expect=Rollout)
         if not items:
             return False
+        if evals := [e.id for e, r in items if is_eval_group(r.group_id)]:
+            # Eval rollouts are never trained (streamrl/eval.py): no KL term needs their log-probs.
+            await self.broker.ack(self.keys.rollouts, GROUP, evals)
+            items = [(e, r) for e, r in items if not is_eval_group(r.group_id)]
+            if not items:
+                return True
         rollouts = [msg for _, msg in items]
         try:
             results = [(lp, "") for lp in await asyncio.to_thread(self._logprobs, rollouts)]

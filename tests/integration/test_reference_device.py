@@ -64,3 +64,18 @@ def test_preflight_names_the_fix_for_a_cuda_reference_without_a_gpu(config):
     assert "reference.device=cuda" in check_cuda(cfg) and "reference.device=cpu" in check_cuda(cfg)
     cfg.reference.device = "cpu"
     assert check_cuda(cfg) is None
+
+
+async def test_eval_rollouts_get_no_reference_logprobs(config, broker, tiny_dir):
+    cfg = config.model_copy(deep=True)
+    cfg.model.path, cfg.reference.device = str(tiny_dir), "cpu"
+    worker = ReferenceWorker(cfg, broker, "reference-0")
+    await worker.start()
+    for gid in ("eval-0-1-0", "g0"):
+        await broker.add(worker.keys.rollouts, encode(Rollout(
+            rollout_id=f"{gid}:0", group_id=gid, sample=0, group_size=1, prompt_ids=np.array([4, 5]),
+            completion_ids=np.array([6]), logprobs=np.zeros(1), version=0)))
+    assert await worker.step()
+    assert [decode(e.data).rollout_id for e in await broker.read(worker.keys.annotations)] == ["g0:0"]
+    info = {g["name"]: g for g in await broker.group_info(worker.keys.rollouts)}
+    assert info["reference"]["pending"] == 0  # the eval rollout is acked all the same
