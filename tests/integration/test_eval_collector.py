@@ -109,3 +109,16 @@ async def test_an_unfinished_older_round_is_dropped_when_a_newer_one_completes(c
     assert m["eval/step"] == 1 and m["eval/rounds_abandoned"] == 1 and m["eval/pass@1"] == 0.5
     for stream in (owner.keys.rollouts, owner.keys.annotations):
         assert {g["name"]: g for g in await broker.group_info(stream)}["trainer"]["pending"] == 0
+
+
+def test_a_prompt_temperature_overrides_the_generators():
+    pytest.importorskip("vllm")
+    from streamrl.config import GeneratorConfig
+    from workers.vllm_engine import VLLMEngine
+
+    engine = VLLMEngine("unused", GeneratorConfig(temperature=1.0), "float32", seed=0)  # not started: params only
+    assert engine.sampling_params(7).temperature == 1.0
+    assert engine.sampling_params(7, 0.0).temperature == 0.0 and engine.sampling_params(7, 0.6).temperature == 0.6
+    with pytest.raises(Exception, match="temperature must be null or a number >= 0"):
+        decode(encode(Prompt(group_id="eval-0-1-0", prompt_ids=np.array([4]), group_size=2, admitted_version=0,
+                             temperature=-1.0)))
