@@ -66,18 +66,23 @@ def check_loss_fn(cfg: Config) -> str | None:
 
 
 def check_task(cfg: Config) -> str | None:
-    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset)."""
+    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset),
+    for the training task and, with eval.every_steps, the eval task."""
     from streamrl.datasets import missing_file
 
-    task = cfg.task
-    if task.name == "charclass":
-        return None
-    path = task.dataset.path or ""
-    if not (problem := missing_file(task)) and path.startswith(("/", "./", "../", "~")):
-        if not Path(path).expanduser().exists():
-            problem = (f"task.path={path!r} does not exist; set task.path to a jsonl or parquet file, "
-                       "a folder of data files or a dataset id")
-    return problem
+    tasks = [("task", cfg.task)]
+    if cfg.eval.every_steps and cfg.eval.task is not None:
+        tasks.append(("eval.task", cfg.eval.task))
+    for where, task in tasks:
+        path = task.dataset.path or ""
+        if task.name == "charclass":
+            continue
+        if problem := missing_file(task):
+            return problem.replace("task.path", f"{where}.path")
+        if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+            return (f"{where}.path={path!r} does not exist; set {where}.path to a jsonl or parquet file, "
+                    "a folder of data files or a dataset id")
+    return None
 
 
 def check_model_path(cfg: Config) -> str | None:

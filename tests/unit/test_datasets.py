@@ -115,3 +115,12 @@ def test_errors_name_the_record_and_the_fix(tmp_path):
         load_task(task(path=str(tmp_path / "nope.parquet")), seed=0)
     assert "does not exist" in check_task(Config.model_validate({"task": {**TASK, "path": str(tmp_path / "nope")}}))
     assert check_task(Config.model_validate({"task": {**TASK, "path": str(nested)}})) is None
+
+
+def test_preflight_checks_the_eval_task_too(tmp_path):
+    good = str(write_jsonl(tmp_path / "d.jsonl", RECORDS))
+    cfg = Config.model_validate({"task": {**TASK, "path": good},
+                                 "eval": {"every_steps": 5, "task": {**TASK, "path": str(tmp_path / "test.jsonl")}}})
+    assert "eval.task.path=" in check_task(cfg) and "set eval.task.path" in check_task(cfg)
+    cfg.eval.every_steps = None  # eval off: its task is not read
+    assert check_task(cfg) is None
