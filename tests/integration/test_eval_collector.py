@@ -24,6 +24,11 @@ def make_prompt(item, group_id, group_size, version):
                   text=item["text"], meta=item["meta"], temperature=0.7)
 
 
+async def until_reported(asm):
+    while not asm.evals.finished:
+        await asm.poll()
+
+
 async def generate_and_score(broker, keys, prompts, rewards, extra=True):
     """What generators and reward/reference workers do with eval prompts: a rollout per sample, its
     `reward`, plus a ref_logprobs annotation and a redelivered duplicate when `extra`."""
@@ -60,8 +65,7 @@ async def test_eval_round_is_scored_outside_training(config, broker):
     await generate_and_score(broker, keys, prompts, [[1.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     assert batch.group_ids == ["g0"] and all(r.group_id == "g0" for r in batch.rollouts)
-    while not asm.evals.finished:
-        await asm.poll()
+    await asyncio.wait_for(until_reported(asm), 10)
     m = asm.evals.take()
     assert m["eval/step"] == 0 and m["eval/prompts"] == 2
     assert m["eval/pass@1"] == pytest.approx(1 / 6) and m["eval/pass@2"] == pytest.approx(pass_at_k(3, 1, 2) / 2)
@@ -103,8 +107,7 @@ async def test_an_unfinished_older_round_is_dropped_when_a_newer_one_completes(c
     p0, p1 = [decode(e.data) for e in await broker.read(owner.keys.prompts)]
     await generate_and_score(broker, owner.keys, [p0], [[1.0]], extra=False)  # only one of its two samples
     await generate_and_score(broker, owner.keys, [p1], [[1.0, 0.0]], extra=False)
-    while not asm.evals.finished:
-        await asm.poll()
+    await asyncio.wait_for(until_reported(asm), 10)
     m = asm.evals.take()
     assert m["eval/step"] == 1 and m["eval/rounds_abandoned"] == 1 and m["eval/pass@1"] == 0.5
     for stream in (owner.keys.rollouts, owner.keys.annotations):
