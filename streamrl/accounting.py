@@ -26,6 +26,7 @@ import redis
 
 from streamrl.broker import Broker, Keys
 from streamrl.messages import sample_key
+from streamrl.eval import is_eval_group
 
 FINAL = ("dropped_stale", "filtered", "failed", "requeued")
 
@@ -70,7 +71,10 @@ class LedgerKeys:
 
 
 async def close_group(broker: Broker, keys: Keys, group_id: str, outcome: str, release: bool = True) -> bool:
-    """Record a group's final outcome once; free its admission slot if `release`. False if already closed."""
+    """Record a group's final outcome once; free its admission slot if `release`. False if already closed.
+    Eval groups (streamrl/eval.py) were never admitted, so they have no outcome and no slot to free."""
+    if is_eval_group(group_id):
+        return False
     lk = LedgerKeys(keys)
     return bool(await broker.script(_CLOSE, [lk.groups, keys.groups_released], [group_id, outcome, int(release)]))
 

@@ -82,17 +82,90 @@ class ModelConfig(Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
 
 
+class DatasetConfig(Section):
+    """Where a `dataset` task's records come from (streamrl/datasets.py): a local .jsonl/.json/.parquet
+    file, or anything Hugging Face `datasets.load_dataset` reads (a hub id in the local cache or
+    reachable, a folder of data files, a builder such as `json` with data_files)."""
+
+    path: str | None = None
+    """File, folder or dataset id (load_dataset's `path`); task.path is the same setting."""
+    name: str | None = None
+    """The dataset's configuration (load_dataset's `name`, e.g. `main` for openai/gsm8k)."""
+    split: str = "train"
+    """Split to read (`train`, `test`, `train[:1000]`); ignored for a local .jsonl/.parquet file."""
+    data_files: str | list[str] | dict[str, str | list[str]] | None = None
+    """load_dataset's `data_files` (e.g. {train: a.parquet, test: b.parquet} with path=parquet)."""
+    streaming: bool = False
+    """Read records lazily (load_dataset(streaming=True)) instead of preparing the whole dataset;
+    only the first task.max_items records are read, so set that too."""
+    revision: str | None = None
+    """A hub dataset's revision (branch, tag or commit)."""
+
+
+class TaskFields(Section):
+    """Which record fields make a prompt and its reward metadata."""
+
+    prompt: str | None = "prompt"
+    """Field with the prompt text (formatted into task.template as {prompt})."""
+    messages: str | None = None
+    """Field with chat messages ([{role, content}, ...]) rendered with the tokenizer's chat template
+    (generation prompt added); when set, `prompt` is not used."""
+    answer: str | None = "answer"
+    """Field copied into meta["answer"] for the reward (None: no answer, e.g. a judge-only task)."""
+    meta: list[str] = []
+    """Further fields copied into meta unchanged (str, int, float or bool values only)."""
+
+
 class TaskConfig(Section):
-    name: Literal["charclass", "charclass_dialog", "gsm8k"] = "charclass"
+    name: Literal["charclass", "charclass_dialog", "gsm8k", "dataset"] = "charclass"
     """`charclass`: synthetic, no downloads. `charclass_dialog`: its multi-turn form (the prompt
     does not name the class; the env's first observation does; env.fn=charclass_dialog).
-    `gsm8k`: a jsonl file of {question, answer}."""
+    `dataset`: records from task.dataset mapped by task.fields.
+    `gsm8k`: `dataset` preset for GSM8K-style records {question, answer "... #### 42"}."""
     path: str | None = None
-    """jsonl file for `gsm8k`."""
+    """Shorthand for task.dataset.path (a jsonl/parquet file, a folder or a dataset id)."""
+    dataset: DatasetConfig = DatasetConfig()
+    fields: TaskFields = TaskFields()
+    template: str = "{prompt}"
+    """Prompt format; {prompt} is the prompt field (gsm8k: "{prompt}\\nAnswer:")."""
+    answer_format: Literal["raw", "gsm8k"] = "raw"
+    """`gsm8k`: meta["answer"] is the number after the last '####' (commas removed); `raw`: as is."""
+    max_items: int | None = Field(None, ge=1)
+    """Read at most this many records (required with dataset.streaming)."""
     num_prompts: int = Field(512, ge=1)
     """Synthetic prompts generated for `charclass` (the feeder cycles through them)."""
     charclass_length: int = Field(16, ge=1)
     """Completion characters the `charclass` reward scores; keep it equal to generator.max_tokens."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gsm8k_preset(cls, data: Any) -> Any:
+        # gsm8k is one use of the dataset loader: its field names, template and answer format,
+        # unless set explicitly.
+        if isinstance(data, dict) and data.get("name") == "gsm8k":
+            fields = {"prompt": "question", "answer": "answer", **(data.get("fields") or {})}
+            data = {"template": "{prompt}\nAnswer:", "answer_format": "gsm8k", **data, "fields": fields}
+        return data
+
+    @model_validator(mode="after")
+    def _dataset(self) -> "TaskConfig":
+        if self.path and self.dataset.path and self.path != self.dataset.path:
+            raise ValueError(f"task.path={self.path!r} and task.dataset.path={self.dataset.path!r} differ; set one")
+        if self.path and not self.dataset.path:
+            self.dataset.path = self.path
+        if self.name in ("charclass", "charclass_dialog"):  # synthetic: no records to read
+            return self
+        if not self.dataset.path:
+            raise ValueError(f"task.name={self.name} needs records: set task.path=/path/to/train.jsonl "
+                             "(or a parquet file, a folder, a Hugging Face dataset id)")
+        if self.fields.prompt is None and self.fields.messages is None:
+            raise ValueError("task.fields: set prompt (a text field) or messages (a chat field); "
+                             "e.g. task.fields.prompt=question")
+        if self.dataset.streaming and self.max_items is None:
+            raise ValueError("task.dataset.streaming=true reads records lazily; set task.max_items (how many to take)")
+        if "{prompt}" not in self.template:
+            raise ValueError(f"task.template={self.template!r} has no {{prompt}}; e.g. task.template='{{prompt}}\\nAnswer:'")
+        return self
 
 
 class RolloutConfig(Section):
@@ -140,10 +213,45 @@ class GeneratorConfig(Section):
     in /dev/shm. False: vLLM's CPU default (MultiprocExecutor, OpenMP threads bound per worker)."""
 
 
+REWARD_BUILTINS = ("charclass", "math", "math_regex", "think_format", "env")
+"""Built-in reward names (streamrl.rewards.BUILTIN_REWARDS)."""
+_REWARD_FN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
+def _check_reward_fn(value: str, where: str) -> str:
+    # Syntax only: user modules are imported by the reward worker, never at config time.
+    if value in REWARD_BUILTINS or _REWARD_FN.fullmatch(value):
+        return value
+    raise ValueError(
+        f"{where}={value!r} is neither a built-in reward ({', '.join(REWARD_BUILTINS)}) nor "
+        "`package.module:function`; e.g. set reward.fn=math or reward.fn=my_rewards:score"
+    )
+
+
+class RewardComponent(Section):
+    """One term of a combined reward (reward.components)."""
+
+    fn: str
+    """A built-in reward name or `package.module:function`, as reward.fn."""
+    weight: float = 1.0
+    """Its weight in the sum that becomes the `reward` annotation."""
+    name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Its name in metrics.jsonl's reward_components (`reward/<name>`); default: the function's name."""
+
+    @field_validator("fn")
+    @classmethod
+    def _fn(cls, value: str) -> str:
+        return _check_reward_fn(value, "reward.components[].fn")
+
+    def label(self) -> str:
+        return self.name or self.fn.rsplit(":", 1)[-1]
+
+
 class RewardConfig(Section):
     count: int = Field(1, ge=0)
     fn: str = "charclass"
-    """A built-in reward name (charclass, math) or `package.module:function`."""
+    """A built-in reward (charclass; math = math-verify's answer check; math_regex = the last number;
+    think_format = <think>...</think> structure) or `package.module:function`."""
     timeout_s: float = Field(10.0, gt=0)
     on_error: Literal["drop", "score"] = "drop"
     """A rollout whose reward function raised, timed out or returned NaN/inf: `drop` fails its whole
@@ -154,16 +262,23 @@ class RewardConfig(Section):
     error_value: float = 0.0
     """The reward of a rollout whose reward function failed, under reward.on_error=score."""
 
+    components: list[RewardComponent] = []
+    """Several rewards combined, e.g. [{fn: math, weight: 1.0}, {fn: think_format, weight: 0.2}]: the
+    `reward` annotation is sum(weight * fn(...)) and each term is logged as reward_components
+    ["reward/<name>"] in metrics.jsonl. When set, reward.fn is not used."""
+
     @field_validator("fn")
     @classmethod
     def _fn(cls, value: str) -> str:
-        # Syntax only: user modules are imported by the reward worker, never at config time.
-        if value in ("charclass", "math", "env") or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
-            return value
-        raise ValueError(
-            f"reward.fn={value!r} is neither a built-in reward (charclass, math, env) nor "
-            "`package.module:function`; e.g. set reward.fn=math or reward.fn=my_rewards:score"
-        )
+        return _check_reward_fn(value, "reward.fn")
+
+    @field_validator("components")
+    @classmethod
+    def _components(cls, value: list[RewardComponent]) -> list[RewardComponent]:
+        labels = [c.label() for c in value]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"reward.components: names {labels} repeat; give each a distinct `name`")
+        return value
 
 
 class EnvConfig(Section):
@@ -204,13 +319,17 @@ class ReferenceConfig(Section):
     count: int = Field(1, ge=0)
     """Reference workers; started only when loss.kl_beta > 0."""
     batch_size: int = Field(32, ge=1)
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where the frozen reference model runs: `auto` follows trainer.device; `cpu` keeps it off the
+    GPUs when they are short (slower log-probs, no GPU memory); `cuda` puts it on a GPU."""
 
 
 class LossConfig(Section):
     name: str = "grpo"
     """Objective: grpo, dr_grpo, dapo, gspo, cispo, sapo, tis, decoupled_ppo, clipped_reinforce
     (registry: streamrl.losses; formulas: docs/losses.md). dr_grpo, dapo and gspo fill in their
-    papers' settings (LOSS_PRESETS) for fields you do not set."""
+    papers' settings (LOSS_PRESETS) for fields you do not set. Or `package.module:function`: an
+    objective in your own module, imported by the trainer (docs/losses.md)."""
     eps_low: float = Field(0.2, ge=0)
     """Lower clip range: the ratio is clipped at 1 - eps_low (PPO-clip, GSPO, CISPO weight)."""
     eps_high: float = Field(0.2, ge=0)
@@ -511,6 +630,40 @@ class SFTConfig(Section):
         return self
 
 
+class EvalConfig(Section):
+    """Evaluation during training (streamrl/eval.py): held-out prompts generated by the generators at
+    the current version, scored by the reward workers, never trained, outside the training accounting."""
+
+    every_steps: int | None = Field(None, ge=1)
+    """Evaluate every this many trainer steps (a round at each multiple below trainer.steps). None: off."""
+    at_start: bool = True
+    """Also evaluate the initial weights (version 0), the baseline of the curve."""
+    at_end: bool = True
+    """Also evaluate the final weights: the trainer waits (at most final_timeout_s) for that round
+    before writing its last metrics row, which then carries it."""
+    final_timeout_s: float = Field(120.0, gt=0)
+    """How long the trainer waits for the final round; past it the run ends without it (logged)."""
+    num_prompts: int = Field(16, ge=1)
+    """Prompts per round: the first ones of the eval task, the same every round."""
+    samples: int = Field(8, ge=1)
+    """Completions per prompt (n of pass@k, mean@n, maj@n)."""
+    temperature: float | None = Field(None, ge=0)
+    """Sampling temperature of eval completions; None: generator.temperature."""
+    pass_k: list[int] = [1]
+    """k values of eval/pass@k besides k = samples (each <= samples)."""
+    threshold: float = 1.0
+    """A completion counts as correct (pass@k, maj@n) when its reward is >= this."""
+    task: TaskConfig | None = None
+    """The held-out task (e.g. the same dataset with dataset.split=test); None: the training task."""
+
+    @model_validator(mode="after")
+    def _ks(self) -> "EvalConfig":
+        if any(k < 1 or k > self.samples for k in self.pass_k):
+            raise ValueError(f"eval.pass_k={self.pass_k} needs every k in [1, eval.samples={self.samples}]; "
+                             "lower k or raise eval.samples")
+        return self
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     broker: BrokerConfig = BrokerConfig()
@@ -530,10 +683,11 @@ class Config(Section):
     sft: SFTConfig = SFTConfig()
     """`streamrl sft` only: supervised fine-tuning data, loss tokens, packing, eval."""
 
+
+    eval: EvalConfig = EvalConfig()
+
     @model_validator(mode="after")
     def _cross(self) -> "Config":
-        if self.task.name == "gsm8k" and not self.task.path:
-            raise ValueError("task.name=gsm8k needs a jsonl file: set task.path=/path/to/train.jsonl")
         if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
             raise ValueError(
                 f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "

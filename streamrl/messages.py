@@ -65,6 +65,8 @@ class Prompt:
     """Task data the reward needs (e.g. the reference answer)."""
     index: int = 0
     """Feeder sequence number (0, 1, 2, ...)."""
+    temperature: float | None = None
+    """Sampling temperature for this group; None: the generator's (generator.temperature). Eval rounds set it."""
 
 
 @dataclass
@@ -126,6 +128,9 @@ class Annotation:
     producer: str = ""
     error: str = ""
     """Set when the producer could not score this rollout: the assembler drops its group (counted)."""
+    parts: dict = field(default_factory=dict)
+    """Optional {name: number}: the components a combined `reward` was summed from (reward.components),
+    logged per step as reward_components["reward/<name>"]; never trained on separately."""
 
 
 @dataclass
@@ -331,6 +336,9 @@ def _validate(msg: Any) -> None:
             last = span[1]
     if isinstance(msg, Prompt):
         _check(msg.group_size >= 1, "prompt: group_size must be >= 1")
+        t = msg.temperature
+        _check(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0),
+               "prompt: temperature must be null or a number >= 0")
     if isinstance(msg, StepRequest):
         _check(all(isinstance(a, str) for a in msg.actions), "step_request: actions must be strings")
         _check(msg.turn == len(msg.actions) - 1, "step_request: turn must equal len(actions) - 1")
@@ -350,6 +358,9 @@ def _validate(msg: Any) -> None:
             raise DecodeError("value is NaN or inf")
         elif abs(v) > _F32_MAX:  # rewards are trained as float32: it would become inf in the advantages
             raise DecodeError(f"value {v!r} is beyond the float32 range (|v| <= {_F32_MAX:.4g})")
+        for name, part in msg.parts.items():
+            _check(isinstance(name, str) and isinstance(part, (int, float)) and not isinstance(part, bool)
+                   and math.isfinite(part), f"annotation {msg.key}: parts must map names to finite numbers")
 
 
 def as_dict(msg: Any) -> dict:

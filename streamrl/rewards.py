@@ -1,7 +1,8 @@
 """Reward functions: (prompt_text, completion_text, meta) -> float, resolved from `reward.fn`.
 
-    fn = resolve_reward(cfg.reward.fn)      # "charclass", "math" or "package.module:function"
+    fn = resolve_reward(cfg.reward.fn)      # a built-in (BUILTIN_REWARDS) or "package.module:function"
     r = fn(prompt, completion, item["meta"])
+    fn = make_reward(cfg.reward)            # reward.components: a weighted sum that keeps its parts
 
 Built-ins are pure functions of their arguments (no I/O), so a reward worker can call them
 for every rollout and tests can call them directly.
@@ -16,6 +17,7 @@ import re
 from typing import Callable
 
 from streamrl.errors import ConfigError
+from streamrl.rewards_math import math_verify_reward, think_format_reward
 
 RewardFn = Callable[[str, str, dict], float]
 
@@ -54,7 +56,8 @@ def extract_final_number(completion: str) -> float | None:
 
 
 def math_reward(prompt: str, completion: str, meta: dict) -> float:
-    """1.0 if the completion's final number equals meta["answer"] (to 1e-6 relative), else 0.0."""
+    """`math_regex`: 1.0 if the completion's final number equals meta["answer"] (to 1e-6 relative),
+    else 0.0. Numbers only; `math` (math-verify) also compares LaTeX and symbolic answers."""
     got = extract_final_number(completion)
     want = _to_float(str(meta["answer"]))
     if got is None or want is None:
@@ -71,7 +74,14 @@ def env_reward(prompt: str, completion: str, meta: dict) -> float:
     return float(meta["env_reward"])
 
 
-BUILTIN_REWARDS: dict[str, RewardFn] = {"charclass": charclass_reward, "math": math_reward, "env": env_reward}
+BUILTIN_REWARDS: dict[str, RewardFn] = {
+    "charclass": charclass_reward,
+    "math": math_verify_reward,
+    "math_regex": math_reward,
+    "think_format": think_format_reward,
+    "env": env_reward,
+}
+"""Names usable as reward.fn (streamrl.config.REWARD_BUILTINS lists the same names)."""
 
 
 def resolve_reward(spec: str) -> RewardFn:
@@ -104,3 +114,28 @@ def resolve_reward(spec: str) -> RewardFn:
             "(for an async judge, run it as an external producer: `streamrl reward --fn ...`)"
         )
     return fn
+
+
+class Scored(float):
+    """A combined reward: its value is the weighted sum; `parts` holds each component's own score."""
+
+    parts: dict[str, float]
+
+    def __new__(cls, value: float, parts: dict[str, float]) -> "Scored":
+        out = super().__new__(cls, value)
+        out.parts = parts
+        return out
+
+
+def make_reward(cfg) -> RewardFn:
+    """The reward a reward worker computes for `cfg` (a RewardConfig): reward.fn, or with
+    reward.components the weighted sum of theirs, returned as a `Scored` carrying each part."""
+    if not cfg.components:
+        return resolve_reward(cfg.fn)
+    parts = [(c.label(), c.weight, resolve_reward(c.fn)) for c in cfg.components]
+
+    def combined(prompt: str, completion: str, meta: dict) -> float:
+        scores = {name: float(fn(prompt, completion, meta)) for name, _, fn in parts}
+        return Scored(sum(w * scores[name] for name, w, _ in parts), scores)
+
+    return combined

@@ -290,7 +290,10 @@ class Supervisor:
                      f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
                      + (f" | turns {m['turns_mean']:.2f}, env p50 {m['env_step_s_p50'] * 1000:.0f}ms, "
                         f"failed episodes {m.get('episodes_failed', 0):.0f}" if "turns_mean" in m else "")
-                     + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else ""))
+                     + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else "")
+                     + "".join(f" | {k} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/mean@",
+                                                                                            "eval/maj@")))
+                     + (f" (eval at step {m['eval/step']})" if "eval/step" in m else ""))
         self._printed = len(rows)
 
     def stop_all(self) -> None:

@@ -170,14 +170,15 @@ class Worker:
                     self.log.warning("keepalive_failed", stream=stream, error=str(exc))
 
     async def publish_annotations(self, stream: str, group: str, key: str, items: list, results: list) -> None:
-        """Write one `key` annotation per (entry, rollout) in `items` from `results` [(value, error)],
-        dead-letter the rollouts that failed (their annotation carries the error), then ack the batch."""
+        """Write one `key` annotation per (entry, rollout) in `items` from `results` [(value, error)] or
+        [(value, error, parts)], dead-letter the rollouts that failed (their annotation carries the
+        error), then ack the batch."""
         out = []
-        for (entry, r), (value, error) in zip(items, results, strict=True):
+        for (entry, r), (value, error, *parts) in zip(items, results, strict=True):
             if error:
                 await self.dead_letter(stream, entry, error)
             out.append(encode(Annotation(rollout_id=r.rollout_id, key=key, value=value,
-                                         producer=self.worker_id, error=error)))
+                                         producer=self.worker_id, error=error, parts=parts[0] if parts else {})))
         await self.broker.add_many(self.keys.annotations, out)
         await self.broker.ack(stream, group, [e.id for e, _ in items])
         self.count("scored", len(items))

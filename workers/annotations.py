@@ -44,6 +44,8 @@ class JoinPolicy:
         self.reward_weight = cfg.annotations.reward_weight
         self.reward_keys = ["reward"] + list(self.external)
         """Scalar keys that make up the trained reward, in the order they are logged."""
+        self.part_keys = [f"reward/{c.label()}" for c in cfg.reward.components]
+        """reward.components: logged (from the `reward` annotation's parts), already inside `reward`."""
 
     def shape(self, key: str) -> Shape | None:
         """What a value of `key` must be; None: a key this job does not use."""
@@ -109,8 +111,14 @@ class JoinPolicy:
         return float(a.value)
 
     def components(self, annotations: list[dict[str, Annotation]]) -> dict[str, np.ndarray]:
-        """Per reward key, the values of these rollouts (one annotations dict per rollout, in order)."""
-        return {k: np.asarray([self.value(a[k]) for a in annotations], np.float32) for k in self.reward_keys}
+        """Per reward key (and reward.components part), the values of these rollouts (one annotations
+        dict per rollout, in order). A part missing from an errored `reward` counts as its value."""
+        out = {k: np.asarray([self.value(a[k]) for a in annotations], np.float32) for k in self.reward_keys}
+        for key in self.part_keys:
+            name = key.split("/", 1)[1]
+            out[key] = np.asarray([a["reward"].parts.get(name, self.value(a["reward"])) for a in annotations],
+                                  np.float32)
+        return out
 
     def combine(self, parts: dict[str, np.ndarray]) -> np.ndarray:
         """reward_weight * reward + sum(weight * value) over the external keys (float32)."""

@@ -30,6 +30,7 @@ from streamrl.failures import FailureStreak
 from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
 from streamrl.staleness import is_stale
 from workers.annotations import JoinPolicy
+from workers.eval_collector import EvalCollector
 
 GROUP = "trainer"
 
@@ -77,6 +78,8 @@ class Assembler:
         self._unused_keys: set[str] = set()
         self.vocab_size: int | None = None
         """Token ids at or above it are dead-lettered (the trainer's embedding would fail on them)."""
+        self.evals = EvalCollector(cfg, broker, self.keys, self.join)
+        """Eval rounds (streamrl/eval.py): their entries go there, never into a group or a batch."""
         self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0,
                          "dropped_timeout": 0, "annotation_timeouts": 0, "annotation_errors": 0,
                          "unknown_annotations": 0}
@@ -110,6 +113,8 @@ class Assembler:
                 if reason := self._invalid(msg):
                     await self.owner.dead_letter(stream, entry, reason)
                     await self.broker.ack(stream, GROUP, [entry.id])
+                elif self.evals.owns(msg):
+                    await self.evals.add(stream, entry.id, msg)
                 elif kind is Rollout:
                     await self._add_rollout(entry.id, msg)
                 else:
@@ -394,7 +399,7 @@ class Assembler:
             advantages=batch_advantages(rewards_a, gidx_a, self.cfg.loss.advantage).astype(np.float32),
             ref_logprobs=refs if refs else None,
             staleness=version - oldest,
-            reward_components={k: np.concatenate([p[k] for p in parts]) for k in self.join.reward_keys},
+            reward_components={k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
             stats={"wait_s": wait_s, **{k: float(v) for k, v in self.counters.items()}},
             group_ids=list(gids),
         )

@@ -17,6 +17,7 @@ import random
 from transformers import AutoTokenizer
 
 from streamrl.accounting import admit
+from streamrl.eval import EvalIssuer
 from streamrl.messages import Prompt, encode
 from streamrl.staleness import admission_budget
 from streamrl.tasks import load_task
@@ -27,11 +28,16 @@ class FeederWorker(Worker):
     role = "feeder"
 
     async def start(self) -> None:
-        self.items = load_task(self.cfg.task, self.cfg.run.seed)
-        random.Random(self.cfg.run.seed).shuffle(self.items)
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer)  # the tokenizer renders chat tasks
+        random.Random(self.cfg.run.seed).shuffle(self.items)
         r = self.cfg.rollout
         self.total = self.cfg.trainer.steps * r.groups_per_step
+        self.evals = None
+        if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval.py): outside admission and the ledger
+            ev = self.cfg.eval
+            items = load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer)
+            self.evals = EvalIssuer(self.cfg, self.keys, items, self._eval_prompt)
         self.log.info("feeder_ready", prompts=len(self.items), groups_needed=self.total,
                       max_staleness=r.max_staleness, groups_per_step=r.groups_per_step)
 
@@ -40,9 +46,12 @@ class FeederWorker(Worker):
 
     async def step(self) -> bool:
         r = self.cfg.rollout
+        version = await self._counter(self.keys.trainer_version)
+        if self.evals is not None and (n := await self.evals.maybe_issue(self.broker, version)):
+            self.count("eval_prompts", n)
+            self.log.info("eval_issued", policy_version=version, prompts=n)
         admitted = await self._counter(self.keys.feeder_admitted)
         released = await self._counter(self.keys.groups_released)
-        version = await self._counter(self.keys.trainer_version)
         budget = admission_budget(admitted, released, version, r.max_staleness, r.groups_per_step,
                                   total_groups=self.total)
         if budget <= 0:
@@ -53,6 +62,11 @@ class FeederWorker(Worker):
         self.count("admitted", len(prompts))
         self.log.debug("admitted", groups=len(prompts), policy_version=version, total=admitted + len(prompts))
         return True
+
+    def _eval_prompt(self, item: dict, group_id: str, group_size: int, version: int) -> Prompt:
+        ids = self.tokenizer(item["text"], add_special_tokens=False)["input_ids"]
+        return Prompt(group_id=group_id, prompt_ids=ids, group_size=group_size, admitted_version=version,
+                      text=item["text"], meta=item.get("meta", {}), temperature=self.cfg.eval.temperature)
 
     def _prompt(self, index: int, version: int) -> Prompt:
         item = self.items[index % len(self.items)]

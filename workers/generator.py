@@ -230,7 +230,8 @@ class GeneratorWorker(Worker):
             await self._version_cond.wait_for(lambda: self.version >= needed)
 
     async def _run_sample(self, prompt: Prompt, sample: int) -> None:
-        params = self.engine.sampling_params(sample_seed(self.cfg.run.seed, prompt.group_id, sample))
+        params = self.engine.sampling_params(sample_seed(self.cfg.run.seed, prompt.group_id, sample),
+                                             prompt.temperature)
         request_id = f"{self.worker_id}:{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
         s = _Sample()
         self._set_active(+1)

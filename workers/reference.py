@@ -2,7 +2,8 @@
 
     streamrl worker reference --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
-Started only when loss.kl_beta > 0. Reads `rollouts` with the consumer group "reference" in
+Started only when loss.kl_beta > 0. The model runs on reference.device (`auto`: trainer.device;
+`cpu` frees the GPUs for the trainer and generators). Reads `rollouts` with the consumer group "reference" in
 batches of reference.batch_size, and acks after the annotations are written. A rollout the model
 cannot score (malformed token ids) gets an annotation with `error` and a dead-letter record.
 """
@@ -13,6 +14,7 @@ import asyncio
 
 import torch
 
+from streamrl.eval import is_eval_group
 from streamrl.messages import Rollout
 from streamrl.modeling import completion_logprobs, load_hf_model, pick_device
 from streamrl.worker import Worker
@@ -20,11 +22,17 @@ from streamrl.worker import Worker
 GROUP = "reference"
 
 
+def reference_device(cfg) -> torch.device:
+    """reference.device, with `auto` meaning wherever the trainer runs (trainer.device)."""
+    choice = cfg.reference.device
+    return pick_device(cfg.trainer.device if choice == "auto" else choice)
+
+
 class ReferenceWorker(Worker):
     role = "reference"
 
     async def start(self) -> None:
-        self.device = pick_device(self.cfg.trainer.device)
+        self.device = reference_device(self.cfg)
         self.model = await asyncio.to_thread(load_hf_model, self.cfg.model.path, self.cfg.model.dtype, self.device)
         self.model.eval()
         await self.broker.ensure_group(self.keys.rollouts, GROUP)
@@ -45,6 +53,12 @@ class ReferenceWorker(Worker):
         items = await self.read(self.keys.rollouts, GROUP, count=self.cfg.reference.batch_size, expect=Rollout)
         if not items:
             return False
+        if evals := [e.id for e, r in items if is_eval_group(r.group_id)]:
+            # Eval rollouts are never trained (streamrl/eval.py): no KL term needs their log-probs.
+            await self.broker.ack(self.keys.rollouts, GROUP, evals)
+            items = [(e, r) for e, r in items if not is_eval_group(r.group_id)]
+            if not items:
+                return True
         rollouts = [msg for _, msg in items]
         try:
             results = [(lp, "") for lp in await asyncio.to_thread(self._logprobs, rollouts)]

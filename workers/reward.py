@@ -17,7 +17,7 @@ import threading
 import time
 
 from streamrl.messages import Rollout
-from streamrl.rewards import resolve_reward
+from streamrl.rewards import make_reward
 from streamrl.worker import Worker
 
 GROUP = "reward"
@@ -29,10 +29,10 @@ class RewardWorker(Worker):
     _scorer: _ScoringThread | None = None
 
     async def start(self) -> None:
-        self.fn = resolve_reward(self.cfg.reward.fn)
+        self.fn = make_reward(self.cfg.reward)
         await self.broker.ensure_group(self.keys.rollouts, GROUP)
 
-    async def _score_all(self, rollouts: list[Rollout]) -> list[tuple[float, str]]:
+    async def _score_all(self, rollouts: list[Rollout]) -> list[tuple]:
         """Score a batch on the scoring thread, with one wake-up of the event loop per batch. A call
         that hangs past reward.timeout_s fails that rollout only: its thread is abandoned (a daemon
         that exits once the call returns) and a fresh one carries on after it."""
@@ -86,8 +86,9 @@ class _Job:
             self.current = (i, time.monotonic())
             r = self.rollouts[i]
             try:
-                value = float(fn(r.prompt_text, r.text, r.meta))
-                result = (value, "") if math.isfinite(value) else (0.0, f"reward function returned {value}")
+                out = fn(r.prompt_text, r.text, r.meta)
+                value, parts = float(out), getattr(out, "parts", {})  # parts: reward.components' scores
+                result = (value, "", parts) if math.isfinite(value) else (0.0, f"reward function returned {value}")
             except Exception as exc:  # user code: any exception is that rollout's failure, not ours
                 result = (0.0, f"reward function raised {type(exc).__name__}: {exc}")
             if self.cancelled.is_set():  # abandoned while this call hung: the loop has moved on

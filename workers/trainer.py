@@ -177,6 +177,8 @@ class TrainerWorker(Worker):
             self.broker_version = self.version
             await self.broker.set(self.keys.trainer_version, self.version)
         self.unacked.append(batch)
+        if self.version >= self.cfg.trainer.steps:
+            await self._final_eval()
         overlap = self._overlap(batch.rollouts)
         if self.cfg.env.fn:  # multi-turn: the running count of failed episodes for metrics.jsonl
             batch.stats["episodes_failed"] = float(await self.broker.get(self.keys.stat("episodes_failed")) or 0)
@@ -191,6 +193,19 @@ class TrainerWorker(Worker):
         self._record(batch, m, overlap, train_s=t1 - t0, stall_s=t2 - t1, checkpoint_s=ckpt_s)
         self._clean = True
         return True
+
+    async def _final_eval(self) -> None:
+        """With eval.at_end, wait (bounded) for the round of the final weights before the last row."""
+        ev = self.cfg.eval
+        if not (ev.every_steps and ev.at_end):
+            return
+        deadline = time.monotonic() + ev.final_timeout_s
+        while not self.assembler.evals.has(self.version) and time.monotonic() < deadline:
+            if self.stopping.is_set():
+                return
+            await self.assembler.poll()
+        if not self.assembler.evals.has(self.version):
+            self.log.warning("final_eval_missing", policy_version=self.version, waited_s=ev.final_timeout_s)
 
     async def _log_step(self, batch, replay: bool) -> None:
         """Write-ahead: record which groups/rollouts step v+1 trains before training it."""
@@ -229,6 +244,10 @@ class TrainerWorker(Worker):
         }
         if checkpoint_s is not None:  # steps that saved: how long the save blocked training
             rec["checkpoint_stall_s"] = round(checkpoint_s, 4)
+        evals = self.assembler.evals  # finished eval rounds (workers/eval_collector.py)
+        if evaluation := (evals.take_all() if self.version >= self.cfg.trainer.steps else evals.take()):
+            rec.update(evaluation)
+            self.log.info("eval", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in evaluation.items()})
         line = self.metrics.write(rec)
         asyncio.get_running_loop().create_task(self.broker.add(self.keys.metrics, line.encode(), maxlen=10_000))
         self.log.info("step", step=self.version, reward=round(rec["reward_mean"], 3),

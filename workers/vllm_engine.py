@@ -75,14 +75,16 @@ class VLLMEngine:
         )
         self.llm = AsyncLLM.from_engine_args(args)
 
-    def sampling_params(self, seed: int | None, max_tokens: int | None = None):
-        """`max_tokens` overrides generator.max_tokens (a multi-turn episode's turn near its token budget)."""
+    def sampling_params(self, seed: int | None, temperature: float | None = None, max_tokens: int | None = None):
+        """Per-request parameters; `temperature` overrides generator.temperature (eval prompts),
+        `max_tokens` overrides generator.max_tokens (a multi-turn episode's turn near its token budget)."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         g = self.gen
         return SamplingParams(
-            n=1, temperature=g.temperature, top_p=g.top_p, max_tokens=max_tokens or g.max_tokens, seed=seed,
+            n=1, temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
+            max_tokens=max_tokens or g.max_tokens, seed=seed,
             ignore_eos=g.ignore_eos, logprobs=0, output_kind=RequestOutputKind.DELTA,
         )
 

@@ -6,7 +6,8 @@
 Plots: reward.png (mean +- std per step), throughput.png (trained tokens/s per step),
 busy.png (trainer busy share of each step, rollouts generated while training, and each worker's
 busy fraction from its shutdown log line), staleness.png (trained tokens per staleness),
-losses.png (every loss metric the objective logs). `summarize()` is what `streamrl bench e2e`
+losses.png (every loss metric the objective logs), eval.png (eval/pass@k, mean@n, maj@n per evaluated
+version, with eval.every_steps). `summarize()` is what `streamrl bench e2e`
 reports for each job.
 """
 
@@ -87,11 +88,24 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
         "reward_first": rows[0].get("reward_mean"), "reward_last": rows[-1].get("reward_mean"),
         "wait_s_mean": round(float(np.mean([m.get("wait_s", 0.0) for m in steady])), 4),
         "train_s_mean": round(float(np.mean([m.get("train_s", 0.0) for m in steady])), 4),
+        **eval_summary(rows),
     }
 
 
 def _column(rows: list[dict], key: str) -> np.ndarray:
     return np.asarray([m.get(key) if m.get(key) is not None else np.nan for m in rows], dtype=float)
+
+
+EVAL_PREFIXES = ("eval/pass@", "eval/mean@", "eval/maj@")
+
+
+def eval_summary(rows: list[dict]) -> dict:
+    """Evaluation during training (eval.every_steps): each eval metric per eval step, {} without eval."""
+    evals = [m for m in rows if "eval/step" in m]
+    if not evals:
+        return {}
+    keys = sorted({k for m in evals for k in m if k.startswith(EVAL_PREFIXES)})
+    return {"eval": {k: {int(m["eval/step"]): round(float(m[k]), 4) for m in evals if k in m} for k in keys}}
 
 
 def plot_run(run_dir: Path, out: Path) -> list[Path]:
@@ -127,6 +141,14 @@ def plot_run(run_dir: Path, out: Path) -> list[Path]:
     summary = summarize(run_dir)
     save(busy_figure(plt, rows, summary["busy"]), "busy.png")
     save(staleness_figure(plt, summary["staleness_hist_tokens"]), "staleness.png")
+    if summary.get("eval"):
+        fig, ax = plt.subplots(figsize=(6, 3.5))
+        for key, by_step in summary["eval"].items():
+            ax.plot(list(by_step), list(by_step.values()), marker="o", label=key.removeprefix("eval/"))
+        ax.set(xlabel="policy version evaluated", ylabel="score", ylim=(-0.02, 1.02), title="evaluation")
+        ax.legend(fontsize=8)
+        save(fig, "eval.png")
+
     if (fig := losses_figure(plt, rows)) is not None:
         save(fig, "losses.png")
     return written

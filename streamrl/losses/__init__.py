@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -66,6 +67,8 @@ class Objective:
 
 
 _REGISTRY: dict[str, Objective] = {}
+_USER_LOSSES: dict[str, Objective] = {}
+"""`module:function` objectives loaded so far (kept apart: they are not names to list or register)."""
 
 
 def register_loss(name: str, *, requires: Iterable[str] = ()) -> Callable:
@@ -103,16 +106,49 @@ def known_losses() -> list[str]:
     return sorted(set(BUILTIN_LOSSES) | set(_REGISTRY))
 
 
+USER_LOSS = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+"""`package.module:function`: an objective in the user's own module (loss.name), like reward.fn."""
+
+
 def check_loss_name(name: str) -> None:
-    """Raise ConfigError listing the objectives if `name` is not one (torch-free for built-ins)."""
+    """Raise ConfigError listing the objectives if `name` is not one (torch-free for built-ins).
+    A `module:function` name is checked for syntax only: the trainer imports it (and preflight does)."""
     if name in BUILTIN_LOSSES or name in _REGISTRY:
+        return
+    if ":" in name:
+        if not USER_LOSS.fullmatch(name):
+            raise ConfigError(f"loss.name={name!r} is not `package.module:function`; e.g. loss.name=my_losses:my_loss")
         return
     names = available_losses()  # a new module not yet listed in BUILTIN_LOSSES registers here
     if name not in names:
         raise ConfigError(f"unknown loss.name={name!r}; set loss.name to one of: {', '.join(names)}")
 
 
+def load_user_loss(name: str) -> Objective:
+    """Import `package.module:function` and load it as objective `name`. The function has the
+    built-ins' signature, fn(cfg: LossConfig, inp: LossInputs) -> streamrl.losses.core.Terms; a
+    `requires` attribute (e.g. ("prox_logprobs",)) asks for optional inputs."""
+    module_name, _, attr = name.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ConfigError(f"loss.name={name!r}: cannot import module {module_name!r} ({exc}); install it or put "
+                          "its directory on PYTHONPATH (every trainer rank imports it)") from exc
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ConfigError(f"loss.name={name!r}: module {module_name!r} has no function {attr!r}; define "
+                          "`def NAME(cfg, inp: streamrl.losses.LossInputs) -> streamrl.losses.core.Terms` there "
+                          "(docs/losses.md, 'An objective in your own module')")
+    requires = frozenset(getattr(fn, "requires", ()))
+    if not requires <= set(INPUT_NAMES):
+        raise ConfigError(f"loss.name={name!r}: {attr}.requires={sorted(requires)} must be a subset of {INPUT_NAMES}")
+    _USER_LOSSES[name] = Objective(name, fn, requires)
+    return _USER_LOSSES[name]
+
+
 def get_objective(name: str) -> Objective:
+    if ":" in name:
+        return _USER_LOSSES.get(name) or load_user_loss(name)
     if name not in _REGISTRY and name in BUILTIN_LOSSES:
         importlib.import_module(f"{__name__}.{BUILTIN_LOSSES[name]}")
     if name not in _REGISTRY:

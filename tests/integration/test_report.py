@@ -77,3 +77,21 @@ def test_staleness_ticks_are_whole_numbers():
     assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_xticks()
     assert all(float(t).is_integer() for t in ax.get_yticks()), ax.get_yticks()
     plt.close(fig)
+
+
+def test_report_shows_evaluation_during_training(tmp_path, capsys):
+    w = MetricsWriter(tmp_path)
+    for step in (1, 2, 3, 4):
+        row = {"step": step, "reward_mean": 0.2, "samples": 8, "tokens": 100, "wait_s": 0.5, "train_s": 1.0}
+        if step in (1, 3, 4):  # rounds of versions 0, 2 and 4 land in the next rows (the last: the final weights)
+            v = {1: 0, 3: 2, 4: 4}[step]
+            row.update({"eval/step": v, "eval/pass@1": 0.1 * v, "eval/pass@4": 0.2 * v, "eval/mean@4": 0.15 * v,
+                        "eval/maj@4": 0.05 * v, "eval/prompts": 8})
+        w.write(row)
+    w.close()
+    s = summarize(tmp_path)
+    assert s["eval"]["eval/pass@1"] == {0: 0.0, 2: 0.2, 4: 0.4}
+    assert set(s["eval"]) == {"eval/pass@1", "eval/pass@4", "eval/mean@4", "eval/maj@4"}
+    assert main(["report", str(tmp_path)]) == 0
+    assert (tmp_path / "report" / "eval.png").is_file()
+    assert "eval/pass@1" in capsys.readouterr().out

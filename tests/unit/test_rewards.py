@@ -14,6 +14,7 @@ from streamrl.rewards import (
     math_reward,
     resolve_reward,
 )
+from streamrl.rewards_math import math_verify_reward
 from streamrl.tasks import CHAR_CLASSES
 
 DIGITS = {"task": "charclass", "cls": "digits", "chars": CHAR_CLASSES["digits"], "length": 16}
@@ -69,14 +70,15 @@ def test_math_reward():
 
 def test_resolve_builtins_and_module_paths():
     assert resolve_reward("charclass") is charclass_reward
-    assert resolve_reward("math") is math_reward
+    assert resolve_reward("math") is math_verify_reward
+    assert resolve_reward("math_regex") is math_reward
     assert resolve_reward("streamrl.rewards:math_reward") is math_reward
 
 
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ("nonsense", r"not a built-in reward \(charclass, env, math\); use one of those or `package.module:function`"),
+        ("nonsense", r"not a built-in reward \(charclass, env, math, math_regex, think_format\); use one of those or `package.module:function`"),
         ("no_such_module_xyz:fn", r"cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
         ("streamrl.rewards:nope", r"has no function 'nope'; define `def NAME"),
         ("streamrl.rewards:BUILTIN_REWARDS", r"has no function 'BUILTIN_REWARDS'"),

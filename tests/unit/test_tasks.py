@@ -77,7 +77,8 @@ def test_gsm8k_loader(tmp_path: Path):
     "line, match",
     [
         ('{"question": "q", "answer": "no final"', r"bad\.jsonl:2: not valid JSON"),
-        ('{"question": "q"}', r'bad\.jsonl:2: expected \{"question": str, "answer": str\}'),
+        ('{"question": "q"}', r"bad\.jsonl:2: expected a field 'answer'.*set task\.fields\.answer"),
+        ('{"answer": "#### 1"}', r"bad\.jsonl:2: expected a text field 'question'.*set task\.fields\.prompt"),
         ('["q", "a"]', r"bad\.jsonl:2: expected"),
         ('{"question": "q", "answer": "it is 5"}', r"bad\.jsonl:2: answer has no '#### <number>'"),
         ('{"question": "q", "answer": "#### five"}', r"bad\.jsonl:2: final answer 'five'.*not a number"),
@@ -96,8 +97,8 @@ def test_gsm8k_missing_or_empty_file(tmp_path: Path):
     (tmp_path / "empty.jsonl").write_text("\n")
     with pytest.raises(ConfigError, match="holds no records"):
         load_task(TaskConfig(name="gsm8k", path=str(tmp_path / "empty.jsonl")), seed=0)
-    with pytest.raises(ConfigError, match="set task.path"):
-        load_task(TaskConfig(name="gsm8k"), seed=0)
+    with pytest.raises(ValueError, match="set task.path"):  # at config time now, before anything starts
+        TaskConfig(name="gsm8k")
 
 
 def test_parse_gsm8k_answer():
