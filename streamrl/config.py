@@ -206,11 +206,14 @@ class GeneratorConfig(Section):
     stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
-    cpu_worker_in_engine: bool = True
-    """CPU build of vLLM only: run the model worker inside the EngineCore process (UniProcExecutor,
-    VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of a third process of its own. One interpreter fewer
-    to start (a restart is seconds faster: docs/performance.md) and no shared-memory message queues
-    in /dev/shm. False: vLLM's CPU default (MultiprocExecutor, OpenMP threads bound per worker)."""
+    cpu_worker_in_engine: bool = False
+    """CPU build of vLLM only: run the model worker in-process (UniProcExecutor,
+    VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of a process of its own: one interpreter fewer to
+    start (a restart is seconds faster: docs/performance.md) and no shared-memory queues in
+    /dev/shm. Off by default: in vllm-cpu 0.32 that path runs the GPU model runner, whose seeded
+    sampling calls `Generator.set_offset` after a weight switch preempts requests and kills the
+    engine ("CPU Generator does not use offset", seen in a 40-step tiny job). False: vLLM's CPU
+    default (MultiprocExecutor)."""
 
 
 REWARD_BUILTINS = ("charclass", "math", "math_regex", "think_format", "env")

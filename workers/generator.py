@@ -360,5 +360,9 @@ def _is_bad_request(exc: BaseException) -> bool:
 
 
 def _is_engine_dead(exc: BaseException) -> bool:
-    """vLLM's EngineDeadError (by name: its module moved between vLLM versions)."""
+    """vLLM's EngineDeadError (by name: its module moved between vLLM versions), also inside the
+    ExceptionGroup of a group's TaskGroup: missing it there retried dead-engine groups and left the
+    generator alive but unable to generate (seen after an EngineCore crash)."""
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_is_engine_dead(e) for e in exc.exceptions)
     return type(exc).__name__ == "EngineDeadError"

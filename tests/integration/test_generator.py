@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from streamrl.config import TinyModelConfig
+from streamrl.messages import parse_rollout_id
 from streamrl.tiny import build_tiny_model, vocab
 
 REPO = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def test_late_joiner_generates_with_newest_version(results):
     late = results["late"]
     assert [r["sample"] for r in late] == list(range(GROUP_SIZE))
     for r in late:
-        assert r["rollout_id"] == f"late:{r['sample']}" and r["worker"] == "gen-0"
+        assert parse_rollout_id(r["rollout_id"]) == ("late", r["sample"]) and r["worker"] == "gen-0"
         assert r["version"] == 2 and r["version_switches"] == []
         assert len(r["completion_ids"]) == len(r["logprobs"]) == MAX_TOKENS
         assert r["finish_reason"] == "length" and r["prompt_text"] == "abc" and isinstance(r["text"], str)
