@@ -21,7 +21,6 @@ The wire protocol an env in another language speaks is docs/protocol.md, "Enviro
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import random
 import re
@@ -29,6 +28,7 @@ import time
 from typing import Any
 
 from streamrl.errors import ConfigError
+from streamrl.imports import import_spec
 from streamrl.rewards import charclass_reward
 
 
@@ -79,13 +79,7 @@ def resolve_env(spec: str, latency_ms: tuple[float, float] = (20.0, 200.0)):
     if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec):
         raise ConfigError(f"env {spec!r} is neither a built-in env ({', '.join(BUILTIN_ENVS)}) nor "
                           "`package.module:Class`, e.g. --fn my_envs:Calculator")
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"env {spec!r}: cannot import {module_name!r} ({exc}); install it or add its folder "
-                          "to PYTHONPATH") from exc
-    cls = getattr(module, attr, None)
+    module_name, attr, cls = import_spec(spec, f"env {spec!r}", "install it or add its folder to PYTHONPATH")
     if not (inspect.isclass(cls) and callable(getattr(cls, "step", None))):
         raise ConfigError(f"env {spec!r}: {module_name!r} has no class {attr!r} with reset(item) and step(action); "
                           "subclass streamrl.envs.Env")

@@ -10,11 +10,11 @@ with the same --name share the work.
 
 from __future__ import annotations
 
-import importlib
 import os
 import sys
 
 from streamrl.errors import ConfigError
+from streamrl.imports import import_spec
 
 NAME = "reward"
 HELP = "attach an external reward producer (a Python function) to a running job"
@@ -46,12 +46,7 @@ def load_function(spec: str):
     if not sep or not module_name or not attr:
         raise ConfigError(f"--fn {spec!r} must be package.module:function, e.g. --fn my_judge:judge")
     sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to where the user runs the command
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"--fn {spec!r}: cannot import {module_name!r} ({exc}); install it or add its "
-                          "folder to PYTHONPATH") from exc
-    fn = getattr(module, attr, None)
+    module_name, attr, fn = import_spec(spec, f"--fn {spec!r}", "install it or add its folder to PYTHONPATH")
     if not callable(fn):
         raise ConfigError(f"--fn {spec!r}: {module_name!r} has no function {attr!r}; define "
                           f"`def {attr}(rollouts: list[Rollout]) -> list[float]` there")

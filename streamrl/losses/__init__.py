@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from streamrl.advantages import dynamic_sampling_keep, overlong_penalty
 from streamrl.errors import ConfigError
+from streamrl.imports import import_spec
 
 if TYPE_CHECKING:
     import torch
@@ -128,13 +129,8 @@ def load_user_loss(name: str) -> Objective:
     """Import `package.module:function` and load it as objective `name`. The function has the
     built-ins' signature, fn(cfg: LossConfig, inp: LossInputs) -> streamrl.losses.core.Terms; a
     `requires` attribute (e.g. ("prox_logprobs",)) asks for optional inputs."""
-    module_name, _, attr = name.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"loss.name={name!r}: cannot import module {module_name!r} ({exc}); install it or put "
-                          "its directory on PYTHONPATH (every trainer rank imports it)") from exc
-    fn = getattr(module, attr, None)
+    module_name, attr, fn = import_spec(name, f"loss.name={name!r}", "install it or put its directory on "
+                                        "PYTHONPATH (every trainer rank imports it)")
     if not callable(fn):
         raise ConfigError(f"loss.name={name!r}: module {module_name!r} has no function {attr!r}; define "
                           "`def NAME(cfg, inp: streamrl.losses.LossInputs) -> streamrl.losses.core.Terms` there "
