@@ -181,9 +181,19 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
              up, run_dir, timeout=120)
     joined = {}
     try:
-        for role, wid in [("generator", "gen-a"), ("reward", "rew-a"), ("generator", "gen-b")]:
+        def join(role: str, wid: str) -> None:
             joined[wid] = cli(run_dir, "worker", role, "--config", str(run_dir / "config.yaml"),
                               "--run-dir", str(run_dir), "--id", wid, log=f"{wid}.log")
+
+        # Both generators' engines up (a heartbeat is written once a worker has started) before the
+        # reward worker joins: with no reward worker no step can complete, so however slowly the second
+        # vLLM starts on a loaded machine, the job is still at step 0 when it is ready to compete.
+        join("generator", "gen-a")
+        join("generator", "gen-b")
+        wait_for("both generators started", lambda: all(heartbeat(run_dir, "generator", w) for w in ("gen-a", "gen-b")),
+                 up, run_dir)
+        assert metrics(run_dir) == []
+        join("reward", "rew-a")
         wait_for("both generators producing and the reward worker scoring", lambda: all(
             heartbeat(run_dir, role, w).get(counter, 0) > 0
             for role, w, counter in (("generator", "gen-a", "rollouts"), ("generator", "gen-b", "rollouts"),
