@@ -18,7 +18,7 @@ DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 README_MAX_LINES = 160
 
 TOP = ("streamrl", "workers", "brokers", "configs", "bench", "tests", "docs", "examples", ".ci")
-PATH = re.compile(r"(?<![\w./$~-])((?:%s)/[\w./<>{}*-]*)" % "|".join(re.escape(t) for t in TOP))
+PATH = re.compile(r"(?<![\w./$~-])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[\w./<>{}*-]*)")
 """A repository path: starts at a top-level folder (not inside another path, e.g. /dev/shm/streamrl-x)."""
 MODULE = re.compile(r"(?<![\w./-])((?:streamrl|workers|brokers|bench)(?:\.\w+)+)")
 """A dotted module reference such as `streamrl.sdk.producer` or `python -m bench.trainer_mfu`."""
@@ -31,8 +31,7 @@ def _name(doc: Path) -> str:
 
 
 def _lines(doc: Path):
-    for n, line in enumerate(doc.read_text().splitlines(), 1):
-        yield n, line
+    yield from enumerate(doc.read_text().splitlines(), 1)
 
 
 def _module_exists(dotted: str) -> bool:
@@ -52,8 +51,8 @@ def _slug(heading: str) -> str:
 
 
 def _anchors(doc: Path) -> set[str]:
-    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.S)
-    return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.+)$", text, flags=re.M)}
+    text = re.sub(r"```.*?```", "", doc.read_text(), flags=re.DOTALL)
+    return {_slug(m.group(1)) for m in re.finditer(r"^#+\s+(.+)$", text, flags=re.MULTILINE)}
 
 
 def missing_paths(doc: Path) -> list[str]:
@@ -104,7 +103,9 @@ def test_every_link_resolves(doc):
 def test_readme_is_a_short_map_that_links_every_doc():
     readme = (ROOT / "README.md").read_text()
     lines = readme.count("\n")
-    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; keep it a map (<= {README_MAX_LINES}), move detail to docs/"
+    assert lines <= README_MAX_LINES, (
+        f"README.md has {lines} lines; keep it a map (<= {README_MAX_LINES}), move detail to docs/"
+    )
     linked = {m.group(1).partition("#")[0] for m in LINK.finditer(readme)}
     unlinked = [p.name for p in DOCS[1:] if f"docs/{p.name}" not in linked]
     assert not unlinked, f"docs not linked from README.md: {unlinked}"
@@ -115,11 +116,17 @@ def test_the_checks_catch_what_they_claim_to(tmp_path):
     """The checker itself: a missing path, module, file link and anchor are each reported; templates,
     existing names and paths outside the repository are not."""
     doc = tmp_path / "probe.md"
-    doc.write_text("see `workers/no_such_file.py` and streamrl.no_such_module.fn\n"
-                   "[a](nope.md) [b](architecture.md#no-such-heading) [c](architecture.md#the-stages)\n"
-                   "fine: `streamrl/commands/<name>.py`, `streamrl/worker.py`, streamrl.sdk.producer, "
-                   "/dev/shm/streamrl-x/v1, `tests/unit/test_docs.py::test_x`.\n")
-    assert missing_paths(doc) == ["probe.md:1: workers/no_such_file.py", "probe.md:1: module streamrl.no_such_module.fn"]
+    doc.write_text(
+        "see `workers/no_such_file.py` and streamrl.no_such_module.fn\n"
+        "[a](nope.md) [b](architecture.md#no-such-heading) [c](architecture.md#the-stages)\n"
+        "fine: `streamrl/commands/<name>.py`, `streamrl/worker.py`, streamrl.sdk.producer, "
+        "/dev/shm/streamrl-x/v1, `tests/unit/test_docs.py::test_x`.\n"
+    )
+    assert missing_paths(doc) == [
+        "probe.md:1: workers/no_such_file.py",
+        "probe.md:1: module streamrl.no_such_module.fn",
+    ]
     assert broken_links(doc, base=ROOT / "docs") == [
         "probe.md:2: link to nope.md: no such file",
-        "probe.md:2: link to architecture.md#no-such-heading: no such heading"]
+        "probe.md:2: link to architecture.md#no-such-heading: no such heading",
+    ]
