@@ -12,8 +12,8 @@ every env step, generate the next turn (env.lockstep), one batch at a time (max_
 generator.max_inflight_groups = rollout.groups_per_step). Both: env.concurrency=256 (steps never
 queue), every env step takes exactly the given latency (env.latency_ms=[L, L]). On a CPU-only
 host each role runs one compute thread (OMP_NUM_THREADS=1, vLLM bound to core 0) unless those
-variables are set: on 2 cores, a multi-threaded trainer and vLLM fighting over both cores made
-training ~30x slower in the streaming job (docs/performance.md). Columns: trained tokens/s (steps after the
+variables are set: on 2 cores, a multi-threaded trainer and vLLM fighting over both cores slow the
+streaming job's training many times over (docs/performance.md). Columns: trained tokens/s (steps after the
 first), generator busy fraction (time with at least one vLLM request running / uptime), the env
 step latency the generator saw (p50), and the stream/sync ratio per latency.
 """

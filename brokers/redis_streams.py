@@ -33,8 +33,8 @@ log = structlog.get_logger("streamrl").bind(component="broker")
 # so a status query never holds the server for long (a capped value is a lower bound).
 LAG_COUNT_CAP = 10_000
 CLOSE_TIMEOUT_S = 10.0
-# KEYS: stream. ARGV: field, maxlen ('' for none), payloads... One command for a batch: a pipeline
-# of N XADDs costs the client ~14 us of CPU per entry in redis-py, this ~3 us.
+# KEYS: stream. ARGV: field, maxlen ('' for none), payloads... One command for a batch: redis-py spends
+# far more client CPU per entry on a pipeline of N XADDs (docs/performance.md, "Message path").
 _ADD_MANY = """
 local out = {}
 for i = 3, #ARGV do

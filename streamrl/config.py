@@ -49,8 +49,8 @@ class BrokerConfig(Section):
 
 
 class TinyModelConfig(Section):
-    # Defaults: the smallest shape that reliably learns the charclass task in < 60 GRPO steps
-    # (87k parameters, head dim 32 = vLLM CPU's minimum), measured with trainer.lr=5e-3.
+    # Defaults: the smallest shape (87k parameters, head dim 32 = vLLM CPU's minimum) that learns the
+    # charclass task quickly, so CPU tests stay short (docs/performance.md, "Learning on the tiny task").
     hidden_size: int = Field(64, ge=32)
     intermediate_size: int = Field(128, ge=32)
     num_layers: int = Field(2, ge=1)
@@ -526,7 +526,7 @@ class WeightsConfig(Section):
     backend: Literal["shm", "dir", "cuda_ipc", "torchstore"] = "shm"
     """`shm`: same-host shared memory (/dev/shm). `dir`: a shared directory (multi-host).
     `cuda_ipc`: trainer and generators on one GPU host share GPU copies (no bytes moved).
-    `torchstore`: the optional torchstore extra (RDMA where the hosts have it; see README)."""
+    `torchstore`: the optional torchstore extra (RDMA where the hosts have it; see docs/configuration.md)."""
     dir: str | None = None
     """Directory for the `dir` backend (default: RUN_DIR/weights)."""
     keep: int = Field(3, ge=1)

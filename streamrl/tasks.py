@@ -4,7 +4,7 @@
 
 `charclass` (synthetic, no downloads): the prompt names a character class ("digits:",
 "vowels:", "upper:", "lower:") and the reward is the fraction of the first `length`
-completion characters that belong to it. A random tiny model scores about 0.18 on average;
+completion characters that belong to it. A random tiny model scores low (docs/performance.md);
 a model that learned the task scores 1.0, and only if it writes the full length.
 
 `dataset`: records from a local jsonl/parquet file or Hugging Face `datasets`, mapped to prompts by

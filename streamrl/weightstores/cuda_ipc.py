@@ -163,8 +163,8 @@ def open_spec(spec: dict) -> PackedState:
 class CudaIpcWeightStore(WeightStore):
     transport = "cuda_ipc"
     vllm_extension = "streamrl.weightstores.cuda_ipc.VLLMIpcExtension"
-    # Exporting or decoding a handle is a few cheap calls: inline. On the H200, with the publisher in
-    # the same process as a busy generator, one publish through a thread took 3 s (likely GIL waits).
+    # Exporting or decoding a handle is a few cheap calls: inline. On a helper thread it queues for the
+    # GIL behind a busy generator's event loop in the same process (docs/performance.md, "Weight sync").
     hooks_in_thread = False
 
     def __init__(self, broker: Broker, keys: Keys, keep: int, dtype: str):

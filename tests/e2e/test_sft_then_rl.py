@@ -1,6 +1,6 @@
 """`streamrl sft` then `streamrl up` from its export, as users run them (subprocesses, tiny CPU model).
 
-RL from scratch on charclass starts at a mean reward of ~0.19 over its first 10 steps (README);
+RL from scratch on charclass starts at a mean reward of ~0.19 over its first 10 steps (docs/performance.md);
 after SFT on the offline demonstrations the first 10 RL steps must already average >= 0.7.
 """
 

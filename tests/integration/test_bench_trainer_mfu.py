@@ -1,4 +1,4 @@
-"""`streamrl bench trainer_mfu` on CPU (the README's smoke run, tiny Qwen3 shape): --out is created up
+"""`streamrl bench trainer_mfu` on CPU (docs/performance.md's smoke run, tiny Qwen3 shape): --out is created up
 front, a bad --out fails before the run, nothing is written into the working directory; the chunked vs
 full-logits and token-budget variants side by side, and the checkpoint timings (the GPU run's code path).
 
