@@ -28,7 +28,7 @@ from streamrl.config import Config
 from streamrl.metrics import MetricsWriter
 from streamrl.sft_data import SampleError, load_splits, step_indices, tokenize_row
 from workers.dist import launch
-from workers.engines import make_engine
+from workers.trainer_engines import make_engine
 from workers.sft_engine import enable_document_attention, sft_eval_loss, sft_train_step
 from workers.train_engine import broadcast_batch
 

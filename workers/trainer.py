@@ -37,7 +37,7 @@ from streamrl.weights import backend_class, make_weight_store
 from streamrl.worker import Worker, startup_failure
 from workers.assembler import Assembler
 from workers.dist import launch
-from workers.engines import make_engine
+from workers.trainer_engines import make_engine
 from workers.train_engine import TrainEngine
 
 

@@ -34,7 +34,7 @@ from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TinyMode
 from streamrl.tiny import build_tiny_model
 from tests.integration.test_train_engine import make_batch
 from workers.dist import launch
-from workers.engines import make_engine
+from workers.trainer_engines import make_engine
 from workers.train_engine import broadcast_batch, pad_batch
 
 REPO = Path(__file__).resolve().parents[2]

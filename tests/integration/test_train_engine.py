@@ -255,7 +255,7 @@ def test_prox_entropy_and_ref_inputs_reach_the_loss(tiny, batch, tmp_path):
 def _grads_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int,
                 backend: str = "hf", micro_batch_tokens: int = 0) -> None:
     """One step with an entropy bonus and a KL term; the full gradient of every weight to a file."""
-    from workers.engines import make_engine
+    from workers.trainer_engines import make_engine
 
     cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
                  loss=LossConfig(kl_beta=0.1, entropy_coef=0.01),
