@@ -21,6 +21,7 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Iterator
 
 import structlog
 import torch
@@ -72,6 +73,23 @@ class WeightHandle:
                 f"broker hash weights:latest is malformed ({exc!r}); it must hold version, transport, "
                 "handle, bytes, created_at. Delete the key to let the trainer republish."
             ) from None
+
+
+@dataclass
+class WeightStream:
+    """A trainer engine's full weights, one tensor at a time (TrainerEngine.weight_stream): what a
+    publisher that places the tensors itself (cuda_ipc packs them into one GPU buffer) is given.
+
+    Collective: every rank must run `tensors` to its end (each step may gather one parameter)."""
+
+    layout: list[tuple[str, torch.dtype, list[int]]]
+    """(Hugging Face name, dtype, shape) of each tensor, in the order `tensors` yields them; tied
+    weights appear once. Empty where `receiver` is False and the engine gathers nothing per tensor."""
+    tensors: Iterator[torch.Tensor | None]
+    """Full tensors on the receiving rank (possibly live parameters: copy them before training
+    continues), None on the others."""
+    receiver: bool
+    """True on the rank that receives the values (rank 0)."""
 
 
 def snapshot_state_dict(sd: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -4,8 +4,8 @@ the configured loss over micro-batches, one optimizer step per batch, and the fu
 Runs inside every torch.distributed rank of the trainer (see workers/dist.py):
 
     def rank_main(rank, world):
-        engine = TrainEngine(cfg, model_path, rank, world)
-        batch = broadcast_batch(batch_or_none_on_other_ranks, rank)
+        engine = TrainEngine(cfg, model_path, rank, world)    # a workers.engine_interface.TrainerEngine
+        batch = broadcast_object(batch_or_none_on_other_ranks)  # workers.dist
         metrics = engine.train_step(batch)          # identical on every rank
         state = engine.full_state_dict()            # HF names on rank 0, None elsewhere
     launch(cfg.trainer.world_size, rank_main)
@@ -34,6 +34,8 @@ from streamrl.errors import ConfigError, StreamRLError
 from streamrl.logprobs import gathered_logprobs
 from streamrl.losses import LossInputs, compute_loss, loss_requirements
 from streamrl.modeling import check_plain_head, decoder_hidden_states, pick_device
+from streamrl.weights import WeightStream
+from workers.engine_interface import TrainerEngine
 
 
 def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
@@ -184,13 +186,6 @@ def lr_factor(tc, step: int) -> float:
     return 1.0
 
 
-def broadcast_batch(batch: Batch | None, rank: int) -> Batch:
-    """Rank 0's batch on every rank (pickled over the trainer's own process group, never the wire)."""
-    box = [batch if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _load_model(model_path: str, dtype: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -240,30 +235,37 @@ def engine_device(choice: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
 
 
-class TrainEngine:
-    """One rank's FSDP2 model + AdamW; every method is collective (all ranks call it in step)."""
+class TrainEngine(TrainerEngine):
+    """One rank's FSDP2 model + AdamW; every method is collective (all ranks call it in step).
+
+    Subclasses (workers/titan_engine.py) build another model in `_build` and keep the rest."""
 
     def __init__(self, cfg: Config, model_path: str, rank: int, world_size: int):
-        from torch.distributed.device_mesh import init_device_mesh
-
         check_launch(type(self).__name__, world_size, model_path)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         # Data-parallel coordinates: every rank is one data shard here (a tensor-parallel backend
         # gives the ranks of one TP group the same shard and reduces metrics over dp_group only).
         self.dp_rank, self.dp_size, self.dp_group = rank, world_size, None
-        tc = cfg.trainer
-        self.device = engine_device(tc.device)
-        torch.manual_seed(tc.seed)
-        model, compute_dtype = _load_model(model_path, cfg.model.dtype)
+        self.device = engine_device(cfg.trainer.device)
+        torch.manual_seed(cfg.trainer.seed)
+        self._build(model_path)
+        self._init_optimizer()
+
+    def _build(self, model_path: str) -> None:
+        """Load the model onto this rank and shard it: sets model, pad_id, vocab_size."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        tc = self.cfg.trainer
+        model, compute_dtype = _load_model(model_path, self.cfg.model.dtype)
         self.pad_id = int(model.config.pad_token_id or 0)
+        self.vocab_size = getattr(model.config, "vocab_size", None)
         if tc.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
         model.train()
         self.head = check_plain_head(model) if tc.logprob_chunk_tokens else None
-        shard_model(model, init_device_mesh(self.device.type, (world_size,)), compute_dtype)
+        shard_model(model, init_device_mesh(self.device.type, (self.world_size,)), compute_dtype)
         self.model = model
-        self._init_optimizer()
 
     def _init_optimizer(self) -> None:
         """AdamW over self.model, the lr schedule, the loss's inputs; shared by every backend."""
@@ -366,3 +368,27 @@ class TrainEngine:
             value = value.detach().to("cpu").contiguous()
             out[key] = value.clone() if value.untyped_storage().data_ptr() in live else value
         return out
+
+    def weight_stream(self) -> WeightStream:
+        """One parameter all-gathered at a time (DTensor.full_tensor), so no rank ever holds a full
+        copy; HF names (transformers modules need no conversion), tied weights once."""
+        from torch.distributed.tensor import DTensor
+
+        seen, layout, tensors = set(), [], []
+        for name, t in self.model.state_dict(keep_vars=True).items():  # keep_vars: tied weights are one object
+            if id(t) in seen:
+                continue
+            seen.add(id(t))
+            layout.append((name, t.dtype, list(t.shape)))
+            tensors.append(t)
+        receiver = self.rank == 0
+
+        def values():
+            with torch.no_grad():
+                for t in tensors:
+                    full = t
+                    if isinstance(t, DTensor):  # one rank holds it all already, else gather this one
+                        full = t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
+                    yield full.detach() if receiver else None
+
+        return WeightStream(layout, values(), receiver)

@@ -33,9 +33,9 @@ from streamrl.batch import Batch
 from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TinyModelConfig, TrainerConfig
 from streamrl.tiny import build_tiny_model
 from tests.integration.test_train_engine import make_batch
-from workers.dist import launch
+from workers.dist import broadcast_object, launch
 from workers.trainer_engines import make_engine
-from workers.train_engine import broadcast_batch, pad_batch
+from workers.train_engine import pad_batch
 
 REPO = Path(__file__).resolve().parents[2]
 LP_ATOL, VLLM_ATOL = 1e-5, 1e-4
@@ -71,7 +71,7 @@ def _rank_main(model_path: str, batch: Batch, out: str, backend: str, mbs: int, 
                  trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device="cpu",
                                        backend=backend, activation_checkpointing=ac,
                                        parallelism=ParallelismConfig(tp=tp), logprob_chunk_tokens=chunk))
-    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    batch = broadcast_object(batch if rank == 0 else None)
     engine = make_engine(cfg, model_path, rank, world)
     lp0 = _shard_logprobs(engine, batch)
     initial = engine.full_state_dict()

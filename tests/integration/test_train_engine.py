@@ -25,8 +25,8 @@ from streamrl.config import Config, GeneratorConfig, LossConfig, TinyModelConfig
 from streamrl.errors import ConfigError
 from streamrl.messages import Rollout
 from streamrl.tiny import build_tiny_model
-from workers.dist import RankFailed, launch
-from workers.train_engine import TrainEngine, broadcast_batch, pad_batch
+from workers.dist import RankFailed, broadcast_object, launch
+from workers.train_engine import TrainEngine, pad_batch
 
 TEMPERATURE = 0.8
 EXTRA_STEPS = 4  # after the compared first step, world 1 keeps training to show learning
@@ -81,7 +81,7 @@ def _rank_main(model_path: str, batch: Batch, out: str, mbs: int, ac: bool, extr
     cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
                  trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device=device,
                                        activation_checkpointing=ac, grad_clip=1.0, logprob_chunk_tokens=4))
-    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    batch = broadcast_object(batch if rank == 0 else None)
     engine = TrainEngine(cfg, model_path, rank, world)
     _save_shard_logprobs(engine, batch, out_dir / f"lp0_rank{rank}.pt")
     initial = engine.full_state_dict()
@@ -262,7 +262,7 @@ def _grads_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, 
                  trainer=TrainerConfig(world_size=world, device="cpu", micro_batch_size=2, logprob_chunk_tokens=chunk,
                                        grad_clip=1e9, backend=backend, micro_batch_tokens=micro_batch_tokens))
     # (grad_clip 1e9: no clipping, the raw gradients are compared)
-    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    batch = broadcast_object(batch if rank == 0 else None)
     batch = copy.copy(batch)
     batch.ref_logprobs = [r.logprobs - 0.1 for r in batch.rollouts]
     engine = make_engine(cfg, model_path, rank, world)
