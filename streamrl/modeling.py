@@ -11,6 +11,7 @@ import inspect
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from streamrl.errors import ConfigError
 from streamrl.logprobs import gathered_logprobs
@@ -73,6 +74,23 @@ def decoder_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.
     finally:
         handle.remove()
     return captured[-1]
+
+
+def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str = "weight") -> Tensor:
+    """module.<name> as the full tensor FSDP2 gathered for this forward, so its gradient reaches FSDP's
+    reduce-scatter; a tensor-parallel shard is then all-gathered, differentiably.
+
+    `owner` is the FSDP module whose parameter group holds the weight: unshard() is a no-op right
+    after its forward (FSDP keeps the root's and the last group's parameters gathered for the
+    backward) and gathers them if a reshard policy freed them. Read the attribute only after it:
+    FSDP swaps the registered parameter between the sharded and the gathered one."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(owner, FSDPModule):
+        owner.unshard()
+    weight = getattr(module, name)
+    return weight.full_tensor() if isinstance(weight, DTensor) else weight
 
 
 @torch.no_grad()

@@ -25,11 +25,12 @@ from torch.distributed.tensor import DTensor
 
 from streamrl.config import Config
 from streamrl.errors import ConfigError
-from streamrl.logprobs import gathered_logprobs
+from streamrl.logprobs import gathered_logprobs, token_logprobs
+from streamrl.modeling import unsharded_weight
 from streamrl.weights import WeightStream
 from workers.engine_interface import TrainerEngine
 from workers.titan_models import TitanSpec, read_hf_config, titan_spec
-from workers.train_engine import TrainEngine, token_logprobs, unsharded_weight
+from workers.train_engine import TrainEngine
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 """Name parts that activation checkpointing / compile wrappers insert; the adapter expects none."""

@@ -31,9 +31,9 @@ from torch import Tensor
 from streamrl.batch import Batch
 from streamrl.config import Config
 from streamrl.errors import ConfigError, StreamRLError
-from streamrl.logprobs import gathered_logprobs
+from streamrl.logprobs import gathered_logprobs, token_logprobs
 from streamrl.losses import LossInputs, compute_loss, loss_requirements
-from streamrl.modeling import check_plain_head, decoder_hidden_states, pick_device
+from streamrl.modeling import check_plain_head, decoder_hidden_states, pick_device, unsharded_weight
 from streamrl.weights import WeightStream
 from workers.engine_interface import TrainerEngine
 
@@ -102,39 +102,6 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
     if ref is not None:
         out["ref_logprobs"] = ref
     return out
-
-
-def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperature: float,
-                   with_entropy: bool | str) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of each target under softmax(logits / temperature) at `positions`, and the entropy
-    (with_entropy=True: differentiable, for an entropy bonus; "metric": detached, for logging only)."""
-    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    logp_all = torch.log_softmax(picked.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy == "metric":
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    elif with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
-
-
-def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str = "weight") -> Tensor:
-    """module.<name> as the full tensor FSDP2 gathered for this forward, so its gradient reaches FSDP's
-    reduce-scatter; a tensor-parallel shard is then all-gathered, differentiably.
-
-    `owner` is the FSDP module whose parameter group holds the weight: unshard() is a no-op right
-    after its forward (FSDP keeps the root's and the last group's parameters gathered for the
-    backward) and gathers them if a reshard policy freed them. Read the attribute only after it:
-    FSDP swaps the registered parameter between the sharded and the gathered one."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(owner, FSDPModule):
-        owner.unshard()
-    weight = getattr(module, name)
-    return weight.full_tensor() if isinstance(weight, DTensor) else weight
 
 
 def num_micro_batches(batch_size: int, world: int, micro_batch_size: int) -> int:
