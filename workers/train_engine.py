@@ -31,9 +31,8 @@ from torch import Tensor
 from streamrl.batch import Batch
 from streamrl.config import Config
 from streamrl.errors import ConfigError, StreamRLError
-from streamrl.logprobs import gathered_logprobs, token_logprobs
 from streamrl.losses import LossInputs, compute_loss, loss_requirements
-from streamrl.modeling import check_plain_head, decoder_hidden_states, pick_device, unsharded_weight
+from streamrl.modeling import causal_lm_logprobs, check_plain_head, pack_completions, pick_device
 from streamrl.weights import WeightStream
 from workers.engine_interface import TrainerEngine
 
@@ -66,23 +65,13 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
                 f"rollout {r.rollout_id} has an empty prompt, so its first completion token has no "
                 "predicting position; prompts must hold at least one token (e.g. BOS)"
             )
-    B = len(rows)
-    L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    T = max(1, max(len(r.completion_ids) for r in rows))
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, L), dtype=torch.long)
-    positions = torch.zeros((B, T), dtype=torch.long)
-    targets = torch.full((B, T), pad_id, dtype=torch.long)
+    out = pack_completions([r.prompt_ids for r in rows], [r.completion_ids for r in rows], pad_id)
+    B, T = out["positions"].shape
     mask = torch.zeros((B, T), dtype=torch.float32)
     old = torch.zeros((B, T), dtype=torch.float32)
     ref = torch.zeros((B, T), dtype=torch.float32) if batch.ref_logprobs is not None else None
     for i, r in enumerate(rows):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        seq = np.concatenate([r.prompt_ids, r.completion_ids]).astype(np.int64)
-        input_ids[i, : p + c] = torch.from_numpy(seq)
-        attention_mask[i, : p + c] = 1
-        positions[i, :c] = torch.arange(p - 1, p + c - 1)
-        targets[i, :c] = torch.from_numpy(np.asarray(r.completion_ids, dtype=np.int64))
+        c = len(r.completion_ids)
         weight = 1.0 if batch.loss_mask is None else float(batch.loss_mask[i])
         # Observation tokens of a multi-turn episode (obs_spans) are context, never trained on.
         mask[i, :c] = torch.from_numpy(r.token_mask() * weight) if r.obs_spans else weight
@@ -95,10 +84,8 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
                     "tokens; the reference worker must annotate every completion token"
                 )
             ref[i, :c] = torch.from_numpy(ref_row)
-    out = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions,
-           "targets": targets, "mask": mask, "old_logprobs": old,
-           "advantages": torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)),
-           "lengths": torch.as_tensor([len(r.completion_ids) for r in rows], dtype=torch.long)}
+    out.update(mask=mask, old_logprobs=old,
+               advantages=torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)))
     if ref is not None:
         out["ref_logprobs"] = ref
     return out
@@ -230,7 +217,8 @@ class TrainEngine(TrainerEngine):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
         model.train()
-        self.head = check_plain_head(model) if tc.logprob_chunk_tokens else None
+        if tc.logprob_chunk_tokens:
+            check_plain_head(model)  # a model chunking cannot serve fails here, not at the first step
         shard_model(model, init_device_mesh(self.device.type, (self.world_size,)), compute_dtype)
         self.model = model
 
@@ -245,19 +233,11 @@ class TrainEngine(TrainerEngine):
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
 
-        With trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from
-        the decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
-        chunk = self.cfg.trainer.logprob_chunk_tokens
-        if not chunk:
-            logits = self.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
-                                use_cache=False).logits
-            return token_logprobs(logits, padded["positions"], padded["targets"],
-                                  self.cfg.generator.temperature, with_entropy)
-        hidden = decoder_hidden_states(self.model, padded["input_ids"], padded["attention_mask"])
-        weight = unsharded_weight(self.model, self.head)
-        bias = None if self.head.bias is None else unsharded_weight(self.model, self.head, "bias")
-        return gathered_logprobs(hidden, weight, bias, padded["positions"], padded["targets"],
-                                 padded["lengths"], self.cfg.generator.temperature, chunk, with_entropy)
+        The reference worker's function (streamrl.modeling.causal_lm_logprobs): with
+        trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from the
+        decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
+        return causal_lm_logprobs(self.model, padded, self.cfg.generator.temperature,
+                                  self.cfg.trainer.logprob_chunk_tokens, with_entropy)
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}

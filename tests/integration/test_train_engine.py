@@ -378,3 +378,27 @@ def test_reference_worker_logprobs_match_the_plain_forward(hf_model, batch):
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
     assert got[-1].shape == (0,)
+
+
+def _engine_logprobs_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int) -> None:
+    torch.set_num_threads(1)
+    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
+                 trainer=TrainerConfig(world_size=world, device="cpu", logprob_chunk_tokens=chunk))
+    _save_shard_logprobs(TrainEngine(cfg, model_path, rank, world), batch, Path(out) / f"lp_rank{rank}.pt")
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_reference_worker_and_trainer_logprobs_are_identical(tiny, hf_model, batch, tmp_path, chunk):
+    """The two sides of the KL term come from one function (streamrl.modeling.causal_lm_logprobs) with
+    the trainer's logprob_chunk_tokens: the reference worker's log-probs of the same model and tokens
+    are bit for bit the trainer engine's, with full logits (0) and chunked (4)."""
+    from workers.reference import ReferenceWorker
+
+    launch(1, functools.partial(_engine_logprobs_main, str(tiny), batch, str(tmp_path), chunk))
+    trainer = _gather_lp(tmp_path, 1, "lp")
+    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE), trainer=TrainerConfig(logprob_chunk_tokens=chunk))
+    worker = ReferenceWorker(cfg, None, "reference-test")
+    worker.model = hf_model
+    reference = worker._logprobs(batch.rollouts)
+    for t, r in zip(trainer, reference, strict=True):
+        np.testing.assert_array_equal(t, r)
