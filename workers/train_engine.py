@@ -33,7 +33,7 @@ from streamrl.config import Config
 from streamrl.errors import ConfigError, StreamRLError
 from streamrl.losses import LossInputs, compute_loss, loss_requirements
 from streamrl.modeling import causal_lm_logprobs, check_plain_head, pack_completions, pick_device
-from streamrl.weights import WeightStream
+from streamrl.weights import WeightStream, module_weight_stream
 from workers.engine_interface import TrainerEngine
 
 
@@ -317,25 +317,5 @@ class TrainEngine(TrainerEngine):
         return out
 
     def weight_stream(self) -> WeightStream:
-        """One parameter all-gathered at a time (DTensor.full_tensor), so no rank ever holds a full
-        copy; HF names (transformers modules need no conversion), tied weights once."""
-        from torch.distributed.tensor import DTensor
-
-        seen, layout, tensors = set(), [], []
-        for name, t in self.model.state_dict(keep_vars=True).items():  # keep_vars: tied weights are one object
-            if id(t) in seen:
-                continue
-            seen.add(id(t))
-            layout.append((name, t.dtype, list(t.shape)))
-            tensors.append(t)
-        receiver = self.rank == 0
-
-        def values():
-            with torch.no_grad():
-                for t in tensors:
-                    full = t
-                    if isinstance(t, DTensor):  # one rank holds it all already, else gather this one
-                        full = t.to_local() if t.device_mesh.size() == 1 else t.full_tensor()
-                    yield full.detach() if receiver else None
-
-        return WeightStream(layout, values(), receiver)
+        """One parameter all-gathered at a time; transformers modules already carry HF names."""
+        return module_weight_stream(self.model, receiver=self.rank == 0)

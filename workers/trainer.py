@@ -33,7 +33,7 @@ from streamrl.messages import Control, encode
 from streamrl.metrics import MetricsWriter
 from streamrl.staleness import staleness_histogram
 from streamrl.trimming import trim_streams
-from streamrl.weights import backend_class, make_weight_store
+from streamrl.weights import make_publisher, publisher_class
 from streamrl.worker import Worker, startup_failure
 from workers.assembler import Assembler
 from workers.dist import broadcast_object, launch
@@ -73,7 +73,7 @@ class TrainerWorker(Worker):
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()
         self.assembler.vocab_size = self.engine.vocab_size
-        self.store = make_weight_store(self.cfg, self.broker, self.run_dir)
+        self.publisher = make_publisher(self.cfg, self.broker, self.run_dir)
         self.version = int(self.resumed["version"]) if self.resumed else 0
         await self._resume()
         self.t_start = time.time()
@@ -93,7 +93,7 @@ class TrainerWorker(Worker):
         truncate_metrics(self.run_dir, self.version)  # replayed steps write their rows again
         if self.version > 0:  # the weights of this version may be gone (shm is cleared on exit)
             result = await self._call(self.ranks, StepOrder(self.version, snapshot=True))
-            await self.store.publish(self.version, result.state)
+            await self.publisher.publish(self.version, result.state)
         if self.resumed or self.replay:
             self.log.info("resumed", policy_version=self.version, replay_steps=sorted(self.replay),
                           closed_groups=len(closed), broker_version=current)
@@ -190,7 +190,7 @@ class TrainerWorker(Worker):
         meta_s = time.perf_counter() - t_meta
         if self.publishing is not None:
             await self.publishing  # one publish in flight at a time
-        self.publishing = asyncio.create_task(self.store.publish(self.version, result.state))
+        self.publishing = asyncio.create_task(self.publisher.publish(self.version, result.state))
         if self.version > self.broker_version:  # replayed steps are already announced
             self.broker_version = self.version
             await self.broker.set(self.keys.trainer_version, self.version)
@@ -306,7 +306,8 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
         raise startup_failure("trainer", exc) from exc
     resumed = _load_newest(engine, run_dir, rank)
     tc = cfg.trainer
-    ranks = RankStep(engine, backend_class(cfg.weights.backend).gather,
+    snapshot = partial(publisher_class(cfg.weights.backend).snapshot, dtype=cfg.model.dtype)
+    ranks = RankStep(engine, snapshot,
                      Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async))
     if rank == 0:
         serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed), broker_url)

@@ -16,7 +16,7 @@ import torch
 from streamrl.checkpoint import Checkpointer, list_checkpoints
 from streamrl.config import Config, TinyModelConfig, TrainerConfig
 from streamrl.tiny import build_tiny_model
-from streamrl.weights import backend_class
+from streamrl.weights import publisher_class
 from tests.integration.test_train_engine import make_batch
 from workers.dist import launch
 from workers.rank_step import RankStep, StepOrder, follow
@@ -27,7 +27,8 @@ def _rank_main(model_path: str, run_dir: str, out: str, rank: int, world: int) -
     torch.set_num_threads(1)
     cfg = Config(trainer=TrainerConfig(world_size=world, device="cpu", micro_batch_size=2, lr=1e-2))
     engine = TrainEngine(cfg, model_path, rank, world)
-    step = RankStep(engine, backend_class("shm").gather, Checkpointer(Path(run_dir), keep=2))
+    snapshot = functools.partial(publisher_class("shm").snapshot, dtype="float32")
+    step = RankStep(engine, snapshot, Checkpointer(Path(run_dir), keep=2))
     if rank != 0:
         follow(step)  # returns only once rank 0 sends the stop order
         Path(out, "follower.json").write_text(json.dumps({"steps_done": engine.steps_done}))

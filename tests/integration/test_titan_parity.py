@@ -207,16 +207,16 @@ def test_chunked_titan_step_has_the_full_logits_gradient(tiny, batch, tmp_path, 
 @pytest.mark.anyio
 async def test_vllm_gives_the_engine_logprobs_before_and_after_a_store_round_trip(runs, batch, tiny, config,
                                                                                 broker, tmp_path):
-    from streamrl.weights import make_weight_store
+    from streamrl.weights import make_loader, make_publisher
     from streamrl.weightstores.shm import shm_root
 
-    store = make_weight_store(config, broker, tmp_path)
+    store, loader = make_publisher(config, broker, tmp_path), make_loader(config, broker, tmp_path)
     try:
         await store.publish(1, _read(runs["titan2"], "final.safetensors"))
-        local = await store.fetch(await store.latest())
+        local = await loader.fetch(await loader.latest())
         got = _run_probe(tiny, local, batch, tmp_path)
     finally:
-        await store.close()
+        await loader.close()
         shutil.rmtree(shm_root(config.run.name, tmp_path), ignore_errors=True)
     for tag, key in (("lp0", "before"), ("lp1", "after")):
         for engine_lp, vllm_lp in zip(_lp(runs["titan2"], tag), got[key], strict=True):
