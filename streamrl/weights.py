@@ -28,7 +28,8 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Protocol
+from collections.abc import Iterator
+from typing import Protocol
 
 import structlog
 import torch

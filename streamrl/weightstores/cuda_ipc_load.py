@@ -23,8 +23,10 @@ class CudaIpcLoader(WeightLoader):
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "CudaIpcLoader":
         if not torch.cuda.is_available():
-            raise ConfigError("weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
-                              "on CPU set weights.backend=shm")
+            raise ConfigError(
+                "weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
+                "on CPU set weights.backend=shm"
+            )
         return cls(broker, Keys(cfg.run.name))
 
     def _fetch(self, handle: WeightHandle) -> str:

@@ -16,6 +16,7 @@ from streamrl.weightstores.cuda_ipc import PackedState, buffer_layout, encode_sp
 
 def pack_state_dict(sd: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype | None = None) -> PackedState:
     """Copy a state dict into one flat buffer on `device` (floating tensors cast to `dtype` if given)."""
+
     def target(t):
         return dtype if dtype is not None and t.is_floating_point() else t.dtype
 
@@ -35,7 +36,9 @@ def pack_stream(stream: WeightStream, device: torch.device, dtype: torch.dtype) 
         for _ in stream.tensors:  # every rank runs the stream: each step may be a collective
             pass
         return None
-    entries, size = buffer_layout([(name, dtype if dt.is_floating_point else dt, shape) for name, dt, shape in stream.layout])
+    entries, size = buffer_layout(
+        [(name, dtype if dt.is_floating_point else dt, shape) for name, dt, shape in stream.layout]
+    )
     packed = PackedState(torch.empty(size, dtype=torch.uint8, device=device), entries)
     with torch.no_grad():
         for (_, view), t in zip(packed.tensors(), stream.tensors, strict=True):
@@ -58,19 +61,25 @@ class CudaIpcPublisher(WeightPublisher):
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "CudaIpcPublisher":
         if not torch.cuda.is_available():
-            raise ConfigError("weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
-                              "on CPU set weights.backend=shm")
+            raise ConfigError(
+                "weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
+                "on CPU set weights.backend=shm"
+            )
         return cls(broker, Keys(cfg.run.name), cfg.weights.keep, cfg.model.dtype)
 
     @classmethod
     def snapshot(cls, source: WeightSource, dtype: str) -> PackedState | None:
         """The engine's weight stream packed on this rank's GPU (workers.dist set it), in model.dtype."""
-        return pack_stream(source.weight_stream(), torch.device("cuda", torch.cuda.current_device()),
-                           getattr(torch, dtype))
+        return pack_stream(
+            source.weight_stream(), torch.device("cuda", torch.cuda.current_device()), getattr(torch, dtype)
+        )
 
     def _write(self, version: int, state) -> tuple[str, int]:
-        packed = state if isinstance(state, PackedState) else pack_state_dict(
-            state, torch.device("cuda", torch.cuda.current_device()), self.dtype)
+        packed = (
+            state
+            if isinstance(state, PackedState)
+            else pack_state_dict(state, torch.device("cuda", torch.cuda.current_device()), self.dtype)
+        )
         spec = encode_spec(packed)
         self._held[version] = packed
         return spec, packed.buffer.numel()

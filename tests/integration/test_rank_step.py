@@ -39,9 +39,17 @@ def _rank_main(model_path: str, run_dir: str, out: str, rank: int, world: int) -
     again = step(StepOrder(1, snapshot=True))
     trained.pending.meta = {"note": "filled in by rank 0 after the step"}
     step.stop()
-    torch.save({"before": before, "after": trained.state, "again": again.state, "metrics": trained.metrics,
-                "train_s": trained.train_end - trained.train_start, "steps_done": engine.steps_done},
-               Path(out, "rank0.pt"))
+    torch.save(
+        {
+            "before": before,
+            "after": trained.state,
+            "again": again.state,
+            "metrics": trained.metrics,
+            "train_s": trained.train_end - trained.train_start,
+            "steps_done": engine.steps_done,
+        },
+        Path(out, "rank0.pt"),
+    )
 
 
 @pytest.fixture(scope="module")
