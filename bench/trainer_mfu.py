@@ -1,7 +1,7 @@
 """Trainer-step throughput and MFU, hf vs torchtitan backend, on a Qwen3-shaped model with random weights.
 
 Each variant (a backend, optionally with compile / activation checkpointing) runs in its own
-process: the real engine (workers.engines.make_engine) on one rank takes `--warmup` + `--steps`
+process: the real engine (workers.trainer_engines.make_engine) on one rank takes `--warmup` + `--steps`
 full train steps on the same GRPO batch (rows of prompt + completion tokens, no padding), timed
 with the device synchronized. tokens/s counts every token the step processes (prompt and
 completion); MFU = tokens/s * FLOPs per token / the GPU's peak dense bf16 FLOP/s, with FLOPs per
@@ -134,7 +134,7 @@ def time_checkpoints(engine, ckpt_dir: Path) -> dict:
 def _rank_main(cfg, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None, rank: int, world: int) -> None:
     import torch
 
-    from workers.engines import make_engine
+    from workers.trainer_engines import make_engine
 
     t0 = time.perf_counter()
     engine = make_engine(cfg, cfg.model.path, rank, world)

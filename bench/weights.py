@@ -6,7 +6,7 @@ real GeneratorWorker; vLLM's EngineCore is its child process). Throughput rounds
 vLLM (requests straight into AsyncLLM) and streamrl (prompts through Redis, rollouts back) on the
 one started engine. Then the trainer side changes its weights and publishes `--publishes` times
 while the generator is busy: stall = time of the snapshot call the training loop makes
-(`store.gather`), ready = publish start -> the generator generating with the new version.
+(`WeightPublisher.snapshot`), ready = publish start -> the generator generating with the new version.
 
     streamrl bench weights --out /tmp/w                                   # CPU: tiny Qwen3, shm
     streamrl bench weights --shape qwen3-1.7b --dtype bfloat16 --out /tmp/w   # GPU: cuda_ipc
@@ -15,6 +15,7 @@ while the generator is busy: stall = time of the snapshot call the training loop
 from __future__ import annotations
 
 import asyncio
+import functools
 import statistics
 import tempfile
 import time
@@ -114,7 +115,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
 
     from brokers.redis_streams import connect
     from streamrl.shapes import build_random_model
-    from streamrl.weights import backend_class, make_weight_store
+    from streamrl.weights import make_publisher, publisher_class
     from workers.generator import GeneratorWorker
 
     gpu = torch.cuda.is_available()
@@ -139,8 +140,8 @@ async def _bench(args, url: str, tmp: Path) -> dict:
                        "plain_s": ps, "streamrl_s": ss, "plain_first_done_s": pfirst, "streamrl_first_done_s": sfirst})
 
     engine = _train_engine(cfg, model)
-    writer = make_weight_store(cfg, broker, tmp / "run")
-    gather = backend_class(backend).gather
+    writer = make_publisher(cfg, broker, tmp / "run")
+    gather = functools.partial(publisher_class(backend).snapshot, dtype=dtype)
     t0 = time.perf_counter()
     gather(engine)  # the trainer's first snapshot also allocates its buffers
     first_stall = time.perf_counter() - t0

@@ -436,7 +436,8 @@ class TrainerConfig(Section):
     logprob_chunk_tokens: int = Field(2048, ge=0)
     """Tokens whose logits are formed at once when recomputing log-probs (streamrl/logprobs.py): the
     [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the
-    model's full logits (more activation memory, no recomputation)."""
+    model's full logits (more activation memory, no recomputation). The reference worker computes its
+    log-probs with the same setting, so both sides of the KL term come from one computation."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["hf", "torchtitan"] = "hf"
     """Model definitions: `hf` = transformers AutoModelForCausalLM + FSDP2; `torchtitan` = torchtitan's

@@ -114,3 +114,19 @@ def gathered_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, posit
     logp, ent = chunked_logprobs(h, weight, bias, targets[rows, cols], temperature, chunk_tokens, with_entropy)
     zeros = logp.new_zeros((B, T))
     return zeros.index_put((rows, cols), logp), (None if ent is None else zeros.index_put((rows, cols), ent))
+
+
+def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperature: float,
+                   with_entropy: bool | str) -> tuple[Tensor, Tensor | None]:
+    """Log-prob of each target under softmax(logits / temperature) at `positions`, and the entropy
+    (with_entropy=True: differentiable, for an entropy bonus; "metric": detached, for logging only)."""
+    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
+    logp_all = torch.log_softmax(picked.float() / temperature, dim=-1)
+    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    entropy = None
+    if with_entropy == "metric":
+        with torch.no_grad():
+            entropy = -(logp_all.exp() * logp_all).sum(-1)
+    elif with_entropy:
+        entropy = -(logp_all.exp() * logp_all).sum(-1)
+    return logp, entropy

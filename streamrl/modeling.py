@@ -2,7 +2,11 @@
 
     model = load_hf_model(path, dtype="float32", device="cpu")
     lps = completion_logprobs(model, prompts, completions, temperature=1.0)  # list of float32 arrays
+    logp, ent = causal_lm_logprobs(model, pack_completions(prompts, completions), 1.0, chunk_tokens=2048)
     hidden = decoder_hidden_states(model, input_ids, attention_mask)     # [B, L, D], LM head skipped
+
+`causal_lm_logprobs` is the one log-prob function of both sides of the KL term: the reference
+worker's (frozen model, through completion_logprobs) and the hf trainer backend's (FSDP2, graph kept).
 """
 
 from __future__ import annotations
@@ -11,9 +15,10 @@ import inspect
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from streamrl.errors import ConfigError
-from streamrl.logprobs import gathered_logprobs
+from streamrl.logprobs import gathered_logprobs, token_logprobs
 
 LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_soft_cap", "logits_scaling", "logit_scale",
                     "lm_head_multiplier", "unpadded_vocab_size")
@@ -34,18 +39,30 @@ def load_hf_model(path: str, dtype: str = "float32", device: str | torch.device 
     return model.to(device)
 
 
-def pack_sequences(prompts: list, completions: list, pad_id: int = 0):
-    """Right-padded [B, L] input ids, attention mask, and for each row the slice of positions whose
-    logits predict the completion tokens (position len(prompt)+t-1 predicts completion token t)."""
-    lengths = [len(p) + len(c) for p, c in zip(prompts, completions)]
-    L = max(lengths)
-    ids = torch.full((len(prompts), L), pad_id, dtype=torch.long)
-    attn = torch.zeros((len(prompts), L), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        seq = torch.as_tensor(np.concatenate([np.asarray(p), np.asarray(c)]).astype(np.int64))
-        ids[i, : len(seq)] = seq
-        attn[i, : len(seq)] = 1
-    return ids, attn
+def pack_completions(prompts: list, completions: list, pad_id: int = 0) -> dict[str, Tensor]:
+    """Right-padded CPU tensors of B prompt+completion rows, what causal_lm_logprobs reads.
+
+    input_ids, attention_mask [B, L], L = longest prompt+completion; positions [B, T]: the index of
+    the logit that predicts completion token t, len(prompt)+t-1 (0 on padding: any valid index);
+    targets [B, T]: the completion ids (pad_id on padding); lengths [B]: completion tokens per row;
+    T = longest completion (at least 1)."""
+    B = len(prompts)
+    L = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    T = max(1, max(len(c) for c in completions))
+    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((B, L), dtype=torch.long)
+    positions = torch.zeros((B, T), dtype=torch.long)
+    targets = torch.full((B, T), pad_id, dtype=torch.long)
+    for i, (prompt, completion) in enumerate(zip(prompts, completions)):
+        p, c = len(prompt), len(completion)
+        seq = np.concatenate([np.asarray(prompt), np.asarray(completion)]).astype(np.int64)
+        input_ids[i, : p + c] = torch.from_numpy(seq)
+        attention_mask[i, : p + c] = 1
+        positions[i, :c] = torch.arange(p - 1, p + c - 1)
+        targets[i, :c] = torch.from_numpy(seq[p:])
+    lengths = torch.as_tensor([len(c) for c in completions], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions,
+            "targets": targets, "lengths": lengths}
 
 
 def check_plain_head(model) -> torch.nn.Module:
@@ -75,22 +92,50 @@ def decoder_hidden_states(model, input_ids: torch.Tensor, attention_mask: torch.
     return captured[-1]
 
 
+def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str = "weight") -> Tensor:
+    """module.<name> as the full tensor FSDP2 gathered for this forward, so its gradient reaches FSDP's
+    reduce-scatter; a tensor-parallel shard is then all-gathered, differentiably.
+
+    `owner` is the FSDP module whose parameter group holds the weight: unshard() is a no-op right
+    after its forward (FSDP keeps the root's and the last group's parameters gathered for the
+    backward) and gathers them if a reshard policy freed them. Read the attribute only after it:
+    FSDP swaps the registered parameter between the sharded and the gathered one."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(owner, FSDPModule):
+        owner.unshard()
+    weight = getattr(module, name)
+    return weight.full_tensor() if isinstance(weight, DTensor) else weight
+
+
+def causal_lm_logprobs(model, inputs: dict[str, Tensor], temperature: float, chunk_tokens: int,
+                       with_entropy: bool | str = False) -> tuple[Tensor, Tensor | None]:
+    """[B, T] log-probs of inputs["targets"] under softmax(logits / temperature) of a transformers
+    causal LM (inputs as pack_completions makes them, on the model's device), and the entropy
+    (with_entropy=True: differentiable; "metric": detached; False: None). Gradients flow unless
+    the caller disables them.
+
+    chunk_tokens > 0: the logits are formed that many tokens at a time from the decoder's hidden
+    states (streamrl.logprobs), never all at once; 0: the model's full logits. Under FSDP2 the LM
+    head's weight is the gathered one (unsharded_weight), so its gradient reaches FSDP."""
+    if not chunk_tokens:
+        logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
+        return token_logprobs(logits, inputs["positions"], inputs["targets"], temperature, with_entropy)
+    head = check_plain_head(model)
+    hidden = decoder_hidden_states(model, inputs["input_ids"], inputs["attention_mask"])
+    weight = unsharded_weight(model, head)
+    bias = None if head.bias is None else unsharded_weight(model, head, "bias")
+    return gathered_logprobs(hidden, weight, bias, inputs["positions"], inputs["targets"], inputs["lengths"],
+                             temperature, chunk_tokens, with_entropy)
+
+
 @torch.no_grad()
 def completion_logprobs(model, prompts: list, completions: list, temperature: float = 1.0,
                         pad_id: int = 0, chunk_tokens: int = 2048) -> list[np.ndarray]:
-    """Log-prob of each completion token under `model` (logits / temperature), one array per row;
-    the logits are formed chunk_tokens tokens at a time (streamrl.logprobs)."""
+    """Log-prob of each completion token under `model` (logits / temperature), one array per row,
+    by causal_lm_logprobs: the trainer's function (give it the trainer's chunk_tokens)."""
     device = next(model.parameters()).device
-    head = check_plain_head(model)
-    ids, attn = pack_sequences(prompts, completions, pad_id)
-    B, T = len(prompts), max(1, max(len(c) for c in completions))
-    positions = torch.zeros((B, T), dtype=torch.long)
-    targets = torch.zeros((B, T), dtype=torch.long)
-    for i, (p, c) in enumerate(zip(prompts, completions)):
-        positions[i, : len(c)] = torch.arange(len(p) - 1, len(p) + len(c) - 1)
-        targets[i, : len(c)] = ids[i, len(p): len(p) + len(c)]
-    lengths = torch.as_tensor([len(c) for c in completions])
-    hidden = decoder_hidden_states(model, ids.to(device), attn.to(device))
-    logp, _ = gathered_logprobs(hidden, head.weight, head.bias, positions.to(device), targets.to(device),
-                                lengths.to(device), temperature, chunk_tokens)
+    inputs = {k: v.to(device) for k, v in pack_completions(prompts, completions, pad_id).items()}
+    logp, _ = causal_lm_logprobs(model, inputs, temperature, chunk_tokens)
     return [logp[i, : len(c)].cpu().numpy().astype(np.float32) for i, c in enumerate(completions)]

@@ -49,6 +49,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def broadcast_object(obj):
+    """Rank 0's `obj` on every rank (pickled over the trainer's own process group, never the wire).
+    The one collective of the trainer's rank step: its shape (one object) is known on every rank."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return obj
+    box = [obj if dist.get_rank() == 0 else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 def _init_group(rank: int, world: int, backend: str | None, init_method: str) -> None:
     if torch.cuda.is_available():
         # One GPU per local rank; NCCL collectives run on the current device.

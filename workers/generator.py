@@ -25,7 +25,7 @@ from streamrl.broker import Broker, Entry
 from streamrl.config import Config
 from streamrl.errors import ConfigError
 from streamrl.messages import Prompt, Rollout, encode, new_rollout_id
-from streamrl.weights import WeightHandle, WeightStore, WeightStoreError, make_weight_store
+from streamrl.weights import WeightHandle, WeightLoader, WeightStoreError, make_loader
 from streamrl.worker import Worker
 from workers.episodes import EpisodeRunner
 from workers.vllm_engine import VLLMEngine
@@ -69,13 +69,14 @@ class GeneratorWorker(Worker):
     role = "generator"
 
     def __init__(self, cfg: Config, broker: Broker, worker_id: str, run_dir: Path | None = None,
-                 store: WeightStore | None = None):
+                 loader: WeightLoader | None = None):
         super().__init__(cfg, broker, worker_id, run_dir)
         if not cfg.model.path:
             raise ConfigError("the generator needs model.path; the supervisor sets it (or pass --set model.path=DIR)")
-        self.store = store or make_weight_store(cfg, broker, self.run_dir)
+        self.loader = loader or make_loader(cfg, broker, self.run_dir)
+        """The weight store's generator side: newest version, fetch, vLLM's reload call."""
         self.engine = VLLMEngine(cfg.model.path, cfg.generator, cfg.model.dtype, cfg.run.seed,
-                                 extension=self.store.vllm_extension)
+                                 extension=self.loader.vllm_extension)
         self.version = 0
         """Weights version the engine generates with right now (0: the initial model)."""
         self._groups: dict[str, asyncio.Task] = {}
@@ -107,9 +108,9 @@ class GeneratorWorker(Worker):
         if self.episodes is not None:
             await self.episodes.start()
         # A late joiner loads the newest version before its first request.
-        newest = await self.store.latest()
+        newest = await self.loader.latest()
         if newest is not None and newest.version > self.version:
-            await self._switch(newest, await self.store.fetch(newest), joining=True)
+            await self._switch(newest, await self.loader.fetch(newest), joining=True)
         self.stats["policy_version"] = self.version
         self._watcher = asyncio.create_task(self._watch_weights())
 
@@ -153,7 +154,7 @@ class GeneratorWorker(Worker):
             await _settle({self._watcher}, self.log, "weights_watcher")
         self._update_busy()
         self.engine.shutdown()
-        await self.store.close()
+        await self.loader.close()
 
     # -- one prompt group ------------------------------------------------------------------
     def _launch(self, entry: Entry, prompt: Prompt, attempt: int) -> None:
@@ -263,9 +264,9 @@ class GeneratorWorker(Worker):
         poll = self.cfg.generator.weights_poll_s
         while True:
             try:
-                newest = await self.store.latest()
+                newest = await self.loader.latest()
                 if newest is not None and newest.version > self.version:
-                    path = await self.store.fetch(newest)  # prefetch: generation keeps running
+                    path = await self.loader.fetch(newest)  # prefetch: generation keeps running
                     if not await self._switch_within(newest, path, self.cfg.generator.switch_timeout_s):
                         return
             except WeightStoreError as exc:
@@ -302,7 +303,7 @@ class GeneratorWorker(Worker):
             # Inside the try: a pause that fails half-way (the engine already paused) is resumed.
             await self.engine.pause()
             await self._drain_deliveries()
-            await self.engine.reload(*self.store.reload_call(path))
+            await self.engine.reload(*self.loader.reload_call(path))
             self.version = handle.version
         finally:
             await self.engine.resume()

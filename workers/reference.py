@@ -2,7 +2,9 @@
 
     streamrl worker reference --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
-Started only when loss.kl_beta > 0. The model runs on reference.device (`auto`: trainer.device;
+Started only when loss.kl_beta > 0. The log-probs come from the trainer's own function
+(streamrl.modeling.causal_lm_logprobs, with trainer.logprob_chunk_tokens), so both sides of the KL
+term are computed by the same code. The model runs on reference.device (`auto`: trainer.device;
 `cpu` frees the GPUs for the trainer and generators). Reads `rollouts` with the consumer group "reference" in
 batches of reference.batch_size, and acks after the annotations are written. A rollout the model
 cannot score (malformed token ids) gets an annotation with `error` and a dead-letter record.
@@ -40,7 +42,8 @@ class ReferenceWorker(Worker):
     def _logprobs(self, rollouts: list[Rollout]):
         with torch.inference_mode():
             return completion_logprobs(self.model, [r.prompt_ids for r in rollouts],
-                                       [r.completion_ids for r in rollouts], self.cfg.generator.temperature)
+                                       [r.completion_ids for r in rollouts], self.cfg.generator.temperature,
+                                       chunk_tokens=self.cfg.trainer.logprob_chunk_tokens)
 
     async def _one(self, r: Rollout) -> tuple:
         """Score one rollout alone: its log-probs, or an error annotation's reason."""

@@ -27,10 +27,9 @@ from streamrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkp
 from streamrl.config import Config
 from streamrl.metrics import MetricsWriter
 from streamrl.sft_data import SampleError, load_splits, step_indices, tokenize_row
-from workers.dist import launch
-from workers.engines import make_engine
+from workers.dist import broadcast_object, launch
+from workers.trainer_engines import make_engine
 from workers.sft_engine import enable_document_attention, sft_eval_loss, sft_train_step
-from workers.train_engine import broadcast_batch
 
 log = structlog.get_logger("streamrl").bind(role="sft")
 
@@ -126,7 +125,7 @@ def _train(cfg: Config, run_dir: Path, resume: bool, rank: int, world: int) -> N
     tc = cfg.trainer
     start = 0
     newest = latest_checkpoint(run_dir) if rank == 0 and resume else None
-    path = broadcast_batch(str(newest) if newest else None, rank)  # every rank loads the one rank 0 picked
+    path = broadcast_object(str(newest) if newest else None)  # every rank loads the one rank 0 picked
     if path:
         start = int(load_checkpoint(run.engine, Path(path))["version"])
     metrics = MetricsWriter(run_dir, cfg) if rank == 0 else MetricsWriter(None)

@@ -1,4 +1,4 @@
-"""The SFT step on the trainer's engines (workers/engines.make_engine): cross-entropy over the loss
+"""The SFT step on the trainer's engines (workers/trainer_engines.make_engine): cross-entropy over the loss
 tokens of a batch, the same model, optimizer, lr schedule and gradient clipping as RL.
 
     engine = make_engine(cfg, model_path, rank, world); enable_document_attention(engine)

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 from pathlib import Path
 from types import SimpleNamespace
-from unittest import mock
 
 import torch
 from torch import Tensor
@@ -26,9 +25,12 @@ from torch.distributed.tensor import DTensor
 
 from streamrl.config import Config
 from streamrl.errors import ConfigError
+from streamrl.logprobs import gathered_logprobs, token_logprobs
+from streamrl.modeling import unsharded_weight
+from streamrl.weights import WeightStream
+from workers.engine_interface import TrainerEngine
 from workers.titan_models import TitanSpec, read_hf_config, titan_spec
-from streamrl.logprobs import gathered_logprobs
-from workers.train_engine import TrainEngine, check_launch, engine_device, token_logprobs, unsharded_weight
+from workers.train_engine import TrainEngine
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
 """Name parts that activation checkpointing / compile wrappers insert; the adapter expects none."""
@@ -71,10 +73,15 @@ def parallel_dims(cfg: Config, world_size: int, device: torch.device):
     )
     dist_utils.set_spmd_backend(titan_par.spmd_backend)
     dims = ParallelDims.from_config(titan_par, world_size)
-    # torchtitan picks the mesh's device type once at import ("cuda" on a CPU-only build); the
-    # trainer's device decides here so gloo/CPU ranks get a CPU mesh.
-    with mock.patch.object(pd_module, "device_type", device.type):
+    # torchtitan picks the mesh's device type once at import ("cuda" on a CPU-only build) and
+    # build_mesh takes no argument for it; the trainer's device decides, so gloo/CPU ranks get a
+    # CPU mesh: the module global is set for the call and restored after it.
+    imported = pd_module.device_type
+    pd_module.device_type = device.type
+    try:
         dims.build_mesh()
+    finally:
+        pd_module.device_type = imported
     return dims, titan_par
 
 
@@ -114,24 +121,23 @@ def data_parallel_coords(dims, rank: int, world_size: int):
 
 
 class TitanEngine(TrainEngine):
-    """One rank's torchtitan model + AdamW; every method is collective (all ranks call it in step)."""
+    """One rank's torchtitan model + AdamW; every method is collective (all ranks call it in step).
 
-    def __init__(self, cfg: Config, model_path: str, rank: int, world_size: int):
-        check_launch(type(self).__name__, world_size, model_path)
-        self.cfg, self.rank, self.world_size = cfg, rank, world_size
-        tc = cfg.trainer
-        if cfg.model.dtype == "float16":
+    TrainEngine.__init__ runs as for the hf backend; only the model (`_build`), its forward and its
+    weights' names differ."""
+
+    def _build(self, model_path: str) -> None:
+        if self.cfg.model.dtype == "float16":
             raise ConfigError("the torchtitan backend computes in float32 or bfloat16; set model.dtype=bfloat16")
-        self.device = engine_device(tc.device)
-        torch.manual_seed(tc.seed)
         self.spec = titan_spec(model_path)
-        self.pad_id = int(read_hf_config(model_path).get("pad_token_id") or 0)
-        self.dims, titan_par = parallel_dims(cfg, world_size, self.device)
+        hf_config = read_hf_config(model_path)
+        self.pad_id = int(hf_config.get("pad_token_id") or 0)
+        self.vocab_size = hf_config.get("vocab_size")
+        self.dims, titan_par = parallel_dims(self.cfg, self.world_size, self.device)
         model = build_loaded_model(self.spec, model_path, titan_par)
         self.model = self._parallelize(model, titan_par)
         self.model.train()
-        self.dp_rank, self.dp_size, self.dp_group = data_parallel_coords(self.dims, rank, world_size)
-        self._init_optimizer()
+        self.dp_rank, self.dp_size, self.dp_group = data_parallel_coords(self.dims, self.rank, self.world_size)
 
     def _parallelize(self, model: torch.nn.Module, titan_par) -> torch.nn.Module:
         from torchtitan.config import CompileConfig, TrainingConfig
@@ -194,3 +200,8 @@ class TitanEngine(TrainEngine):
             return None
         hf = self.spec.adapter(self.spec.config, None).to_hf(native)
         return {k: v.contiguous() for k, v in hf.items()}
+
+    def weight_stream(self) -> WeightStream:
+        """From full_state_dict (the interface's default): the adapter converts names and shapes to
+        Hugging Face's over the whole state, so the tensors cannot be converted one at a time."""
+        return TrainerEngine.weight_stream(self)

@@ -4,8 +4,8 @@ the configured loss over micro-batches, one optimizer step per batch, and the fu
 Runs inside every torch.distributed rank of the trainer (see workers/dist.py):
 
     def rank_main(rank, world):
-        engine = TrainEngine(cfg, model_path, rank, world)
-        batch = broadcast_batch(batch_or_none_on_other_ranks, rank)
+        engine = TrainEngine(cfg, model_path, rank, world)    # a workers.engine_interface.TrainerEngine
+        batch = broadcast_object(batch_or_none_on_other_ranks)  # workers.dist
         metrics = engine.train_step(batch)          # identical on every rank
         state = engine.full_state_dict()            # HF names on rank 0, None elsewhere
     launch(cfg.trainer.world_size, rank_main)
@@ -31,9 +31,10 @@ from torch import Tensor
 from streamrl.batch import Batch
 from streamrl.config import Config
 from streamrl.errors import ConfigError, StreamRLError
-from streamrl.logprobs import gathered_logprobs
 from streamrl.losses import LossInputs, compute_loss, loss_requirements
-from streamrl.modeling import check_plain_head, decoder_hidden_states, pick_device
+from streamrl.modeling import causal_lm_logprobs, check_plain_head, pack_completions, pick_device
+from streamrl.weights import WeightStream, module_weight_stream
+from workers.engine_interface import TrainerEngine
 
 
 def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
@@ -64,23 +65,13 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
                 f"rollout {r.rollout_id} has an empty prompt, so its first completion token has no "
                 "predicting position; prompts must hold at least one token (e.g. BOS)"
             )
-    B = len(rows)
-    L = max(len(r.prompt_ids) + len(r.completion_ids) for r in rows)
-    T = max(1, max(len(r.completion_ids) for r in rows))
-    input_ids = torch.full((B, L), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((B, L), dtype=torch.long)
-    positions = torch.zeros((B, T), dtype=torch.long)
-    targets = torch.full((B, T), pad_id, dtype=torch.long)
+    out = pack_completions([r.prompt_ids for r in rows], [r.completion_ids for r in rows], pad_id)
+    B, T = out["positions"].shape
     mask = torch.zeros((B, T), dtype=torch.float32)
     old = torch.zeros((B, T), dtype=torch.float32)
     ref = torch.zeros((B, T), dtype=torch.float32) if batch.ref_logprobs is not None else None
     for i, r in enumerate(rows):
-        p, c = len(r.prompt_ids), len(r.completion_ids)
-        seq = np.concatenate([r.prompt_ids, r.completion_ids]).astype(np.int64)
-        input_ids[i, : p + c] = torch.from_numpy(seq)
-        attention_mask[i, : p + c] = 1
-        positions[i, :c] = torch.arange(p - 1, p + c - 1)
-        targets[i, :c] = torch.from_numpy(np.asarray(r.completion_ids, dtype=np.int64))
+        c = len(r.completion_ids)
         weight = 1.0 if batch.loss_mask is None else float(batch.loss_mask[i])
         # Observation tokens of a multi-turn episode (obs_spans) are context, never trained on.
         mask[i, :c] = torch.from_numpy(r.token_mask() * weight) if r.obs_spans else weight
@@ -93,46 +84,11 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
                     "tokens; the reference worker must annotate every completion token"
                 )
             ref[i, :c] = torch.from_numpy(ref_row)
-    out = {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions,
-           "targets": targets, "mask": mask, "old_logprobs": old,
-           "advantages": torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)),
-           "lengths": torch.as_tensor([len(r.completion_ids) for r in rows], dtype=torch.long)}
+    out.update(mask=mask, old_logprobs=old,
+               advantages=torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)))
     if ref is not None:
         out["ref_logprobs"] = ref
     return out
-
-
-def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperature: float,
-                   with_entropy: bool | str) -> tuple[Tensor, Tensor | None]:
-    """Log-prob of each target under softmax(logits / temperature) at `positions`, and the entropy
-    (with_entropy=True: differentiable, for an entropy bonus; "metric": detached, for logging only)."""
-    picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))
-    logp_all = torch.log_softmax(picked.float() / temperature, dim=-1)
-    logp = logp_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    entropy = None
-    if with_entropy == "metric":
-        with torch.no_grad():
-            entropy = -(logp_all.exp() * logp_all).sum(-1)
-    elif with_entropy:
-        entropy = -(logp_all.exp() * logp_all).sum(-1)
-    return logp, entropy
-
-
-def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str = "weight") -> Tensor:
-    """module.<name> as the full tensor FSDP2 gathered for this forward, so its gradient reaches FSDP's
-    reduce-scatter; a tensor-parallel shard is then all-gathered, differentiably.
-
-    `owner` is the FSDP module whose parameter group holds the weight: unshard() is a no-op right
-    after its forward (FSDP keeps the root's and the last group's parameters gathered for the
-    backward) and gathers them if a reshard policy freed them. Read the attribute only after it:
-    FSDP swaps the registered parameter between the sharded and the gathered one."""
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(owner, FSDPModule):
-        owner.unshard()
-    weight = getattr(module, name)
-    return weight.full_tensor() if isinstance(weight, DTensor) else weight
 
 
 def num_micro_batches(batch_size: int, world: int, micro_batch_size: int) -> int:
@@ -184,13 +140,6 @@ def lr_factor(tc, step: int) -> float:
     return 1.0
 
 
-def broadcast_batch(batch: Batch | None, rank: int) -> Batch:
-    """Rank 0's batch on every rank (pickled over the trainer's own process group, never the wire)."""
-    box = [batch if rank == 0 else None]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
-
-
 def _load_model(model_path: str, dtype: str):
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -240,30 +189,38 @@ def engine_device(choice: str) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device()) if device.type == "cuda" else device
 
 
-class TrainEngine:
-    """One rank's FSDP2 model + AdamW; every method is collective (all ranks call it in step)."""
+class TrainEngine(TrainerEngine):
+    """One rank's FSDP2 model + AdamW; every method is collective (all ranks call it in step).
+
+    Subclasses (workers/titan_engine.py) build another model in `_build` and keep the rest."""
 
     def __init__(self, cfg: Config, model_path: str, rank: int, world_size: int):
-        from torch.distributed.device_mesh import init_device_mesh
-
         check_launch(type(self).__name__, world_size, model_path)
         self.cfg, self.rank, self.world_size = cfg, rank, world_size
         # Data-parallel coordinates: every rank is one data shard here (a tensor-parallel backend
         # gives the ranks of one TP group the same shard and reduces metrics over dp_group only).
         self.dp_rank, self.dp_size, self.dp_group = rank, world_size, None
-        tc = cfg.trainer
-        self.device = engine_device(tc.device)
-        torch.manual_seed(tc.seed)
-        model, compute_dtype = _load_model(model_path, cfg.model.dtype)
+        self.device = engine_device(cfg.trainer.device)
+        torch.manual_seed(cfg.trainer.seed)
+        self._build(model_path)
+        self._init_optimizer()
+
+    def _build(self, model_path: str) -> None:
+        """Load the model onto this rank and shard it: sets model, pad_id, vocab_size."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        tc = self.cfg.trainer
+        model, compute_dtype = _load_model(model_path, self.cfg.model.dtype)
         self.pad_id = int(model.config.pad_token_id or 0)
+        self.vocab_size = getattr(model.config, "vocab_size", None)
         if tc.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.to(self.device)
         model.train()
-        self.head = check_plain_head(model) if tc.logprob_chunk_tokens else None
-        shard_model(model, init_device_mesh(self.device.type, (world_size,)), compute_dtype)
+        if tc.logprob_chunk_tokens:
+            check_plain_head(model)  # a model chunking cannot serve fails here, not at the first step
+        shard_model(model, init_device_mesh(self.device.type, (self.world_size,)), compute_dtype)
         self.model = model
-        self._init_optimizer()
 
     def _init_optimizer(self) -> None:
         """AdamW over self.model, the lr schedule, the loss's inputs; shared by every backend."""
@@ -276,19 +233,11 @@ class TrainEngine:
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
 
-        With trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from
-        the decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
-        chunk = self.cfg.trainer.logprob_chunk_tokens
-        if not chunk:
-            logits = self.model(input_ids=padded["input_ids"], attention_mask=padded["attention_mask"],
-                                use_cache=False).logits
-            return token_logprobs(logits, padded["positions"], padded["targets"],
-                                  self.cfg.generator.temperature, with_entropy)
-        hidden = decoder_hidden_states(self.model, padded["input_ids"], padded["attention_mask"])
-        weight = unsharded_weight(self.model, self.head)
-        bias = None if self.head.bias is None else unsharded_weight(self.model, self.head, "bias")
-        return gathered_logprobs(hidden, weight, bias, padded["positions"], padded["targets"],
-                                 padded["lengths"], self.cfg.generator.temperature, chunk, with_entropy)
+        The reference worker's function (streamrl.modeling.causal_lm_logprobs): with
+        trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from the
+        decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
+        return causal_lm_logprobs(self.model, padded, self.cfg.generator.temperature,
+                                  self.cfg.trainer.logprob_chunk_tokens, with_entropy)
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
@@ -366,3 +315,7 @@ class TrainEngine:
             value = value.detach().to("cpu").contiguous()
             out[key] = value.clone() if value.untyped_storage().data_ptr() in live else value
         return out
+
+    def weight_stream(self) -> WeightStream:
+        """One parameter all-gathered at a time; transformers modules already carry HF names."""
+        return module_weight_stream(self.model, receiver=self.rank == 0)

@@ -3,9 +3,10 @@
     streamrl worker trainer --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
 Launches cfg.trainer.world_size torch.distributed ranks (or joins torchrun's). Rank 0 owns the
-broker side: the assembler, the weight store and metrics; every rank runs the same train step on
-its shard. After each step the version v+1 is snapshot on rank 0 and published in the
-background, so the loop's only publishing cost is the snapshot copy.
+broker side: the assembler, the weight store and metrics. It decides each step (the batch, whether
+to snapshot and to checkpoint) and every rank runs that step through workers/rank_step.py, the one
+function all ranks execute. After each step the version v+1 is snapshot on rank 0 and published in
+the background, so the loop's only publishing cost is the snapshot copy.
 
 Recovery (streamrl/checkpoint.py, streamrl/accounting.py): each step's groups are logged in the
 broker before training; a checkpoint is saved every trainer.checkpoint_every steps, and only then
@@ -22,10 +23,9 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
-import torch.distributed as dist
 
 from streamrl import accounting, run_end
-from streamrl.checkpoint import Checkpointer, latest_checkpoint, load_checkpoint, truncate_metrics
+from streamrl.checkpoint import Checkpointer, PendingCheckpoint, latest_checkpoint, load_checkpoint, truncate_metrics
 from streamrl.config import Config
 from streamrl.episode import episode_metrics
 from streamrl.errors import NOT_TRANSIENT, StreamRLError
@@ -33,28 +33,25 @@ from streamrl.messages import Control, encode
 from streamrl.metrics import MetricsWriter
 from streamrl.staleness import staleness_histogram
 from streamrl.trimming import trim_streams
-from streamrl.weights import backend_class, make_weight_store
+from streamrl.weights import make_publisher, publisher_class
 from streamrl.worker import Worker, startup_failure
 from workers.assembler import Assembler
-from workers.dist import launch
-from workers.engines import make_engine
-from workers.train_engine import TrainEngine
-
-
-def _bcast(obj):
-    box = [obj]
-    dist.broadcast_object_list(box, src=0)
-    return box[0]
+from workers.dist import broadcast_object, launch
+from workers.engine_interface import TrainerEngine
+from workers.rank_step import RankStep, StepOrder, follow
+from workers.trainer_engines import make_engine
 
 
 class TrainerWorker(Worker):
     role = "trainer"
     measures_busy = False  # a step includes waiting for its batch; metrics.jsonl has train_s vs wait_s
 
-    def __init__(self, cfg: Config, broker, worker_id: str, run_dir: Path | None, engine: TrainEngine,
+    def __init__(self, cfg: Config, broker, worker_id: str, run_dir: Path | None, ranks: RankStep,
                  resumed: dict | None = None):
         super().__init__(cfg, broker, worker_id, run_dir)
-        self.engine = engine
+        self.ranks = ranks
+        """Runs each step on every rank (this one included): the only way this worker trains."""
+        self.engine: TrainerEngine = ranks.engine
         self.resumed = resumed
         """meta.json of the checkpoint this process started from (None: fresh weights, version 0)."""
         self.unacked: list = []
@@ -65,7 +62,6 @@ class TrainerWorker(Worker):
         self.metrics = MetricsWriter(run_dir, cfg)
         self.publishing: asyncio.Task | None = None
         self.train_intervals: list[tuple[float, float]] = []
-        self.checkpointer = Checkpointer(run_dir, cfg.trainer.checkpoint_keep, cfg.trainer.checkpoint_async)
         self.committing: asyncio.Task | None = None
         """The checkpoint in flight: waits for its write, publishes it, then acks what it covers."""
 
@@ -76,8 +72,8 @@ class TrainerWorker(Worker):
         await run_end.clear_ended(self.broker, self.keys)  # a resumed run runs again
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()
-        self.assembler.vocab_size = getattr(getattr(self.engine.model, "config", None), "vocab_size", None)
-        self.store = make_weight_store(self.cfg, self.broker, self.run_dir)
+        self.assembler.vocab_size = self.engine.vocab_size
+        self.publisher = make_publisher(self.cfg, self.broker, self.run_dir)
         self.version = int(self.resumed["version"]) if self.resumed else 0
         await self._resume()
         self.t_start = time.time()
@@ -96,8 +92,8 @@ class TrainerWorker(Worker):
         await self.broker.set(self.keys.trainer_version, self.broker_version)  # never backwards
         truncate_metrics(self.run_dir, self.version)  # replayed steps write their rows again
         if self.version > 0:  # the weights of this version may be gone (shm is cleared on exit)
-            await self._call(_bcast, ("gather",))
-            await self.store.publish(self.version, await self._call(self.store.gather, self.engine))
+            result = await self._call(self.ranks, StepOrder(self.version, snapshot=True))
+            await self.publisher.publish(self.version, result.state)
         if self.resumed or self.replay:
             self.log.info("resumed", policy_version=self.version, replay_steps=sorted(self.replay),
                           closed_groups=len(closed), broker_version=current)
@@ -111,24 +107,43 @@ class TrainerWorker(Worker):
             except Exception as exc:  # trimming is housekeeping: a broker hiccup must not stop training
                 self.log.warning("trim_failed", error=repr(exc))
 
+    @property
+    def _saves(self) -> bool:
+        """Checkpoints are written (a trainer without a run directory only acks at each save point)."""
+        return self.run_dir is not None
+
+    def _save_due(self, version: int) -> bool:
+        return version % self.cfg.trainer.checkpoint_every == 0 or version >= self.cfg.trainer.steps
+
     async def _checkpoint(self) -> float:
-        """Start a save (collective) and return the seconds training was blocked by it. Once the
-        write completes, it is marked in the broker and THEN what it covers is acked (_commit)."""
+        """Save the current version (a rank step of its own) and commit it; see _after_save."""
+        result = await self._call(self.ranks, StepOrder(self.version, save=self._saves))
+        await self._describe(result.pending)
+        return await self._after_save(result.pending)
+
+    async def _describe(self, pending: PendingCheckpoint | None) -> None:
+        """Fill in the broker side of meta.json, which rank 0 writes when it finalizes the checkpoint
+        (the next save's start or _commit, both after this)."""
+        if pending is None:
+            return
+        pending.meta = {
+            "feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
+            "groups_released": int(await self.broker.get(self.keys.groups_released) or 0),
+            "assembler": dict(self.assembler.counters),
+            "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)}}
+
+    async def _after_save(self, pending: PendingCheckpoint | None) -> float:
+        """Once the ranks started a save: return the seconds it blocked training. When the write
+        completes, it is marked in the broker and THEN what it covers is acked (_commit)."""
         t0 = time.perf_counter()
         await self._committed()  # one checkpoint in flight: the previous one is published first
         batches, self.unacked = self.unacked, []
-        if self.run_dir is None:
+        if pending is None:
             for batch in batches:
                 await self.assembler.commit(batch)
             return time.perf_counter() - t0
-        meta = {"feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
-                "groups_released": int(await self.broker.get(self.keys.groups_released) or 0),
-                "assembler": dict(self.assembler.counters),
-                "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)}}
-        await self._call(_bcast, ("save", self.version))
-        pending = await self._call(self.checkpointer.start, self.engine, self.version, meta)
         self.committing = asyncio.create_task(self._commit(pending, batches))
-        return time.perf_counter() - t0
+        return pending.stall_s + time.perf_counter() - t0
 
     async def _commit(self, pending, batches: list) -> None:
         await asyncio.wrap_future(pending.future)
@@ -163,16 +178,19 @@ class TrainerWorker(Worker):
             return False
         self._clean = False
         await self._log_step(batch, replay=record is not None)
-        t0 = time.time()
-        await self._call(_bcast, ("train", batch))
-        m = await self._call(self.engine.train_step, batch)
-        t1 = time.time()
-        state = await self._call(self.store.gather, self.engine)  # the snapshot: the loop's only publish cost
-        t2 = time.time()
-        self.version += 1
+        version = self.version + 1
+        save = self._save_due(version)
+        # The snapshot is the loop's only publish cost; a due checkpoint is staged in the same step.
+        result = await self._call(self.ranks, StepOrder(version, batch=batch, snapshot=True,
+                                                        save=save and self._saves))
+        m, t0, t1 = result.metrics, result.train_start, result.train_end
+        self.version = version
+        t_meta = time.perf_counter()
+        await self._describe(result.pending)
+        meta_s = time.perf_counter() - t_meta
         if self.publishing is not None:
             await self.publishing  # one publish in flight at a time
-        self.publishing = asyncio.create_task(self.store.publish(self.version, state))
+        self.publishing = asyncio.create_task(self.publisher.publish(self.version, result.state))
         if self.version > self.broker_version:  # replayed steps are already announced
             self.broker_version = self.version
             await self.broker.set(self.keys.trainer_version, self.version)
@@ -185,12 +203,10 @@ class TrainerWorker(Worker):
         self.train_intervals = (self.train_intervals + [(t0, t1)])[-8:]
         if self.committing is not None and self.committing.done():
             await self._committed()  # surfaces a failed background write at the next step
-        ckpt_s = None
-        if self.version % self.cfg.trainer.checkpoint_every == 0 or self.version >= self.cfg.trainer.steps:
-            ckpt_s = await self._checkpoint()
+        ckpt_s = meta_s + await self._after_save(result.pending) if save else None
         # The row is written before the checkpoint can become visible (_commit runs after this
         # coroutine's next await), so a resume from it never lacks the row of its own step.
-        self._record(batch, m, overlap, train_s=t1 - t0, stall_s=t2 - t1, checkpoint_s=ckpt_s)
+        self._record(batch, m, overlap, train_s=t1 - t0, stall_s=result.snapshot_s, checkpoint_s=ckpt_s)
         self._clean = True
         return True
 
@@ -263,8 +279,7 @@ class TrainerWorker(Worker):
         # A checkpoint in flight was staged after a complete step, so it is valid even if a later
         # step failed: finish it (and ack what it covers) before the ranks go.
         await self._committed()
-        self.checkpointer.close()
-        await self._call(_bcast, None)  # releases the follower ranks (they finish their writes first)
+        await self._call(self.ranks.stop)  # every rank (this one too) finishes its checkpoint writes
         if self.done:
             await self.broker.add(self.keys.control, encode(Control(action="stop", version=self.version,
                                                                     reason="trainer finished")))
@@ -273,23 +288,9 @@ class TrainerWorker(Worker):
         self.pool.shutdown(wait=True)
 
 
-def _follow(engine: TrainEngine, gather, cfg: Config, run_dir: Path | None) -> None:
-    """Ranks > 0: run rank 0's collective commands (train, gather, save) until it sends None."""
-    checkpointer = Checkpointer(run_dir, cfg.trainer.checkpoint_keep, cfg.trainer.checkpoint_async)
-    while (msg := _bcast(None)) is not None:
-        if msg[0] == "train":
-            engine.train_step(msg[1])
-            gather(engine)  # collective: the same snapshot rank 0 takes
-        elif msg[0] == "gather":
-            gather(engine)
-        elif msg[0] == "save":
-            checkpointer.start(engine, msg[1], {})
-    checkpointer.close()
-
-
 def _load_newest(engine, run_dir: Path | None, rank: int) -> dict | None:
     """Every rank loads the checkpoint rank 0 picks (the newest complete one), if any."""
-    path = _bcast(str(latest_checkpoint(run_dir)) if rank == 0 and latest_checkpoint(run_dir) else None)
+    path = broadcast_object(str(latest_checkpoint(run_dir)) if rank == 0 and latest_checkpoint(run_dir) else None)
     return load_checkpoint(engine, Path(path)) if path else None
 
 
@@ -304,10 +305,14 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     except NOT_TRANSIENT as exc:
         raise startup_failure("trainer", exc) from exc
     resumed = _load_newest(engine, run_dir, rank)
+    tc = cfg.trainer
+    snapshot = partial(publisher_class(cfg.weights.backend).snapshot, dtype=cfg.model.dtype)
+    ranks = RankStep(engine, snapshot,
+                     Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async))
     if rank == 0:
-        serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, engine, resumed), broker_url)
+        serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed), broker_url)
     else:
-        _follow(engine, backend_class(cfg.weights.backend).gather, cfg, run_dir)
+        follow(ranks)
 
 
 def main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> None:

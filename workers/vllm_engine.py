@@ -36,7 +36,7 @@ class VLLMEngine:
     def __init__(self, model_path: str, gen: GeneratorConfig, dtype: str, seed: int, extension: str | None = None):
         self.model_path = model_path
         self.extension = extension
-        """vLLM worker_extension_cls (e.g. the cuda_ipc weight loader), or None."""
+        """vLLM worker_extension_cls (a WeightLoader's vllm_extension, e.g. cuda_ipc's), or None."""
         self.gen = gen
         self.dtype = dtype
         self.seed = seed
@@ -102,7 +102,7 @@ class VLLMEngine:
         await self.llm.pause_generation(mode="keep")
 
     async def reload(self, method: str, kwargs: dict) -> None:
-        """Load new weights in place: a WeightStore.reload_call, e.g. ("reload_weights", {"weights_path": dir})."""
+        """Load new weights in place: a WeightLoader.reload_call, e.g. ("reload_weights", {"weights_path": dir})."""
         await self.llm.collective_rpc(method, kwargs=kwargs)
 
     async def resume(self) -> None:

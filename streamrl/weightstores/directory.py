@@ -14,20 +14,33 @@ from pathlib import Path
 from streamrl.broker import Broker, Keys
 from streamrl.config import Config
 from streamrl.errors import ConfigError
-from streamrl.weightstores.files import FileWeightStore
+from streamrl.weightstores.files import FileLoader, FilePublisher
 from streamrl.weightstores.shm import shm_root
 
 
-class DirectoryWeightStore(FileWeightStore):
+def _shared_root(cfg: Config, run_dir: Path | None) -> Path:
+    if not cfg.weights.dir and run_dir is None:
+        raise ConfigError("weights.backend=dir needs a shared directory: set weights.dir=/shared/path")
+    return Path(cfg.weights.dir) if cfg.weights.dir else Path(run_dir) / "weights"
+
+
+class DirectoryPublisher(FilePublisher):
     transport = "dir"
     fsync = True
 
     @classmethod
-    def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "DirectoryWeightStore":
-        if not cfg.weights.dir and run_dir is None:
-            raise ConfigError("weights.backend=dir needs a shared directory: set weights.dir=/shared/path")
-        root = Path(cfg.weights.dir) if cfg.weights.dir else Path(run_dir) / "weights"
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=root, cache_root=shm_root(cfg.run.name, run_dir))
+    def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "DirectoryPublisher":
+        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=_shared_root(cfg, run_dir),
+                   cache_root=shm_root(cfg.run.name, run_dir))
+
+
+class DirectoryLoader(FileLoader):
+    transport = "dir"
+
+    @classmethod
+    def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "DirectoryLoader":
+        _shared_root(cfg, run_dir)  # the same check as the publisher's: one message for every role
+        return cls(broker, Keys(cfg.run.name), cache_root=shm_root(cfg.run.name, run_dir))
 
     def _materialise(self, src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)

@@ -1,4 +1,5 @@
-"""What the file-based backends share: one directory per version, atomic writes, local copies, gc.
+"""What the file-based backends share: one directory per version, atomic writes (publisher), local
+copies (loader), gc.
 
 Layout under a backend's root: `v<version>/model.safetensors` (Hugging Face names, so vLLM's
 `reload_weights(weights_path=...)` loads it directly) and `.tmp-*` directories while writing.
@@ -18,7 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from streamrl.broker import Broker, Keys
-from streamrl.weights import WeightHandle, WeightStore, WeightStoreError
+from streamrl.weights import WeightHandle, WeightLoader, WeightPublisher, WeightStoreError
 
 WEIGHTS_FILE = "model.safetensors"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
@@ -70,8 +71,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-class FileWeightStore(WeightStore):
-    """Base of `shm` and `dir`: `root` holds the published versions, `cache_root` the local copies."""
+class FilePublisher(WeightPublisher):
+    """Base of the `shm` and `dir` publishers: `root` holds the published versions; `cache_root` is
+    where this host's readers keep their copies (collected here once their process is gone)."""
 
     fsync = False
 
@@ -79,15 +81,45 @@ class FileWeightStore(WeightStore):
         super().__init__(broker, keys, keep)
         self.root = Path(root)
         self.cache_root = Path(cache_root)
+
+    def _write(self, version: int, state_dict: dict[str, torch.Tensor]) -> tuple[str, int]:
+        final, size = write_version(self.root, version, state_dict, fsync=self.fsync)
+        return str(final), size
+
+    def _versions(self) -> list[int]:
+        return list(version_dirs(self.root))
+
+    def _collect(self, keep_versions: set[int]) -> list[int]:
+        deleted = []
+        for v, path in version_dirs(self.root).items():
+            if v not in keep_versions:
+                shutil.rmtree(path, ignore_errors=True)
+                deleted.append(v)
+        self._collect_dead_readers()
+        return sorted(deleted)
+
+    def _collect_dead_readers(self) -> None:
+        """Local copies of readers on this host whose process is gone (crashed generators)."""
+        if not self.cache_root.is_dir():
+            return
+        for child in self.cache_root.iterdir():
+            m = _FETCHED_DIR.match(child.name)
+            if m and not _pid_alive(int(m.group(1))):
+                shutil.rmtree(child, ignore_errors=True)
+
+
+class FileLoader(WeightLoader):
+    """Base of the `shm` and `dir` loaders: this process's copies live in `cache_root/fetched-<pid>`,
+    so the publisher's gc never deletes a directory a generator is about to reload from."""
+
+    def __init__(self, broker: Broker, keys: Keys, cache_root: Path):
+        super().__init__(broker, keys)
+        self.cache_root = Path(cache_root)
         self.cache_dir = self.cache_root / f"fetched-{os.getpid()}"
 
     def _materialise(self, src: Path, dst: Path) -> None:
         """Make `dst` a readable copy of `src` (a hard link or a byte copy)."""
         raise NotImplementedError
-
-    def _write(self, version: int, state_dict: dict[str, torch.Tensor]) -> tuple[str, int]:
-        final, size = write_version(self.root, version, state_dict, fsync=self.fsync)
-        return str(final), size
 
     def _fetch(self, handle: WeightHandle) -> str:
         dst = self.cache_dir / f"v{handle.version}"
@@ -118,27 +150,6 @@ class FileWeightStore(WeightStore):
         for v, path in local.items():
             if v not in newest and v != keep_version:
                 shutil.rmtree(path, ignore_errors=True)
-
-    def _versions(self) -> list[int]:
-        return list(version_dirs(self.root))
-
-    def _collect(self, keep_versions: set[int]) -> list[int]:
-        deleted = []
-        for v, path in version_dirs(self.root).items():
-            if v not in keep_versions:
-                shutil.rmtree(path, ignore_errors=True)
-                deleted.append(v)
-        self._collect_dead_readers()
-        return sorted(deleted)
-
-    def _collect_dead_readers(self) -> None:
-        """Local copies of readers on this host whose process is gone (crashed generators)."""
-        if not self.cache_root.is_dir():
-            return
-        for child in self.cache_root.iterdir():
-            m = _FETCHED_DIR.match(child.name)
-            if m and not _pid_alive(int(m.group(1))):
-                shutil.rmtree(child, ignore_errors=True)
 
     async def close(self) -> None:
         shutil.rmtree(self.cache_dir, ignore_errors=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 from streamrl.broker import Broker, Keys
 from streamrl.config import Config
 from streamrl.weights import WeightHandle
-from streamrl.weightstores.files import FileWeightStore
+from streamrl.weightstores.files import FileLoader, FilePublisher
 
 
 def shm_root(run: str, run_dir: Path | None) -> Path:
@@ -33,13 +33,21 @@ def shm_root(run: str, run_dir: Path | None) -> Path:
     return base / f"streamrl-{run}-{key}"
 
 
-class ShmWeightStore(FileWeightStore):
+class ShmPublisher(FilePublisher):
     transport = "shm"
 
     @classmethod
-    def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "ShmWeightStore":
+    def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "ShmPublisher":
         root = shm_root(cfg.run.name, run_dir)
         return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=root, cache_root=root)
+
+
+class ShmLoader(FileLoader):
+    transport = "shm"
+
+    @classmethod
+    def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "ShmLoader":
+        return cls(broker, Keys(cfg.run.name), cache_root=shm_root(cfg.run.name, run_dir))
 
     def _fetch(self, handle: WeightHandle) -> str:
         # Link next to the published version, whatever run dir this reader was given: the same tmpfs

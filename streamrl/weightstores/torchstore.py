@@ -33,7 +33,7 @@ from safetensors.torch import save_file
 from streamrl.broker import Broker, Keys
 from streamrl.config import Config
 from streamrl.errors import ConfigError
-from streamrl.weights import WeightHandle, WeightStore, WeightStoreError
+from streamrl.weights import WeightHandle, WeightLoader, WeightPublisher, WeightStoreError
 from streamrl.weightstores.files import WEIGHTS_FILE, version_dirs
 from streamrl.weightstores.shm import shm_root
 
@@ -98,37 +98,20 @@ async def ensure_store(name: str = STORE_NAME) -> None:
     await ts.initialize(store_name=name)
 
 
-class TorchStoreWeightStore(WeightStore):
+class _TorchStoreKeys:
+    """What both sides share: the run's key prefix in the store and the adapted store's start."""
+
     transport = "torchstore"
 
-    def __init__(self, broker: Broker, keys: Keys, keep: int, cache_root: Path):
-        super().__init__(broker, keys, keep)
+    def _init_store(self, keys: Keys) -> None:
         self.ts = _import_torchstore()[0]
         self.prefix = f"streamrl/{keys.run}/v"
-        self.cache_dir = Path(cache_root) / f"torchstore-{os.getpid()}"
         self._ready = False
-
-    @classmethod
-    def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStoreWeightStore":
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, shm_root(cfg.run.name, run_dir))
 
     async def _store(self) -> None:
         if not self._ready:
             await ensure_store()
             self._ready = True
-
-    # torchstore's API is async, so the public methods are overridden instead of the blocking hooks.
-    def _write(self, version, state_dict):  # pragma: no cover - not used (publish is async here)
-        raise NotImplementedError
-
-    def _fetch(self, handle):  # pragma: no cover
-        raise NotImplementedError
-
-    def _collect(self, keep_versions):  # pragma: no cover
-        raise NotImplementedError
-
-    def _versions(self):  # pragma: no cover
-        raise NotImplementedError
 
     async def _version_keys(self) -> dict[int, list[str]]:
         # All keys, filtered here: torchstore 0.1.2's prefix filter misses partial path components.
@@ -142,6 +125,26 @@ class TorchStoreWeightStore(WeightStore):
     async def _stored_versions(self) -> list[int]:
         return sorted(await self._version_keys())
 
+
+class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
+    def __init__(self, broker: Broker, keys: Keys, keep: int):
+        super().__init__(broker, keys, keep)
+        self._init_store(keys)
+
+    @classmethod
+    def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStorePublisher":
+        return cls(broker, Keys(cfg.run.name), cfg.weights.keep)
+
+    # torchstore's API is async, so the public methods are overridden instead of the blocking hooks.
+    def _write(self, version, state_dict):  # pragma: no cover - not used (publish is async here)
+        raise NotImplementedError
+
+    def _collect(self, keep_versions):  # pragma: no cover
+        raise NotImplementedError
+
+    def _versions(self):  # pragma: no cover
+        raise NotImplementedError
+
     async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightHandle:
         await self._store()
         key = f"{self.prefix}{version}"
@@ -149,12 +152,36 @@ class TorchStoreWeightStore(WeightStore):
         await self.ts.put_state_dict(state_dict, key, store_name=STORE_NAME)
         size = sum(t.numel() * t.element_size() for t in state_dict.values())
         wh = WeightHandle(version=version, transport=self.transport, handle=key, bytes=size, created_at=created)
-        current = await self.latest()
-        if current is None or version > current.version:
-            await self.broker.hset(self.keys.weights_latest, wh.to_mapping())
+        await self._advance(wh)
         self.log.info("weights_published", policy_version=version, bytes=size)
         await self.gc()
         return wh
+
+    async def gc(self) -> None:
+        stored = await self._version_keys()
+        versions = sorted(stored)
+        keep = set(versions[-self.keep:])
+        current = await self.latest()
+        if current is not None:
+            keep.add(current.version)
+        for v in versions:
+            if v not in keep:
+                for key in stored[v]:
+                    await self.ts.delete(key, store_name=STORE_NAME)
+
+
+class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
+    def __init__(self, broker: Broker, keys: Keys, cache_root: Path):
+        super().__init__(broker, keys)
+        self._init_store(keys)
+        self.cache_dir = Path(cache_root) / f"torchstore-{os.getpid()}"
+
+    @classmethod
+    def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStoreLoader":
+        return cls(broker, Keys(cfg.run.name), shm_root(cfg.run.name, run_dir))
+
+    def _fetch(self, handle):  # pragma: no cover - not used (fetch is async here)
+        raise NotImplementedError
 
     async def fetch(self, handle: WeightHandle) -> str:
         if handle.transport != self.transport:
@@ -181,18 +208,6 @@ class TorchStoreWeightStore(WeightStore):
         for v, path in version_dirs(self.cache_dir).items():  # keep this copy and the one before
             if v < version - 1:
                 shutil.rmtree(path, ignore_errors=True)
-
-    async def gc(self) -> None:
-        stored = await self._version_keys()
-        versions = sorted(stored)
-        keep = set(versions[-self.keep:])
-        current = await self.latest()
-        if current is not None:
-            keep.add(current.version)
-        for v in versions:
-            if v not in keep:
-                for key in stored[v]:
-                    await self.ts.delete(key, store_name=STORE_NAME)
 
     async def close(self) -> None:
         shutil.rmtree(self.cache_dir, ignore_errors=True)

@@ -53,7 +53,7 @@ async def main(spec: dict) -> dict:
     from streamrl.logs import setup_logging
     from streamrl.messages import Prompt, encode
     from streamrl.tiny import vocab
-    from streamrl.weights import make_weight_store
+    from streamrl.weights import make_publisher
     from streamrl.weightstores.files import version_dirs
     from workers.generator import GeneratorWorker
 
@@ -71,7 +71,7 @@ async def main(spec: dict) -> dict:
     )
     broker = await connect(cfg.broker.url)
     keys = Keys(cfg.run.name)
-    store = make_weight_store(cfg, broker, run_dir)
+    store = make_publisher(cfg, broker, run_dir)
     perturbed, peaked = load_file(spec["perturbed"]), load_file(spec["peaked"])
     v = vocab()
     state = {"rollouts": [], "last_id": "0"}
@@ -136,7 +136,7 @@ async def main(spec: dict) -> dict:
         out["pending_after_stop"] = {g["name"]: g["pending"] for g in await broker.group_info(keys.prompts)}
         out["heartbeat_after_stop"] = await broker.get(keys.worker("generator", "gen-0"))
         out["stats"] = dict(worker.stats)
-        out["fetched_dir_left"] = worker.store.cache_dir.exists()
+        out["fetched_dir_left"] = worker.loader.cache_dir.exists()
         await _pull(broker, keys, state, block_ms=None)
         out["rollouts_per_group"] = {}
         for r in state["rollouts"]:

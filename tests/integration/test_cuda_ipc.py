@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from streamrl.config import Config, ModelConfig, WeightsConfig
-from streamrl.weightstores.cuda_ipc import ALIGN, PackedState, decode_spec, gather_packed, pack_state_dict
+from streamrl.weights import module_weight_stream
+from streamrl.weightstores.cuda_ipc import ALIGN, PackedState, decode_spec
+from streamrl.weightstores.cuda_ipc_publish import pack_state_dict, pack_stream
 
 REPO = Path(__file__).resolve().parents[2]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA GPU")
@@ -51,29 +53,30 @@ def test_pack_state_dict_views_are_aligned_copies():
     assert not torch.equal(views["model.norm.weight"], sd["model.norm.weight"].to(torch.bfloat16))
 
 
-def test_gather_packed_dedups_tied_weights():
+def test_packed_weight_stream_dedups_tied_weights():
     m = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
     m[1].weight = m[0].weight  # tied, as Qwen3's lm_head / embed_tokens
-    packed = gather_packed(m, torch.device("cpu"), torch.float32, rank=0)
+    packed = pack_stream(module_weight_stream(m, receiver=True), torch.device("cpu"), torch.float32)
     assert [e[0] for e in packed.entries] == ["0.weight"]
     assert torch.equal(dict(packed.tensors())["0.weight"], m[0].weight)
-    assert gather_packed(m, torch.device("cpu"), torch.float32, rank=1) is None  # only rank 0 keeps it
+    # only the receiver (rank 0) keeps it; the others still run the stream (its gathers are collective)
+    assert pack_stream(module_weight_stream(m, receiver=False), torch.device("cpu"), torch.float32) is None
 
 
 @gpu
 @pytest.mark.gpu
 @pytest.mark.anyio
 async def test_cuda_ipc_round_trip_in_another_process_and_gc(config: Config, broker, tmp_path: Path):
-    from streamrl.weights import make_weight_store
+    from streamrl.weights import make_loader, make_publisher
 
     cfg = config.model_copy(update={"weights": WeightsConfig(backend="cuda_ipc", keep=2),
                                     "model": ModelConfig(dtype="bfloat16")})
-    store = make_weight_store(cfg, broker, tmp_path)
+    store, loader = make_publisher(cfg, broker, tmp_path), make_loader(cfg, broker, tmp_path)
     handles = [await store.publish(v, _state(v)) for v in range(1, 5)]
     assert sorted(store._held) == [3, 4]  # keep=2: older GPU copies released
     latest = await store.latest()
     assert latest.version == 4 and latest.transport == "cuda_ipc"
-    assert store.reload_call(await store.fetch(latest)) == ("streamrl_reload_ipc", {"spec": latest.handle})
+    assert loader.reload_call(await loader.fetch(latest)) == ("streamrl_reload_ipc", {"spec": latest.handle})
     assert len(decode_spec(latest.handle)["entries"]) == 4
 
     spec_file = tmp_path / "spec"

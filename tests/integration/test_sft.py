@@ -183,7 +183,7 @@ def test_resume_continues_exactly(runs, tiny, data, tmp_path, backend):
 
 
 def _engine_logprobs(cfg: Config, ckpt: str, out: str, rank: int, world: int) -> None:
-    from workers.engines import make_engine
+    from workers.trainer_engines import make_engine
     from workers.train_engine import pad_batch
 
     engine = make_engine(cfg, cfg.model.path, rank, world)

@@ -33,9 +33,9 @@ from streamrl.batch import Batch
 from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TinyModelConfig, TrainerConfig
 from streamrl.tiny import build_tiny_model
 from tests.integration.test_train_engine import make_batch
-from workers.dist import launch
-from workers.engines import make_engine
-from workers.train_engine import broadcast_batch, pad_batch
+from workers.dist import broadcast_object, launch
+from workers.trainer_engines import make_engine
+from workers.train_engine import pad_batch
 
 REPO = Path(__file__).resolve().parents[2]
 LP_ATOL, VLLM_ATOL = 1e-5, 1e-4
@@ -71,7 +71,7 @@ def _rank_main(model_path: str, batch: Batch, out: str, backend: str, mbs: int, 
                  trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device="cpu",
                                        backend=backend, activation_checkpointing=ac,
                                        parallelism=ParallelismConfig(tp=tp), logprob_chunk_tokens=chunk))
-    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    batch = broadcast_object(batch if rank == 0 else None)
     engine = make_engine(cfg, model_path, rank, world)
     lp0 = _shard_logprobs(engine, batch)
     initial = engine.full_state_dict()
@@ -207,16 +207,16 @@ def test_chunked_titan_step_has_the_full_logits_gradient(tiny, batch, tmp_path, 
 @pytest.mark.anyio
 async def test_vllm_gives_the_engine_logprobs_before_and_after_a_store_round_trip(runs, batch, tiny, config,
                                                                                 broker, tmp_path):
-    from streamrl.weights import make_weight_store
+    from streamrl.weights import make_loader, make_publisher
     from streamrl.weightstores.shm import shm_root
 
-    store = make_weight_store(config, broker, tmp_path)
+    store, loader = make_publisher(config, broker, tmp_path), make_loader(config, broker, tmp_path)
     try:
         await store.publish(1, _read(runs["titan2"], "final.safetensors"))
-        local = await store.fetch(await store.latest())
+        local = await loader.fetch(await loader.latest())
         got = _run_probe(tiny, local, batch, tmp_path)
     finally:
-        await store.close()
+        await loader.close()
         shutil.rmtree(shm_root(config.run.name, tmp_path), ignore_errors=True)
     for tag, key in (("lp0", "before"), ("lp1", "after")):
         for engine_lp, vllm_lp in zip(_lp(runs["titan2"], tag), got[key], strict=True):

@@ -25,8 +25,8 @@ from streamrl.config import Config, GeneratorConfig, LossConfig, TinyModelConfig
 from streamrl.errors import ConfigError
 from streamrl.messages import Rollout
 from streamrl.tiny import build_tiny_model
-from workers.dist import RankFailed, launch
-from workers.train_engine import TrainEngine, broadcast_batch, pad_batch
+from workers.dist import RankFailed, broadcast_object, launch
+from workers.train_engine import TrainEngine, pad_batch
 
 TEMPERATURE = 0.8
 EXTRA_STEPS = 4  # after the compared first step, world 1 keeps training to show learning
@@ -81,7 +81,7 @@ def _rank_main(model_path: str, batch: Batch, out: str, mbs: int, ac: bool, extr
     cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
                  trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device=device,
                                        activation_checkpointing=ac, grad_clip=1.0, logprob_chunk_tokens=4))
-    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    batch = broadcast_object(batch if rank == 0 else None)
     engine = TrainEngine(cfg, model_path, rank, world)
     _save_shard_logprobs(engine, batch, out_dir / f"lp0_rank{rank}.pt")
     initial = engine.full_state_dict()
@@ -255,14 +255,14 @@ def test_prox_entropy_and_ref_inputs_reach_the_loss(tiny, batch, tmp_path):
 def _grads_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int,
                 backend: str = "hf", micro_batch_tokens: int = 0) -> None:
     """One step with an entropy bonus and a KL term; the full gradient of every weight to a file."""
-    from workers.engines import make_engine
+    from workers.trainer_engines import make_engine
 
     cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
                  loss=LossConfig(kl_beta=0.1, entropy_coef=0.01),
                  trainer=TrainerConfig(world_size=world, device="cpu", micro_batch_size=2, logprob_chunk_tokens=chunk,
                                        grad_clip=1e9, backend=backend, micro_batch_tokens=micro_batch_tokens))
     # (grad_clip 1e9: no clipping, the raw gradients are compared)
-    batch = broadcast_batch(batch if rank == 0 else None, rank)
+    batch = broadcast_object(batch if rank == 0 else None)
     batch = copy.copy(batch)
     batch.ref_logprobs = [r.logprobs - 0.1 for r in batch.rollouts]
     engine = make_engine(cfg, model_path, rank, world)
@@ -378,3 +378,27 @@ def test_reference_worker_logprobs_match_the_plain_forward(hf_model, batch):
         assert g.dtype == np.float32
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
     assert got[-1].shape == (0,)
+
+
+def _engine_logprobs_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int) -> None:
+    torch.set_num_threads(1)
+    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
+                 trainer=TrainerConfig(world_size=world, device="cpu", logprob_chunk_tokens=chunk))
+    _save_shard_logprobs(TrainEngine(cfg, model_path, rank, world), batch, Path(out) / f"lp_rank{rank}.pt")
+
+
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_reference_worker_and_trainer_logprobs_are_identical(tiny, hf_model, batch, tmp_path, chunk):
+    """The two sides of the KL term come from one function (streamrl.modeling.causal_lm_logprobs) with
+    the trainer's logprob_chunk_tokens: the reference worker's log-probs of the same model and tokens
+    are bit for bit the trainer engine's, with full logits (0) and chunked (4)."""
+    from workers.reference import ReferenceWorker
+
+    launch(1, functools.partial(_engine_logprobs_main, str(tiny), batch, str(tmp_path), chunk))
+    trainer = _gather_lp(tmp_path, 1, "lp")
+    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE), trainer=TrainerConfig(logprob_chunk_tokens=chunk))
+    worker = ReferenceWorker(cfg, None, "reference-test")
+    worker.model = hf_model
+    reference = worker._logprobs(batch.rollouts)
+    for t, r in zip(trainer, reference, strict=True):
+        np.testing.assert_array_equal(t, r)

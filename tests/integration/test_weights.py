@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from streamrl.config import Config, WeightsConfig
 from streamrl.errors import ConfigError
-from streamrl.weights import WeightHandle, WeightStoreError, make_weight_store, snapshot_state_dict
+from streamrl.weights import WeightHandle, WeightStoreError, make_loader, make_publisher, snapshot_state_dict
 from streamrl.weightstores.files import WEIGHTS_FILE, version_dirs
 from streamrl.weightstores.shm import shm_root
 
@@ -47,16 +47,17 @@ def _assert_same(path: str, expected: dict[str, torch.Tensor]) -> None:
 
 
 async def test_publish_latest_fetch(store_cfg: Config, broker, tmp_path: Path):
-    store = make_weight_store(store_cfg, broker, tmp_path)
-    assert await store.latest() is None
+    store, loader = make_publisher(store_cfg, broker, tmp_path), make_loader(store_cfg, broker, tmp_path)
+    assert await store.latest() is None and await loader.latest() is None
     sd = _state(0)
     h = await store.publish(1, snapshot_state_dict(sd))
     assert (h.version, h.transport) == (1, store_cfg.weights.backend)
     assert h.bytes == (Path(h.handle) / WEIGHTS_FILE).stat().st_size > 64 * 16 * 4
-    assert await store.latest() == h  # round-trips through the broker hash
+    assert await store.latest() == h == await loader.latest()  # round-trips through the broker hash
     raw = await broker.hgetall(store.keys.weights_latest)
     assert set(raw) == {"version", "transport", "handle", "bytes", "created_at"}
-    local = await store.fetch(h)
+    local = await loader.fetch(h)
+    assert loader.reload_call(local) == ("reload_weights", {"weights_path": local})
     _assert_same(local, sd)
     if store_cfg.weights.backend == "shm":
         assert Path(h.handle).parent == shm_root(store_cfg.run.name, tmp_path)
@@ -64,12 +65,12 @@ async def test_publish_latest_fetch(store_cfg: Config, broker, tmp_path: Path):
     else:
         assert Path(h.handle).parent == tmp_path / "weights"  # default: RUN_DIR/weights
         assert Path(local).is_relative_to(shm_root(store_cfg.run.name, tmp_path))  # copied to local memory
-    await store.close()
+    await loader.close()
     assert not Path(local).exists()
 
 
 async def test_latest_only_moves_forward(store_cfg: Config, broker, tmp_path: Path):
-    store = make_weight_store(store_cfg, broker, tmp_path)
+    store = make_publisher(store_cfg, broker, tmp_path)
     await store.publish(3, _state(3))
     await store.publish(2, _state(2))  # a late, older publish must not win
     assert (await store.latest()).version == 3
@@ -78,20 +79,20 @@ async def test_latest_only_moves_forward(store_cfg: Config, broker, tmp_path: Pa
 
 
 async def test_gc_keeps_newest_and_fetched_copies_survive(store_cfg: Config, broker, tmp_path: Path):
-    store = make_weight_store(store_cfg, broker, tmp_path)
+    store, loader = make_publisher(store_cfg, broker, tmp_path), make_loader(store_cfg, broker, tmp_path)
     h0 = await store.publish(0, _state(0))
-    local0 = await store.fetch(h0)
+    local0 = await loader.fetch(h0)
     for v in range(1, 5):
         await store.publish(v, _state(v))
     assert sorted(version_dirs(store.root)) == [3, 4]  # keep=2
     _assert_same(local0, _state(0))  # a generator's local copy outlives the published one
     with pytest.raises(WeightStoreError, match="collected before it was fetched"):
-        await store.fetch(WeightHandle(1, h0.transport, str(store.root / "v1"), 1, time.time()))
-    await store.close()
+        await loader.fetch(WeightHandle(1, h0.transport, str(store.root / "v1"), 1, time.time()))
+    await loader.close()
 
 
 async def test_failed_write_leaves_nothing(store_cfg: Config, broker, tmp_path: Path):
-    store = make_weight_store(store_cfg, broker, tmp_path)
+    store = make_publisher(store_cfg, broker, tmp_path)
     await store.publish(1, _state(1))
     with pytest.raises(Exception):
         await store.publish(2, {"w": "not a tensor"})  # safetensors refuses it mid-write
@@ -100,8 +101,8 @@ async def test_failed_write_leaves_nothing(store_cfg: Config, broker, tmp_path: 
 
 
 async def test_transport_mismatch_names_the_fix(config: Config, broker, tmp_path: Path):
-    shm = make_weight_store(config.model_copy(update={"weights": WeightsConfig(backend="shm")}), broker, tmp_path)
-    d = make_weight_store(config.model_copy(update={"weights": WeightsConfig(backend="dir")}), broker, tmp_path)
+    shm = make_loader(config.model_copy(update={"weights": WeightsConfig(backend="shm")}), broker, tmp_path)
+    d = make_publisher(config.model_copy(update={"weights": WeightsConfig(backend="dir")}), broker, tmp_path)
     try:
         h = await d.publish(1, _state(1))
         with pytest.raises(WeightStoreError, match="set weights.backend=dir"):
@@ -111,7 +112,7 @@ async def test_transport_mismatch_names_the_fix(config: Config, broker, tmp_path
 
 
 async def test_publish_serialises_off_the_event_loop(config: Config, broker, tmp_path: Path):
-    store = make_weight_store(config.model_copy(update={"weights": WeightsConfig(backend="dir")}), broker, tmp_path)
+    store = make_publisher(config.model_copy(update={"weights": WeightsConfig(backend="dir")}), broker, tmp_path)
     sd = {"big": torch.randn(8 * 1024 * 1024)}  # 32 MiB: long enough to notice a blocked loop
     ticks = 0
 
@@ -131,7 +132,7 @@ async def test_publish_serialises_off_the_event_loop(config: Config, broker, tmp
 
 async def test_gc_removes_copies_of_dead_readers(config: Config, broker, tmp_path: Path):
     cfg = config.model_copy(update={"weights": WeightsConfig(backend="shm")})
-    store = make_weight_store(cfg, broker, tmp_path)
+    store = make_publisher(cfg, broker, tmp_path)
     try:
         dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True, check=True)
@@ -149,8 +150,8 @@ async def test_two_runs_of_one_name_keep_their_own_shm_weights(config: Config, b
     """Two jobs with the same run.name on one host (different run dirs): neither overwrites, collects
     or deletes the other's versions; a reader without a run dir links next to the publisher's."""
     cfg = config.model_copy(update={"weights": WeightsConfig(backend="shm", keep=1)})
-    a, b = make_weight_store(cfg, broker, tmp_path / "a"), make_weight_store(cfg, broker, tmp_path / "b")
-    reader = make_weight_store(cfg, broker, None)
+    a, b = make_publisher(cfg, broker, tmp_path / "a"), make_publisher(cfg, broker, tmp_path / "b")
+    reader = make_loader(cfg, broker, None)
     try:
         ha = await a.publish(1, _state(1))
         hb = await b.publish(1, _state(2))
@@ -172,8 +173,10 @@ async def test_two_runs_of_one_name_keep_their_own_shm_weights(config: Config, b
 
 
 async def test_dir_backend_without_a_directory_names_the_fix(config: Config, broker):
-    with pytest.raises(ConfigError, match="set weights.dir="):
-        make_weight_store(config.model_copy(update={"weights": WeightsConfig(backend="dir")}), broker, None)
+    dir_cfg = config.model_copy(update={"weights": WeightsConfig(backend="dir")})
+    for make in (make_publisher, make_loader):
+        with pytest.raises(ConfigError, match="set weights.dir="):
+            make(dir_cfg, broker, None)
 
 
 def test_snapshot_is_an_independent_cpu_copy():

@@ -12,7 +12,8 @@ import torch
 from streamrl.batch import Batch
 from streamrl.errors import StreamRLError
 from streamrl.messages import Rollout
-from workers.train_engine import num_micro_batches, pad_batch, plan_micro_batches, token_logprobs
+from streamrl.logprobs import token_logprobs
+from workers.train_engine import num_micro_batches, pad_batch, plan_micro_batches
 
 PAD = 0
 

@@ -11,7 +11,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from streamrl.logprobs import chunked_logprobs, gathered_logprobs
-from workers.train_engine import token_logprobs
+from streamrl.logprobs import token_logprobs
 
 N, D, V, T = 37, 6, 50, 0.7
 

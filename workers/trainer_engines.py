@@ -2,17 +2,18 @@
 
     engine = make_engine(cfg, model_path, rank, world)   # TrainEngine (hf) or TitanEngine (torchtitan)
 
-Both engines have the same interface (train_step, full_state_dict, rank/world_size/device/pad_id/
-requirements/steps_done); torchtitan is imported only when its backend is chosen.
+Both implement workers/engine_interface.TrainerEngine; torchtitan is imported only when its
+backend is chosen.
 """
 
 from __future__ import annotations
 
 from streamrl.config import Config
 from streamrl.errors import ConfigError
+from workers.engine_interface import TrainerEngine
 
 
-def make_engine(cfg: Config, model_path: str, rank: int, world_size: int):
+def make_engine(cfg: Config, model_path: str, rank: int, world_size: int) -> TrainerEngine:
     """The engine for cfg.trainer.backend, built on this rank (collective: every rank calls it)."""
     backend = cfg.trainer.backend
     if backend == "hf":
