@@ -92,5 +92,5 @@ def task_items(items: list[dict], tokenizer, cfg) -> list[dict]:
         return items
     from streamrl.tools import load_tools
 
-    schemas = [t.schema() for t in load_tools(cfg.tools.names).values()]
+    schemas = [t.schema() for t in load_tools(cfg.tools.names, cfg.tools.sandbox).values()]
     return chat_items(items, ChatBridge(tokenizer, cfg.tools, schemas))

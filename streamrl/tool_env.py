@@ -44,7 +44,7 @@ class ToolEnv(Env):
     def from_config(cls, cfg: Config) -> "ToolEnv":
         if not cfg.tools.names:
             raise ConfigError("env.fn=streamrl.tool_env:ToolEnv offers no tools; set tools.names, e.g. [python]")
-        return cls(load_tools(cfg.tools.names), cfg.tools)
+        return cls(load_tools(cfg.tools.names, cfg.tools.sandbox), cfg.tools)
 
     def reset(self, item: dict) -> None:
         self.item = item

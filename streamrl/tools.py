@@ -13,6 +13,7 @@ back as `ok=False` with a message the model can read. Tools run on every replay 
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from dataclasses import dataclass
@@ -64,16 +65,20 @@ def tool_from_function(fn: Callable, name: str | None = None) -> Tool:
                 {"type": "object", "properties": props, "required": required})
 
 
-def _python(code: str) -> ToolResult:
-    """Run Python code in the sandbox (streamrl/sandbox.py) and return what it printed."""
+def _python(code: str, limits) -> ToolResult:
+    """Run Python code in the sandbox (streamrl/sandbox.py): what it printed, and how it ended when a
+    limit stopped it (a call that failed: ok=False). A program that raises is a result (ok=True):
+    its traceback is what the model needs to see."""
     from streamrl.sandbox import run_python
 
-    r = run_python(code)
+    r = run_python(code, limits)
     parts = [r.stdout.rstrip("\n")] if r.stdout else []
     if r.stderr:
         parts.append("[stderr]\n" + r.stderr.rstrip("\n"))
-    if r.timed_out or getattr(r, "reason", ""):
-        parts.append(f"[killed: {getattr(r, 'reason', '') or 'timed out'}]")
+    if r.truncated:
+        parts.append("[output truncated]")
+    if r.reason:
+        parts.append(f"[killed: {r.reason} limit]" if r.reason != "signal" else "[killed by a signal]")
         return ToolResult("\n".join(parts), ok=False)
     if r.exit_code:
         parts.append(f"[exit code {r.exit_code}]")
@@ -82,18 +87,40 @@ def _python(code: str) -> ToolResult:
 
 def python(code: str) -> str:
     """Run a Python program in a sandbox (no network, no files outside a scratch directory, CPU/memory/time limits) and return its stdout and stderr."""
-    return _python(code).text  # the schema's source; dispatch calls _python to see failures
+    return _python(code, None).text
 
 
-BUILTIN_TOOLS: dict[str, Callable[[], Tool]] = {"python": lambda: tool_from_function(python)}
+@functools.cache
+def _sandbox_check() -> None:
+    from streamrl.sandbox import sandbox_problem
+
+    if problem := sandbox_problem():  # once per process: fail the env worker's start, not every call
+        raise ConfigError(f"tools.names lists python, but {problem}")
 
 
-def load_tools(specs: list[str]) -> dict[str, Tool]:
-    """{name: Tool} for built-in names and `package.module:function` specs; ConfigError names the fix."""
+def _python_tool(limits: dict) -> Tool:
+    from streamrl.sandbox import SandboxLimits
+
+    try:
+        bounds = SandboxLimits(**limits)
+    except TypeError as exc:
+        raise ConfigError(f"tools.sandbox: {exc}; its keys are SandboxLimits fields (streamrl/sandbox.py)") from None
+    _sandbox_check()
+    tool = tool_from_function(python)
+    tool.fn = lambda code: _python(code, bounds)
+    return tool
+
+
+BUILTIN_TOOLS: dict[str, Callable[[dict], Tool]] = {"python": _python_tool}
+
+
+def load_tools(specs: list[str], sandbox: dict | None = None) -> dict[str, Tool]:
+    """{name: Tool} for built-in names and `package.module:function` specs; `sandbox`: SandboxLimits
+    fields for the python tool. ConfigError names the fix."""
     tools: dict[str, Tool] = {}
     for spec in specs:
         if spec in BUILTIN_TOOLS:
-            tool = BUILTIN_TOOLS[spec]()
+            tool = BUILTIN_TOOLS[spec](sandbox or {})
         elif ":" in spec:
             _, attr, fn = import_spec(spec, f"tools.names entry {spec!r}", "install it or add its folder to PYTHONPATH")
             if not callable(fn):
@@ -139,7 +166,7 @@ def dispatch(tools: dict[str, Tool], call: ToolCall, max_chars: int = 1000) -> T
     if problem := _bad_arguments(tool, call.arguments):
         return ToolResult(f"error: bad arguments for {tool.name}: {problem}", ok=False)
     try:
-        out = _python(**call.arguments) if tool.fn is python else tool.fn(**call.arguments)
+        out = tool.fn(**call.arguments)
     except Exception as exc:  # the tool's failure is the model's observation, not the episode's end
         return ToolResult(f"error: {tool.name} raised {type(exc).__name__}: {clip(str(exc), max_chars)}", ok=False)
     if isinstance(out, ToolResult):

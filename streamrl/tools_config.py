@@ -37,6 +37,9 @@ class ToolsConfig(BaseModel):
     """A model turn without tool-call markup is a call of this tool with the whole turn as its one
     argument (for base or random models that cannot emit the call format). None: such a turn is
     the final answer and ends the episode."""
+    sandbox: dict[str, Any] = {}
+    """Limits of the python tool's sandbox: SandboxLimits fields (streamrl/sandbox.py), e.g.
+    {wall_s: 5, cpu_s: 3, memory_bytes: 268435456}; unset ones keep its defaults."""
     max_output_chars: int = Field(1000, ge=16)
     """A tool result longer than this is cut (keeping its head and tail) before it becomes an observation."""
 
