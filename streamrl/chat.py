@@ -34,9 +34,11 @@ SENTINEL = "STREAMRLASSISTANTCONTENT0x5f3759df"
 class ChatBridge:
     def __init__(self, tokenizer, cfg: ToolsConfig, tool_schemas: list[dict] | None = None):
         if not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("tools.chat=true needs a tokenizer with a chat template, but model.path's has none; "
-                              "use an instruct/chat model, set model.tiny.chat_template=true for the tiny model, "
-                              "or set tools.chat=false")
+            raise ConfigError(
+                "tools.chat=true needs a tokenizer with a chat template, but model.path's has none; "
+                "use an instruct/chat model, set model.tiny.chat_template=true for the tiny model, "
+                "or set tools.chat=false"
+            )
         self.tokenizer = tokenizer
         self.cfg = cfg
         self.tools = tool_schemas if (tool_schemas and cfg.schemas_in_prompt) else None
@@ -44,8 +46,9 @@ class ChatBridge:
         self.end_ids = {eos} if isinstance(eos, int) else set(eos or [])
 
     def _render(self, messages: list[dict], generation_prompt: bool, tools=None) -> str:
-        return self.tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt, **self.cfg.template_kwargs)
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt, **self.cfg.template_kwargs
+        )
 
     def prompt_messages(self, text: str) -> list[dict]:
         system = [{"role": "system", "content": self.cfg.system}] if self.cfg.system else []
@@ -62,9 +65,11 @@ class ChatBridge:
         rendered = self._render(stand_in + list(messages), True)
         at = rendered.find(SENTINEL)
         if at < 0:
-            raise ConfigError("the chat template does not render an assistant message's content verbatim, so "
-                              "observations cannot be appended token-exactly; set tools.chat=false")
-        return rendered[at + len(SENTINEL):]
+            raise ConfigError(
+                "the chat template does not render an assistant message's content verbatim, so "
+                "observations cannot be appended token-exactly; set tools.chat=false"
+            )
+        return rendered[at + len(SENTINEL) :]
 
     def observation_ids(self, messages: list[dict], history: list[int]) -> list[int]:
         """Token ids that append `messages` (tool/user turns) to `history`, which ends with a model turn."""

@@ -25,7 +25,7 @@ QWEN3_STYLE_TEMPLATE = (
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>"
     "{% for tool in tools %}{{ '\\n' }}{{ tool | tojson }}{% endfor %}"
     "{{ '\\n' }}</tools>\n\nFor each function call, return a json object with function name and arguments within "
-    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}\n"
+    '<tool_call></tool_call> XML tags:\n<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n'
     "</tool_call><|im_end|>\n"
     "{% elif messages[0].role == 'system' %}"
     "<|im_start|>system\n{{ messages[0].content }}<|im_end|>\n"
@@ -48,7 +48,7 @@ QWEN3_STYLE_TEMPLATE = (
     "<|im_start|>assistant\n{{ content }}"
     "{% endif %}"
     "{% for call in m.tool_calls or [] %}{% set f = call.function or call %}"
-    "{{ '\\n' }}<tool_call>\n{\"name\": \"{{ f.name }}\", \"arguments\": {{ f.arguments | tojson }}}\n</tool_call>"
+    '{{ \'\\n\' }}<tool_call>\n{"name": "{{ f.name }}", "arguments": {{ f.arguments | tojson }}}\n</tool_call>'
     "{% endfor %}"
     "{{ '<|im_end|>\\n' }}"
     "{% elif m.role == 'tool' %}"

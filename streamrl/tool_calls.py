@@ -37,7 +37,7 @@ def _from_object(obj: Any) -> ToolCall:
     fn = obj.get("function") if isinstance(obj.get("function"), dict) else obj
     name = fn.get("name")
     if not isinstance(name, str) or not name:
-        return ToolCall(error=f"a tool call needs a string \"name\", got {json.dumps(obj)[:80]}")
+        return ToolCall(error=f'a tool call needs a string "name", got {json.dumps(obj)[:80]}')
     args = fn.get("arguments", fn.get("parameters", {}))
     if isinstance(args, str):
         try:

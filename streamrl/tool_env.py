@@ -36,12 +36,14 @@ class ToolEnv(Env):
             schema = tools[cfg.untagged].parameters
             params = schema.get("required") or list(schema["properties"])
             if len(params) != 1 or schema["properties"][params[0]].get("type") not in (None, "string"):
-                raise ConfigError(f"tools.untagged={cfg.untagged!r} does not take exactly one string argument; it "
-                                  "needs a tool of one string argument (the turn's text), e.g. python")
+                raise ConfigError(
+                    f"tools.untagged={cfg.untagged!r} does not take exactly one string argument; it "
+                    "needs a tool of one string argument (the turn's text), e.g. python"
+                )
             self._untagged_arg = params[0]
 
     @classmethod
-    def from_config(cls, cfg: Config) -> "ToolEnv":
+    def from_config(cls, cfg: Config) -> ToolEnv:
         if not cfg.tools.names:
             raise ConfigError("env.fn=streamrl.tool_env:ToolEnv offers no tools; set tools.names, e.g. [python]")
         return cls(load_tools(cfg.tools.names, cfg.tools.sandbox), cfg.tools)
@@ -59,6 +61,9 @@ class ToolEnv(Env):
         messages = [{"role": "tool", "content": r.text} for r in results]
         # Plain-text episodes (tools.chat=false) append this text; chat ones render `messages`.
         text = "".join(f"\n<tool_response>\n{r.text}\n</tool_response>" for r in results) + "\n"
-        return text, 0.0, False, {"messages": messages, "tool_calls": len(calls),
-                                  "tool_errors": sum(not r.ok for r in results)}
-
+        return (
+            text,
+            0.0,
+            False,
+            {"messages": messages, "tool_calls": len(calls), "tool_errors": sum(not r.ok for r in results)},
+        )

@@ -16,16 +16,23 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from streamrl.errors import ConfigError
 from streamrl.imports import import_spec
 from streamrl.tool_calls import ToolCall
 
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
-_CHECK = {"string": (str,), "integer": (int,), "number": (int, float), "boolean": (bool,), "array": (list,),
-          "object": (dict,)}
+_CHECK = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+}
 
 
 @dataclass
@@ -38,8 +45,10 @@ class Tool:
 
     def schema(self) -> dict:
         """The OpenAI/Hugging Face tool schema chat templates take (`tools=`)."""
-        return {"type": "function", "function": {"name": self.name, "description": self.description,
-                                                 "parameters": self.parameters}}
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
 
 
 @dataclass
@@ -55,14 +64,21 @@ def tool_from_function(fn: Callable, name: str | None = None) -> Tool:
     for p in inspect.signature(fn).parameters.values():
         if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
             continue
-        ann = p.annotation if not isinstance(p.annotation, str) else {"str": str, "int": int, "float": float,
-                                                                       "bool": bool, "list": list, "dict": dict}.get(p.annotation)
+        ann = (
+            p.annotation
+            if not isinstance(p.annotation, str)
+            else {"str": str, "int": int, "float": float, "bool": bool, "list": list, "dict": dict}.get(p.annotation)
+        )
         props[p.name] = {"type": _JSON_TYPES[ann]} if ann in _JSON_TYPES else {}
         if p.default is p.empty:
             required.append(p.name)
     doc = inspect.getdoc(fn) or ""
-    return Tool(name or fn.__name__, fn, doc.split("\n\n")[0].strip(),
-                {"type": "object", "properties": props, "required": required})
+    return Tool(
+        name or fn.__name__,
+        fn,
+        doc.split("\n\n")[0].strip(),
+        {"type": "object", "properties": props, "required": required},
+    )
 
 
 def _python(code: str, limits) -> ToolResult:
@@ -127,8 +143,10 @@ def load_tools(specs: list[str], sandbox: dict | None = None) -> dict[str, Tool]
                 raise ConfigError(f"tools.names entry {spec!r}: the module has no function {attr!r}")
             tool = tool_from_function(fn)
         else:
-            raise ConfigError(f"tools.names entry {spec!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}); "
-                              "name your own as package.module:function")
+            raise ConfigError(
+                f"tools.names entry {spec!r} is not a built-in tool ({', '.join(BUILTIN_TOOLS)}); "
+                "name your own as package.module:function"
+            )
         if tool.name in tools:
             raise ConfigError(f"tools.names: two tools are called {tool.name!r}; rename one function")
         tools[tool.name] = tool
@@ -162,12 +180,14 @@ def dispatch(tools: dict[str, Tool], call: ToolCall, max_chars: int = 1000) -> T
         return ToolResult(f"error: invalid tool call: {call.error}", ok=False)
     tool = tools.get(call.name)
     if tool is None:
-        return ToolResult(f"error: unknown tool {call.name!r}; available: {', '.join(sorted(tools)) or 'none'}", ok=False)
+        return ToolResult(
+            f"error: unknown tool {call.name!r}; available: {', '.join(sorted(tools)) or 'none'}", ok=False
+        )
     if problem := _bad_arguments(tool, call.arguments):
         return ToolResult(f"error: bad arguments for {tool.name}: {problem}", ok=False)
     try:
         out = tool.fn(**call.arguments)
-    except Exception as exc:  # the tool's failure is the model's observation, not the episode's end
+    except Exception as exc:  # noqa: BLE001 (the tool's failure is the model's observation, not the episode's end)
         return ToolResult(f"error: {tool.name} raised {type(exc).__name__}: {clip(str(exc), max_chars)}", ok=False)
     if isinstance(out, ToolResult):
         return ToolResult(clip(out.text, max_chars), out.ok)

@@ -48,8 +48,10 @@ class ToolsConfig(BaseModel):
     def _names(cls, value: list[str]) -> list[str]:
         for spec in value:
             if not TOOL_SPEC.fullmatch(spec):
-                raise ValueError(f"tools.names entry {spec!r} is neither a built-in tool (python) nor "
-                                 "`package.module:function`; e.g. tools.names=[python, my_tools:lookup]")
+                raise ValueError(
+                    f"tools.names entry {spec!r} is neither a built-in tool (python) nor "
+                    "`package.module:function`; e.g. tools.names=[python, my_tools:lookup]"
+                )
         if len(set(value)) != len(value):
             raise ValueError(f"tools.names lists a tool twice: {value}")
         return value

@@ -5,6 +5,8 @@ model's Qwen3-style template; and where the template rewrites history (Qwen3 dro
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from streamrl.chat import ChatBridge, chat_items
@@ -14,8 +16,16 @@ from streamrl.tiny import build_tokenizer, vocab
 from streamrl.tiny_chat import IM_END
 from streamrl.tools_config import ToolsConfig
 
-TOOLS = [{"type": "function", "function": {"name": "python", "description": "run code",
-                                           "parameters": {"type": "object", "properties": {"code": {"type": "string"}}}}}]
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "python",
+            "description": "run code",
+            "parameters": {"type": "object", "properties": {"code": {"type": "string"}}},
+        },
+    }
+]
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +51,11 @@ def run_incremental(tok, bridge, question, turns, role):
 def test_three_tool_turns_match_a_whole_render(tok):
     cfg = ToolsConfig(chat=True, system="You are terse.", names=["python"])
     bridge = ChatBridge(tok, cfg, TOOLS)
-    turns = [('<tool_call>\n{"name": "python", "arguments": {"code": "print(17*23)"}}\n</tool_call>', "391"),
-             ('<tool_call>\n{"name": "python", "arguments": {"code": "1/0"}}\n</tool_call>', "ZeroDivisionError"),
-             ("checking\n<tool_call>\n{\"name\": \"nope\", \"arguments\": {}}\n</tool_call>", "error: unknown tool")]
+    turns = [
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "print(17*23)"}}\n</tool_call>', "391"),
+        ('<tool_call>\n{"name": "python", "arguments": {"code": "1/0"}}\n</tool_call>', "ZeroDivisionError"),
+        ('checking\n<tool_call>\n{"name": "nope", "arguments": {}}\n</tool_call>', "error: unknown tool"),
+    ]
     s = run_incremental(tok, bridge, "What is 17*23?", turns, "tool")
     messages = bridge.prompt_messages("What is 17*23?")
     for action, obs in turns:
@@ -67,8 +79,11 @@ def test_qwen3_think_drift_is_not_inherited(tok):
     re-render (and the empty think of enable_thinking=false), so the whole render is NOT the sequence the
     model was conditioned on. The delta keeps every context a prefix of the next (token-exact)."""
     bridge = ChatBridge(tok, ToolsConfig(chat=True, template_kwargs={"enable_thinking": False}))
-    turns = [("<think>\nadd them\n</think>\n\n40", "and times 2?"), ("<think>\ndouble\n</think>\n\n80", "minus 1?"),
-             ("<think>\nsub\n</think>\n\n79", "thanks")]
+    turns = [
+        ("<think>\nadd them\n</think>\n\n40", "and times 2?"),
+        ("<think>\ndouble\n</think>\n\n80", "minus 1?"),
+        ("<think>\nsub\n</think>\n\n79", "thanks"),
+    ]
     contexts, s = [], None
     eos = tok.convert_tokens_to_ids(IM_END)
     s = EpisodeSample(ids(tok, bridge.prompt_text("20+20?")))
@@ -77,12 +92,13 @@ def test_qwen3_think_drift_is_not_inherited(tok):
         s.add_model(ids(tok, action) + [eos], [0.0] * (len(ids(tok, action)) + 1), 0)
         s.add_observation(bridge.observation_ids([{"role": "user", "content": obs}], s.context))
     contexts.append(list(s.context))
-    assert all(split_extension(a, b) is not None for a, b in zip(contexts, contexts[1:]))
+    assert all(split_extension(a, b) is not None for a, b in itertools.pairwise(contexts))
     messages = bridge.prompt_messages("20+20?")
     for action, obs in turns:
         messages += [{"role": "assistant", "content": action}, {"role": "user", "content": obs}]
-    rerender = ids(tok, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True,
-                                                enable_thinking=False))
+    rerender = ids(
+        tok, tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True, enable_thinking=False)
+    )
     assert "add them" not in tok.decode(rerender) and "add them" in tok.decode(s.context)
     assert split_extension(contexts[1], rerender) is None  # a re-render would break the prefix: drift
 

@@ -30,10 +30,18 @@ SPECS = ["tests.unit.test_tools:add", "tests.unit.test_tools:boom"]
 
 def test_schema_from_signature_and_docstring():
     tools = load_tools(SPECS)
-    assert tools["add"].schema() == {"type": "function", "function": {
-        "name": "add", "description": "Add two numbers.",
-        "parameters": {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
-                       "required": ["a"]}}}
+    assert tools["add"].schema() == {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two numbers.",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "integer"}, "b": {"type": "number"}},
+                "required": ["a"],
+            },
+        },
+    }
 
 
 def test_dispatch_answers_every_invalid_call():
@@ -43,7 +51,9 @@ def test_dispatch_answers_every_invalid_call():
         "error: unknown tool 'sub'; available: add, boom": ToolCall("sub", {}),
         "error: invalid tool call: bad json": ToolCall(error="bad json"),
         "error: bad arguments for add: missing argument(s) ['a']": ToolCall("add", {}),
-        "error: bad arguments for add: unknown argument(s) ['c']; add takes ['a', 'b']": ToolCall("add", {"a": 1, "c": 2}),
+        "error: bad arguments for add: unknown argument(s) ['c']; add takes ['a', 'b']": ToolCall(
+            "add", {"a": 1, "c": 2}
+        ),
         "error: bad arguments for add: argument 'a' must be a integer, got \"x\"": ToolCall("add", {"a": "x"}),
         "error: boom raised RuntimeError: disk on fire": ToolCall("boom", {"text": "t"}),
     }
@@ -66,15 +76,22 @@ def test_tool_env_steps_count_calls_and_errors():
     make = env_factory(resolve_env(cfg.env.fn), cfg)
     env = make()
     env.reset({"text": "q", "meta": {}})
-    turn = ('<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
-            '<tool_call>{"name": "add", "arguments": {a}}</tool_call>{"name": "x"}')
+    turn = (
+        '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>'
+        '<tool_call>{"name": "add", "arguments": {a}}</tool_call>{"name": "x"}'
+    )
     text, reward, done, info = check_step(env.step(turn))
     assert not done and reward == 0.0
     assert info["counts"] == {"tool_calls": 2, "tool_errors": 1}
     assert info["messages"][0] == {"role": "tool", "content": "2.0"}
     assert info["messages"][1]["content"].startswith("error: invalid tool call: the <tool_call> body is not valid JSON")
     assert text.startswith("\n<tool_response>\n2.0\n</tool_response>\n<tool_response>\nerror:")
-    assert check_step(env.step("The answer is 3.")) == ("", 0.0, True, {"messages": [], "counts": {"tool_calls": 0, "tool_errors": 0}})
+    assert check_step(env.step("The answer is 3.")) == (
+        "",
+        0.0,
+        True,
+        {"messages": [], "counts": {"tool_calls": 0, "tool_errors": 0}},
+    )
 
 
 def test_untagged_turn_is_a_call_and_config_errors():
@@ -94,3 +111,23 @@ def test_untagged_turn_is_a_call_and_config_errors():
 def test_clip_keeps_head_and_tail():
     out = clip("A" * 50 + "TAIL", 20)
     assert out.startswith("A" * 10) and out.endswith("AATAIL"[-10:]) and "characters cut" in out
+
+
+def test_episode_metrics_sum_env_counters():
+    from types import SimpleNamespace
+
+    from streamrl.episode import episode_metrics
+
+    def ep(calls, errors):
+        return SimpleNamespace(
+            meta={
+                "turns": 2,
+                "env_step_s": [0.1],
+                "env_tokens": 3,
+                "env_counts": {"tool_calls": calls, "tool_errors": errors},
+            }
+        )
+
+    m = episode_metrics([ep(2, 1), ep(3, 0), SimpleNamespace(meta={"turns": 1, "env_step_s": [0.2]})])
+    assert (m["tool_calls"], m["tool_errors"]) == (5, 1)
+    assert "tool_calls" not in episode_metrics([SimpleNamespace(meta={"turns": 1, "env_step_s": [0.2]})])
