@@ -193,3 +193,15 @@ def dispatch(tools: dict[str, Tool], call: ToolCall, max_chars: int = 1000) -> T
         return ToolResult(clip(out.text, max_chars), out.ok)
     text = out if isinstance(out, str) else json.dumps(out, default=str)
     return ToolResult(clip(text, max_chars), ok=True)
+
+
+def check_tools(cfg) -> str | None:
+    """Pre-flight (streamrl/preflight.py): the tools of tools.names load (their modules import, the
+    python tool's sandbox works here); the problem, or None."""
+    if not cfg.tools.names:
+        return None
+    try:
+        load_tools(cfg.tools.names, cfg.tools.sandbox)
+    except ConfigError as exc:
+        return str(exc)
+    return None

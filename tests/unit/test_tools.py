@@ -131,3 +131,10 @@ def test_episode_metrics_sum_env_counters():
     m = episode_metrics([ep(2, 1), ep(3, 0), SimpleNamespace(meta={"turns": 1, "env_step_s": [0.2]})])
     assert (m["tool_calls"], m["tool_errors"]) == (5, 1)
     assert "tool_calls" not in episode_metrics([SimpleNamespace(meta={"turns": 1, "env_step_s": [0.2]})])
+
+
+def test_preflight_reports_a_tool_that_cannot_load():
+    from streamrl.preflight import check_tools
+
+    assert check_tools(Config(tools={"names": SPECS})) is None
+    assert "cannot import module 'no_such_mod'" in check_tools(Config(tools={"names": ["no_such_mod:f"]}))
