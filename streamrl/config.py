@@ -14,6 +14,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from streamrl.tools_config import ToolsConfig
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -59,6 +61,8 @@ class TinyModelConfig(Section):
     max_position_embeddings: int = Field(256, ge=16)
     init_std: float = Field(0.02, gt=0)
     """Std of the normal weight init (near-uniform next-token distribution at 0.02)."""
+    chat_template: bool = False
+    """Build the Qwen-style chat variant (streamrl/tiny_chat.py): <|im_start|>/<|im_end|> tokens, eos <|im_end|>, a chat template."""
 
     @model_validator(mode="after")
     def _heads(self) -> "TinyModelConfig":
@@ -678,6 +682,7 @@ class Config(Section):
     reward: RewardConfig = RewardConfig()
     reference: ReferenceConfig = ReferenceConfig()
     env: EnvConfig = EnvConfig()
+    tools: ToolsConfig = ToolsConfig()  # chat templates and tools of episodes (streamrl/tools_config.py)
     loss: LossConfig = LossConfig()
     trainer: TrainerConfig = TrainerConfig()
     weights: WeightsConfig = WeightsConfig()

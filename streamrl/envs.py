@@ -86,11 +86,26 @@ def resolve_env(spec: str, latency_ms: tuple[float, float] = (20.0, 200.0)):
     return cls
 
 
-def check_step(out: Any) -> tuple[str, float, bool]:
-    """Validate what step() returned; ValueError says what is wrong."""
-    if not (isinstance(out, tuple) and len(out) == 3):
-        raise ValueError(f"step() must return (observation: str, reward: float, done: bool), got {out!r:.100}")
-    obs, reward, done = out
+def env_factory(cls, cfg):
+    """`() -> Env` for what resolve_env returned; an env class with a `from_config(cfg)` classmethod
+    (streamrl.tool_env.ToolEnv) is built from the job's config, and built once here so a bad config
+    fails the worker's start, not its first step."""
+    make = getattr(cls, "from_config", None)
+    if inspect.isclass(cls) and callable(make):
+        make(cfg)
+        return lambda: make(cfg)
+    return cls
+
+
+def check_step(out: Any) -> tuple[str, float, bool, dict]:
+    """Validate what step() returned: (observation, reward, done) or (observation, reward, done, info);
+    ValueError says what is wrong. `info` may hold `messages` (chat messages [{role, content}] the
+    generator renders with the chat template, streamrl/chat.py) and numeric counters (e.g.
+    tool_calls) summed per episode into metrics."""
+    if not (isinstance(out, tuple) and len(out) in (3, 4)):
+        raise ValueError(f"step() must return (observation: str, reward: float, done: bool[, info: dict]), got {out!r:.100}")
+    obs, reward, done = out[:3]
+    info = out[3] if len(out) == 4 else {}
     if not isinstance(obs, str):
         raise ValueError(f"step() returned observation {obs!r:.60}, not a str")
     try:
@@ -101,4 +116,15 @@ def check_step(out: Any) -> tuple[str, float, bool]:
         raise ValueError(f"step() returned reward {reward}")
     if not isinstance(done, bool):
         raise ValueError(f"step() returned done={done!r:.60}, not a bool")
-    return obs, reward, done
+    if not isinstance(info, dict):
+        raise ValueError(f"step() returned info {info!r:.60}, not a dict")
+    messages = info.get("messages", [])
+    if not (isinstance(messages, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
+                                               and isinstance(m.get("content"), str) for m in messages)):
+        raise ValueError(f"step() info['messages'] must be [{{role: str, content: str}}, ...], got {messages!r:.80}")
+    counts = {k: v for k, v in info.items() if k != "messages"}
+    for key, value in counts.items():
+        if not (isinstance(key, str) and isinstance(value, (int, float)) and not isinstance(value, bool)
+                and value == value and abs(value) != float("inf")):
+            raise ValueError(f"step() info[{key!r}]={value!r:.40}: info holds `messages` and finite numeric counters only")
+    return obs, reward, done, {"messages": messages, "counts": counts}

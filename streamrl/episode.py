@@ -118,7 +118,8 @@ def split_extension(history: Sequence[int], new_context: Sequence[int]) -> list[
 
 def episode_metrics(rollouts: list) -> dict:
     """Per-step metrics of a batch's multi-turn episodes (empty for single-turn rollouts):
-    mean model turns, env step latency p50/p99 (as the generator waited for it), observation tokens."""
+    mean model turns, env step latency p50/p99 (as the generator waited for it), observation tokens,
+    and the sum of each env counter (tool_calls, tool_errors) over the batch's episodes."""
     eps = [r.meta for r in rollouts if "turns" in r.meta and "env_step_s" in r.meta]
     if not eps:
         return {}
@@ -128,4 +129,7 @@ def episode_metrics(rollouts: list) -> dict:
         "env_step_s_p50": float(np.percentile(steps, 50)),
         "env_step_s_p99": float(np.percentile(steps, 99)),
         "env_tokens": int(sum(int(m.get("env_tokens", 0)) for m in eps)),
+        # The env's counters (ToolEnv: tool_calls, tool_errors), summed over the batch's episodes.
+        **{key: sum(m.get("env_counts", {}).get(key, 0) for m in eps)
+           for key in sorted({k for m in eps for k in m.get("env_counts", {})})},
     }

@@ -186,6 +186,11 @@ class Observation:
     env_worker: str = ""
     step_s: float = 0.0
     """Seconds the env itself took for this step (replay included)."""
+    messages: list = field(default_factory=list)
+    """Chat messages [{role, content}] this step appends (tool results, a user turn): a generator with
+    tools.chat renders them with the model's chat template; empty: `text` is the observation."""
+    counts: dict = field(default_factory=dict)
+    """Numeric counters of this step (e.g. tool_calls, tool_errors), summed over the episode into metrics."""
 
 
 MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation)}
@@ -347,6 +352,10 @@ def _validate(msg: Any) -> None:
         _check(msg.turn >= 0, "observation.turn must be >= 0")
         _check(math.isfinite(msg.reward), "observation.reward is NaN or inf")
         _check(msg.error_kind in ("", "replay"), "observation.error_kind must be '' or 'replay'")
+        _check(all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                   for m in msg.messages), "observation.messages must be [{role: str, content: str}, ...]")
+        _check(all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                   for k, v in msg.counts.items()), "observation.counts must map str to finite numbers")
     if isinstance(msg, Annotation):
         v = msg.value
         if isinstance(v, np.ndarray):

