@@ -134,8 +134,16 @@ class TaskConfig(Section):
     """Read at most this many records (required with dataset.streaming)."""
     num_prompts: int = Field(512, ge=1)
     """Synthetic prompts generated for `charclass` (the feeder cycles through them)."""
-    charclass_length: int = Field(16, ge=1)
-    """Completion characters the `charclass` reward scores; keep it equal to generator.max_tokens."""
+    charclass_length: int | None = Field(None, ge=1)
+    """Completion characters the `charclass` reward scores. None: generator.max_tokens (one
+    character per token, so the whole completion is scored); see `charclass_chars`."""
+
+    def charclass_chars(self, max_tokens: int | None) -> int:
+        """The charclass length: task.charclass_length, or generator.max_tokens when unset."""
+        if self.charclass_length is None and max_tokens is None:
+            raise ValueError("task.charclass_length is unset, so it follows generator.max_tokens: "
+                             "pass max_tokens=cfg.generator.max_tokens")
+        return self.charclass_length or max_tokens
 
     @model_validator(mode="before")
     @classmethod
@@ -327,37 +335,39 @@ class ReferenceConfig(Section):
     GPUs when they are short (slower log-probs, no GPU memory); `cuda` puts it on a GPU."""
 
 
+Aggregation = Literal["token_mean", "seq_mean", "fixed_horizon"]
+Advantage = Literal["group_norm", "group_mean", "loo"]
+_LOSS_NAME = re.compile(r"[A-Za-z_]\w*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
+
+
 class LossConfig(Section):
+    """The settings every objective shares. An objective's own parameters (eps_low, eps_high,
+    dual_clip_c, tis_cap, sapo_tau_pos, ...) and its defaults for these are declared by the
+    objective (streamrl/losses/*.py, docs/losses.md); they pass through here and are checked
+    against the objective named by `name` where the loss is resolved (streamrl.losses.resolve_loss:
+    preflight and trainer start), so this schema needs no registry of objectives."""
+
+    # extra="allow": keys of the chosen objective; resolve_loss rejects any the objective lacks.
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+
     name: str = "grpo"
-    """Objective: grpo, dr_grpo, dapo, gspo, cispo, sapo, tis, decoupled_ppo, clipped_reinforce
-    (registry: streamrl.losses; formulas: docs/losses.md). dr_grpo, dapo and gspo fill in their
-    papers' settings (LOSS_PRESETS) for fields you do not set. Or `package.module:function`: an
-    objective in your own module, imported by the trainer (docs/losses.md)."""
-    eps_low: float = Field(0.2, ge=0)
-    """Lower clip range: the ratio is clipped at 1 - eps_low (PPO-clip, GSPO, CISPO weight)."""
-    eps_high: float = Field(0.2, ge=0)
-    """Upper clip range: 1 + eps_high. DAPO's clip-higher sets 0.28."""
+    """Objective: grpo, dr_grpo, dapo, gspo, cispo, sapo, tis, decoupled_ppo, clipped_reinforce,
+    reinforce (registry: streamrl.losses; formulas and each one's settings: docs/losses.md). Or
+    `package.module:function`: an objective in your own module, imported by the trainer. Checked
+    against the registry by preflight (`streamrl config`, `streamrl up`) and at trainer start."""
     kl_beta: float = Field(0.0, ge=0)
     """Weight of the KL penalty to the reference model; 0 disables the reference workers."""
     kl_estimator: Literal["k1", "k2", "k3"] = "k3"
-    advantage: Literal["group_norm", "group_mean", "loo"] = "group_norm"
-    aggregation: Literal["token_mean", "seq_mean", "fixed_horizon"] = "token_mean"
+    advantage: Advantage = "group_norm"
+    """Per-group advantage (streamrl.advantages); dr_grpo fixes group_mean."""
+    aggregation: Aggregation = "token_mean"
+    """How per-token losses become one number (docs/losses.md, "Aggregation"); the objective may set
+    another default (sapo: seq_mean) or fix it (gspo: seq_mean, dr_grpo: fixed_horizon, dapo: token_mean)."""
     log_ratio_clamp: float = Field(20.0, gt=0)
-    dual_clip_c: float | None = Field(None, gt=1)
-    """Dual clip (Ye et al. 2020) for A < 0: the per-token loss is capped at -c*A (grpo, dapo,
-    dr_grpo, decoupled_ppo). None disables it; 3 is the usual value."""
-    tis_cap: float = Field(2.0, gt=0)
-    """Truncation c of the importance weight min(r, c) in `tis`."""
-    behav_weight_cap: float = Field(5.0, gt=0)
-    """decoupled_ppo: truncation of the behaviour weight exp(l_prox - l_b)."""
-    sapo_tau_pos: float = Field(1.0, gt=0)
-    """sapo: gate temperature for tokens with A > 0."""
-    sapo_tau_neg: float = Field(1.05, gt=0)
-    """sapo: gate temperature for A <= 0 (the paper keeps it >= tau_pos for stability)."""
     entropy_coef: float = Field(0.0, ge=0)
     """Entropy bonus: loss -= entropy_coef * aggregated entropy. 0 disables it."""
     horizon: int | None = Field(None, ge=1)
-    """Constant per-sequence token budget of aggregation=fixed_horizon (Dr. GRPO); normally
+    """Constant per-sequence token budget of aggregation=fixed_horizon (Dr. GRPO). None:
     generator.max_tokens."""
     dynamic_sampling: bool = False
     """DAPO dynamic sampling: the assembler drops groups whose rewards are all equal
@@ -371,25 +381,14 @@ class LossConfig(Section):
     overlong_penalty: float = Field(1.0, ge=0)
     """Reward subtracted at (and past) generator.max_tokens when overlong_buffer > 0."""
 
-    @model_validator(mode="before")
+    @field_validator("name")
     @classmethod
-    def _presets(cls, data: Any) -> Any:
-        from streamrl.losses import LOSS_PRESETS, check_loss_name  # torch-free for built-in names
-
-        if not isinstance(data, dict):
-            return data
-        name = data.get("name", "grpo")
-        if not isinstance(name, str):
-            return data
-        check_loss_name(name)
-        defining, defaults = LOSS_PRESETS.get(name, ({}, {}))
-        for key, want in defining.items():
-            if key in data and data[key] != want:
-                raise ValueError(
-                    f"loss.name={name} means loss.{key}={want}; remove loss.{key}={data[key]} "
-                    f"or use loss.name=grpo with your settings"
-                )
-        return {**defaults, **defining, **data}
+    def _name(cls, value: str) -> str:
+        # Syntax only: whether the objective exists is resolve_loss's question.
+        if _LOSS_NAME.fullmatch(value):
+            return value
+        raise ValueError(f"loss.name={value!r} is neither an objective name nor `package.module:function`; "
+                         "e.g. loss.name=grpo or loss.name=my_losses:my_loss")
 
 
 class ParallelismConfig(Section):
@@ -696,8 +695,6 @@ class Config(Section):
                 f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "
                 f"loss.advantage={self.loss.advantage}; set rollout.group_size>=2"
             )
-        if self.loss.aggregation == "fixed_horizon" and self.loss.horizon is None:
-            self.loss.horizon = self.generator.max_tokens
         devices = self.supervisor.devices
         if self.weights.backend == "cuda_ipc" and devices.get("trainer") != devices.get("generator"):
             raise ValueError(

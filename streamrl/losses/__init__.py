@@ -5,9 +5,9 @@ makes gradients of micro-batched, data-parallel training exact.
     loss, metrics = compute_loss(cfg.loss, LossInputs(logprobs, old_logprobs, adv, mask, ...))
     loss.backward()          # once per micro-batch; FSDP then averages over ranks
 
-Importing this package does not import torch (the config validates `loss.name` through it);
-an objective's module is imported the first time the objective is used. docs/losses.md has the
-formulas and shows how to add an objective in one file.
+Importing this package does not import torch; an objective's module (which declares its settings,
+streamrl/losses/settings.py) is imported the first time the objective is resolved or used.
+docs/losses.md has the formulas and shows how to add an objective in one file.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from streamrl.advantages import dynamic_sampling_keep, overlong_penalty
 from streamrl.errors import ConfigError
 from streamrl.imports import import_spec
 
+from streamrl.losses.settings import ClipSettings, LossSettings, loss_settings, resolve_loss
+
 if TYPE_CHECKING:
     import torch
 
@@ -29,7 +31,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "LossInputs", "compute_loss", "loss_requirements", "register_loss", "available_losses",
-    "known_losses", "check_loss_name", "LOSS_PRESETS", "dynamic_sampling_keep", "overlong_penalty",
+    "known_losses", "check_loss_name", "dynamic_sampling_keep", "overlong_penalty",
+    "LossSettings", "ClipSettings", "loss_settings", "resolve_loss",
 ]
 
 BUILTIN_LOSSES: dict[str, str] = {
@@ -44,16 +47,8 @@ BUILTIN_LOSSES: dict[str, str] = {
     "clipped_reinforce": "clipped_reinforce",
     "reinforce": "reinforce",
 }
-"""Objective name -> module of this package that registers it. Lets the config check a name
-without importing torch; a module missing here is still found (by importing every module)."""
-
-LOSS_PRESETS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "dr_grpo": ({"advantage": "group_mean", "aggregation": "fixed_horizon"}, {}),
-    "dapo": ({"aggregation": "token_mean"}, {"eps_high": 0.28, "dynamic_sampling": True}),
-    "gspo": ({}, {"eps_low": 3e-4, "eps_high": 4e-4, "aggregation": "seq_mean"}),
-}
-"""name -> (settings that define the method, paper defaults). LossConfig fills both in when the
-field is not given; an explicit value that contradicts a defining setting is a ConfigError."""
+"""Objective name -> module of this package that registers it, so one objective is imported, not
+all; a module missing here is still found (by importing every module)."""
 
 INPUT_NAMES = ("ref_logprobs", "prox_logprobs", "entropy")
 
@@ -65,6 +60,8 @@ class Objective:
     """fn(cfg, inp) -> streamrl.losses.core.Terms (per-token loss, ratio, clip masks)."""
     requires: frozenset[str]
     """Optional LossInputs fields the objective itself needs (beyond what cfg implies)."""
+    settings: type[LossSettings] = ClipSettings
+    """Its settings: the parameters it reads from cfg and its defaults (streamrl/losses/settings.py)."""
 
 
 _REGISTRY: dict[str, Objective] = {}
@@ -72,11 +69,14 @@ _USER_LOSSES: dict[str, Objective] = {}
 """`module:function` objectives loaded so far (kept apart: they are not names to list or register)."""
 
 
-def register_loss(name: str, *, requires: Iterable[str] = ()) -> Callable:
-    """Decorator: make `fn(cfg, inp) -> Terms` available as `loss.name=<name>`."""
+def register_loss(name: str, *, requires: Iterable[str] = (), settings: type[LossSettings] = ClipSettings) -> Callable:
+    """Decorator: make `fn(cfg, inp) -> Terms` available as `loss.name=<name>`; `cfg` is an instance
+    of `settings` (the objective's parameters and defaults, a LossSettings subclass)."""
     req = frozenset(requires)
     if not req <= set(INPUT_NAMES):
         raise ValueError(f"register_loss({name!r}): requires={sorted(req)} must be a subset of {INPUT_NAMES}")
+    if not (isinstance(settings, type) and issubclass(settings, LossSettings)):
+        raise ValueError(f"register_loss({name!r}): settings={settings!r} must be a streamrl.losses.LossSettings subclass")
 
     def deco(fn: Callable) -> Callable:
         old = _REGISTRY.get(name)
@@ -85,7 +85,7 @@ def register_loss(name: str, *, requires: Iterable[str] = ()) -> Callable:
                 f"loss {name!r} is already registered by {old.fn.__module__}.{old.fn.__qualname__}; "
                 "pick another name for the new objective"
             )
-        _REGISTRY[name] = Objective(name, fn, req)
+        _REGISTRY[name] = Objective(name, fn, req, settings)
         return fn
 
     return deco
@@ -112,8 +112,8 @@ USER_LOSS = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
 def check_loss_name(name: str) -> None:
-    """Raise ConfigError listing the objectives if `name` is not one (torch-free for built-ins).
-    A `module:function` name is checked for syntax only: the trainer imports it (and preflight does)."""
+    """Raise ConfigError listing the objectives if `name` is not one (importless for built-ins).
+    A `module:function` name is checked for syntax only: get_objective imports it."""
     if name in BUILTIN_LOSSES or name in _REGISTRY:
         return
     if ":" in name:
@@ -127,8 +127,9 @@ def check_loss_name(name: str) -> None:
 
 def load_user_loss(name: str) -> Objective:
     """Import `package.module:function` and load it as objective `name`. The function has the
-    built-ins' signature, fn(cfg: LossConfig, inp: LossInputs) -> streamrl.losses.core.Terms; a
-    `requires` attribute (e.g. ("prox_logprobs",)) asks for optional inputs."""
+    built-ins' signature, fn(cfg, inp: LossInputs) -> streamrl.losses.core.Terms; a `requires`
+    attribute (e.g. ("prox_logprobs",)) asks for optional inputs, a `settings` attribute (a
+    LossSettings subclass) declares its parameters; without one it gets ClipSettings (eps_low, eps_high)."""
     module_name, attr, fn = import_spec(name, f"loss.name={name!r}", "install it or put its directory on "
                                         "PYTHONPATH (every trainer rank imports it)")
     if not callable(fn):
@@ -138,7 +139,11 @@ def load_user_loss(name: str) -> Objective:
     requires = frozenset(getattr(fn, "requires", ()))
     if not requires <= set(INPUT_NAMES):
         raise ConfigError(f"loss.name={name!r}: {attr}.requires={sorted(requires)} must be a subset of {INPUT_NAMES}")
-    _USER_LOSSES[name] = Objective(name, fn, requires)
+    settings = getattr(fn, "settings", ClipSettings)
+    if not (isinstance(settings, type) and issubclass(settings, LossSettings)):
+        raise ConfigError(f"loss.name={name!r}: {attr}.settings={settings!r} is not a subclass of "
+                          "streamrl.losses.LossSettings; declare `class MySettings(LossSettings)` with your fields")
+    _USER_LOSSES[name] = Objective(name, fn, requires, settings)
     return _USER_LOSSES[name]
 
 
@@ -154,6 +159,7 @@ def get_objective(name: str) -> Objective:
 
 def loss_requirements(cfg: LossConfig) -> set[str]:
     """Which optional LossInputs fields the trainer must fill for this config."""
+    cfg = loss_settings(cfg)
     req = set(get_objective(cfg.name).requires)
     if cfg.kl_beta > 0:
         req.add("ref_logprobs")
@@ -192,7 +198,10 @@ def compute_loss(cfg: LossConfig, inp: LossInputs) -> tuple[torch.Tensor, dict[s
 
     Summing backward() over all micro-batches of all ranks, then averaging over dp_world_size
     ranks, gives exactly the gradient of the global objective; metrics sum to global values.
+    `cfg`: resolve_loss(config) once per job (a bare LossConfig is resolved on each call, without
+    the fixed horizon's generator.max_tokens default).
     """
+    cfg = loss_settings(cfg)
     obj = get_objective(cfg.name)
     from streamrl.losses import core  # torch is imported only once a loss is computed
 
