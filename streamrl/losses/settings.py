@@ -1,28 +1,26 @@
 """Each objective's settings: the knobs it reads and its defaults, declared next to its formula.
 
-    settings = resolve_loss(cfg)             # at trainer start and in preflight, before anything runs
-    loss, metrics = compute_loss(settings, inp)
+    class TISSettings(LossSettings):          # in streamrl/losses/tis.py
+        tis_cap: float = Field(2.0, gt=0)
+    @register_loss("tis", settings=TISSettings)
 
 `loss:` in the config (streamrl.config.LossConfig) holds the settings every objective shares
 (KL, entropy, aggregation, advantage, DAPO's reward shaping) and passes the rest through; the
 objective named by `loss.name` registers a `LossSettings` subclass that declares its own
 parameters (eps_low, tis_cap, ...) and its defaults for the shared ones (sapo: seq_mean).
-`resolve_loss` validates the section against that class, so a setting that the chosen objective
-does not have, or one that contradicts its definition, is a ConfigError naming the fix.
-This module does not import torch; it imports the objective's module (which does).
+streamrl.losses.resolve_loss validates the section against that class, so a setting that the
+chosen objective does not have, or one that contradicts its definition, is a ConfigError naming
+the fix. This module imports neither torch nor the objectives.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, ValidationError
 
 from streamrl.config import LossConfig
 from streamrl.errors import ConfigError
-
-if TYPE_CHECKING:
-    from streamrl.config import Config
 
 
 class LossSettings(LossConfig):
@@ -52,7 +50,7 @@ class PPOSettings(ClipSettings):
     3 is the usual value."""
 
 
-def _settings_error(name: str, cls: type[LossSettings], exc: ValidationError) -> ConfigError:
+def settings_error(name: str, cls: type[LossSettings], exc: ValidationError) -> ConfigError:
     problems = []
     for err in exc.errors():
         key = ".".join(str(p) for p in err["loc"])
@@ -64,33 +62,3 @@ def _settings_error(name: str, cls: type[LossSettings], exc: ValidationError) ->
         else:
             problems.append(f"loss.{key}: {err['msg']}")
     return ConfigError("; ".join(problems))
-
-
-def loss_settings(loss: LossConfig, max_tokens: int | None = None) -> LossSettings:
-    """`loss` validated against its objective's settings class, defaults filled in. With
-    aggregation=fixed_horizon and no loss.horizon, the horizon is max_tokens (when given)."""
-    if isinstance(loss, LossSettings):
-        return loss
-    from streamrl.losses import get_objective
-
-    obj = get_objective(loss.name)  # ConfigError listing the objectives for an unknown name
-    cls = obj.settings
-    data = loss.model_dump(exclude_unset=True)
-    data["name"] = loss.name
-    for key, want in cls.fixed.items():
-        if key in data and data[key] != want:
-            raise ConfigError(f"loss.name={loss.name} means loss.{key}={want}{cls.why}; remove "
-                              f"loss.{key}={data[key]} or use loss.name=grpo with your settings")
-    try:
-        settings = cls.model_validate({**data, **cls.fixed})
-    except ValidationError as exc:
-        raise _settings_error(loss.name, cls, exc) from None
-    if settings.aggregation == "fixed_horizon" and settings.horizon is None and max_tokens is not None:
-        settings = settings.model_copy(update={"horizon": max_tokens})
-    return settings
-
-
-def resolve_loss(cfg: Config) -> LossSettings:
-    """The job's loss settings: cfg.loss against its objective, the fixed horizon from
-    generator.max_tokens. Raises ConfigError (preflight reports it before anything starts)."""
-    return loss_settings(cfg.loss, max_tokens=cfg.generator.max_tokens)
