@@ -30,7 +30,7 @@ from streamrl.failures import FailureStreak
 from streamrl.losses import resolve_loss
 from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
 from streamrl.staleness import is_stale
-from workers.annotations import JoinPolicy
+from workers.join_policy import JoinPolicy
 from workers.eval_collector import EvalCollector
 
 GROUP = "trainer"
@@ -273,7 +273,7 @@ class Assembler:
                                      for r in self._ordered(g)])
 
     async def _expire(self) -> None:
-        """Apply annotations.external timeouts to groups whose rollouts are all in (workers/annotations.py)."""
+        """Apply annotations.external timeouts to groups whose rollouts are all in (workers/join_policy.py)."""
         if not self.join.external:
             return  # only external keys have timeouts; skip the scan on the hot path
         now = time.time()
