@@ -155,12 +155,24 @@ class TaskConfig(Section):
             data = {"template": "{prompt}\nAnswer:", "answer_format": "gsm8k", **data, "fields": fields}
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _path_shorthand(cls, data: Any) -> Any:
+        # task.path is task.dataset.path written shorter: merged into the input, so no validator
+        # writes the validated config.
+        if not isinstance(data, dict) or not data.get("path"):
+            return data
+        ds = data.get("dataset") or {}
+        ds_path = ds.get("path") if isinstance(ds, dict) else getattr(ds, "path", None)
+        if ds_path and ds_path != data["path"]:
+            raise ValueError(f"task.path={data['path']!r} and task.dataset.path={ds_path!r} differ; set one")
+        if not ds_path:
+            ds = {**ds, "path": data["path"]} if isinstance(ds, dict) else ds.model_copy(update={"path": data["path"]})
+            data = {**data, "dataset": ds}
+        return data
+
     @model_validator(mode="after")
     def _dataset(self) -> "TaskConfig":
-        if self.path and self.dataset.path and self.path != self.dataset.path:
-            raise ValueError(f"task.path={self.path!r} and task.dataset.path={self.dataset.path!r} differ; set one")
-        if self.path and not self.dataset.path:
-            self.dataset.path = self.path
         if self.name in ("charclass", "charclass_dialog"):  # synthetic: no records to read
             return self
         if not self.dataset.path:
