@@ -1,6 +1,6 @@
 """matplotlib for `streamrl report --plot` and the benchmarks' figures (bench/ imports it from here).
 
-    plt = pyplot()      # ConfigError naming the extra to install when matplotlib is missing
+plt = pyplot()      # ConfigError naming the extra to install when matplotlib is missing
 """
 
 from __future__ import annotations

@@ -17,9 +17,15 @@ def task_stacks(depth: int = 8) -> list[str]:
     for task in asyncio.all_tasks():
         frames, coro = [], task.get_coro()
         while coro is not None:
-            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+            frame = (
+                getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
+            )
             if frame is not None:
                 frames.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}:{frame.f_code.co_qualname}")
-            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
+            coro = (
+                getattr(coro, "cr_await", None)
+                or getattr(coro, "gi_yieldfrom", None)
+                or getattr(coro, "ag_await", None)
+            )
         out.append(f"{task.get_name()}: {' -> '.join(frames[-depth:]) or 'not started'}")
     return out

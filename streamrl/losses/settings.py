@@ -56,9 +56,11 @@ def settings_error(name: str, cls: type[LossSettings], exc: ValidationError) -> 
         key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             own = sorted(set(cls.model_fields) - set(LossConfig.model_fields))
-            problems.append(f"loss.{key} is not a setting of loss.name={name} (its own settings: "
-                            f"{', '.join(own) or 'none'}; shared: {', '.join(sorted(LossConfig.model_fields))}); "
-                            "remove it or pick the objective that has it (docs/losses.md)")
+            problems.append(
+                f"loss.{key} is not a setting of loss.name={name} (its own settings: "
+                f"{', '.join(own) or 'none'}; shared: {', '.join(sorted(LossConfig.model_fields))}); "
+                "remove it or pick the objective that has it (docs/losses.md)"
+            )
         else:
             problems.append(f"loss.{key}: {err['msg']}")
     return ConfigError("; ".join(problems))

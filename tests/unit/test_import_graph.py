@@ -50,7 +50,8 @@ def modules() -> dict[str, Path]:
 
 def _is_type_checking(test: ast.expr) -> bool:
     return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
-        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def imports_of(name: str, path: Path, known: set[str]) -> list[Imp]:
@@ -85,8 +86,11 @@ def imports_of(name: str, path: Path, known: set[str]) -> list[Imp]:
             for alias in child.names:
                 sub = f"{base}.{alias.name}"
                 out.append(Imp(name, sub if sub in known else base, child.lineno, **record))
-        visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
-              in_type_checking)
+        visit(
+            child,
+            in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+            in_type_checking,
+        )
 
     visit(ast.parse(path.read_text(), str(path)), False, False)
     return out
@@ -108,16 +112,24 @@ def where(imp: Imp) -> str:
 def test_the_graph_reader_sees_every_kind_of_import(tmp_path):
     # A guard for the rules below: a reader that missed function-level, relative or TYPE_CHECKING
     # imports would make them pass vacuously.
-    src = ("from __future__ import annotations\nfrom typing import TYPE_CHECKING\nfrom . import b\n"
-           "if TYPE_CHECKING:\n    from streamrl.config import Config\n"
-           "class K:\n    import json\n"
-           "def f():\n    from bench.common import pyplot\n    import unittest.mock\n")
+    src = (
+        "from __future__ import annotations\nfrom typing import TYPE_CHECKING\nfrom . import b\n"
+        "if TYPE_CHECKING:\n    from streamrl.config import Config\n"
+        "class K:\n    import json\n"
+        "def f():\n    from bench.common import pyplot\n    import unittest.mock\n"
+    )
     path = tmp_path / "a.py"
     path.write_text(src)
     got = {(i.target, i.module_level, i.type_checking) for i in imports_of("pkg.a", path, {"pkg.b"})}
-    assert got == {("__future__", True, False), ("typing", True, False), ("pkg.b", True, False),
-                   ("streamrl.config", True, True), ("json", True, False), ("bench.common", False, False),
-                   ("unittest.mock", False, False)}
+    assert got == {
+        ("__future__", True, False),
+        ("typing", True, False),
+        ("pkg.b", True, False),
+        ("streamrl.config", True, True),
+        ("json", True, False),
+        ("bench.common", False, False),
+        ("unittest.mock", False, False),
+    }
     edges = all_imports()
     assert len(modules()) > 50 and len(edges) > 300
     assert any(not i.module_level for i in edges) and any(i.type_checking for i in edges)
@@ -142,7 +154,7 @@ def test_no_import_cycle():
                 work.pop()
                 stack_of.pop()
             elif color.get(nxt) == 1:
-                cycles.append(stack_of[stack_of.index(nxt):] + [nxt])
+                cycles.append(stack_of[stack_of.index(nxt) :] + [nxt])
             elif nxt not in color:
                 color[nxt] = 1
                 stack_of.append(nxt)
@@ -151,14 +163,18 @@ def test_no_import_cycle():
     for mod in sorted(modules()):
         if mod not in color:
             dfs(mod)
-    assert not cycles, ("import cycles (lazy and TYPE_CHECKING imports count; move the shared piece into a "
-                        "module both can import): " + "; ".join(" -> ".join(c) for c in cycles))
+    assert not cycles, (
+        "import cycles (lazy and TYPE_CHECKING imports count; move the shared piece into a "
+        "module both can import): " + "; ".join(" -> ".join(c) for c in cycles)
+    )
 
 
 def test_nothing_imports_bench():
     bad = [where(i) for i in all_imports() if top(i.target) == "bench"]
-    assert not bad, ("streamrl/, workers/ and brokers/ must not import bench/ (move what they need into "
-                     f"streamrl/ and let bench import it from there): {bad}")
+    assert not bad, (
+        "streamrl/, workers/ and brokers/ must not import bench/ (move what they need into "
+        f"streamrl/ and let bench import it from there): {bad}"
+    )
 
 
 def test_dependencies_point_from_workers_and_brokers_to_streamrl():
@@ -166,14 +182,18 @@ def test_dependencies_point_from_workers_and_brokers_to_streamrl():
     # brokers implement streamrl's broker protocol: they never need a role
     bad = [where(i) for i in imps if top(i.source) == "brokers" and top(i.target) == "workers"]
     # streamrl reaches workers/brokers only lazily (composition root: CLI, supervisor, commands)
-    bad += [where(i) for i in imps
-            if top(i.source) == "streamrl" and top(i.target) in ("workers", "brokers") and i.module_level]
+    bad += [
+        where(i)
+        for i in imps
+        if top(i.source) == "streamrl" and top(i.target) in ("workers", "brokers") and i.module_level
+    ]
     assert not bad, f"imports against the dependency direction (DESIGN.md): {bad}"
 
 
 def test_no_unittest_mock_outside_tests():
-    files = subprocess.run(["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True,
-                           check=True).stdout.split()
+    files = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
     bad = []
     for rel in files:
         if rel.startswith("tests/"):
@@ -185,7 +205,10 @@ def test_no_unittest_mock_outside_tests():
             if imp.target == "unittest.mock" or imp.target.startswith("unittest.mock.") or imp.target == "mock":
                 bad.append(f"{rel}:{imp.line}")
         tree = ast.parse(path.read_text(), rel)
-        bad += [f"{rel}:{n.lineno}" for n in ast.walk(tree)
-                if isinstance(n, ast.ImportFrom) and n.module == "unittest" and any(a.name == "mock" for a in n.names)]
+        bad += [
+            f"{rel}:{n.lineno}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module == "unittest" and any(a.name == "mock" for a in n.names)
+        ]
     assert not bad, f"unittest.mock is for tests only (real parts in production code, STYLE.md): {sorted(set(bad))}"
     assert len(files) > 100
