@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamrl.commands.common import cache_dir
+from streamrl.cache import cache_dir
 from streamrl.config import Config
 from streamrl.errors import ConfigError
 
