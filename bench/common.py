@@ -23,6 +23,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from streamrl.plotting import pyplot  # noqa: F401  (bench modules take it from here)
+
 _CTX = mp.get_context("fork")
 
 
@@ -164,15 +166,3 @@ def write_result(out: str | None, result: dict) -> Path | None:
     return path / "result.json"
 
 
-def pyplot():
-    """matplotlib's pyplot on the file-only backend; a clear error naming the extra when missing."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        from streamrl.errors import ConfigError
-
-        raise ConfigError("plots need matplotlib: pip install -e '.[bench]' (or pip install matplotlib)") from None
-    return plt

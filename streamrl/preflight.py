@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamrl.commands.common import cache_dir
+from streamrl.cache import cache_dir
 from streamrl.config import Config
 from streamrl.errors import ConfigError
 from streamrl.tools import check_tools
@@ -49,16 +49,15 @@ def check_reward_fn(cfg: Config) -> str | None:
 
 
 def check_loss_fn(cfg: Config) -> str | None:
-    """A user objective (loss.name=package.module:function) imports, the way the trainer imports it."""
-    from streamrl.losses import load_user_loss
+    """loss.name is an objective (a user's `package.module:function` imports, the way the trainer
+    imports it) and the other loss.* keys are its settings (streamrl.losses.resolve_loss)."""
+    from streamrl.losses import resolve_loss
 
-    if ":" not in cfg.loss.name:
-        return None
     added = os.getcwd() not in sys.path
     if added:
         sys.path.insert(0, os.getcwd())
     try:
-        load_user_loss(cfg.loss.name)
+        resolve_loss(cfg)
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # the module itself raised while importing: user code

@@ -1,4 +1,5 @@
-"""What `streamrl up` does when a process dies: the restart policy (pure) and the embedded broker watch.
+"""What `streamrl up` does when a process dies: the restart policy (pure), how the process ended
+(describe_exit) and the embedded broker watch.
 
     policy = RestartPolicy(cfg.supervisor)
     policy.allows("generator", restarts=2)  # -> True while restart is on and under max_restarts
@@ -13,6 +14,7 @@ job where nothing can be trained) is never restarted: the job stops at once with
 
 from __future__ import annotations
 
+import signal
 import time
 from pathlib import Path
 
@@ -45,6 +47,12 @@ class RestartPolicy:
         return f"it already restarted {restarts} times (supervisor.max_restarts={self.cfg.max_restarts})"
 
 
+def describe_exit(code: int, oom: str = "") -> str:
+    """How a process ended; `oom`: the OOM killer's evidence (OomWatch.evidence), "" when there is none."""
+    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
+    return f"{how} — {oom}" if oom else how
+
+
 class BrokerWatch:
     """Restart the embedded redis-server if it dies: same port, password and append-only file."""
 
@@ -58,7 +66,6 @@ class BrokerWatch:
     def check(self) -> None:
         from brokers.embedded import EmbeddedRedis
         from streamrl.errors import BrokerError
-        from streamrl.supervisor import describe_exit
 
         proc = getattr(self.server, "proc", None)
         if proc is None or proc.poll() is None:

@@ -20,6 +20,7 @@ from typing import Callable
 from streamrl.config import Config
 from streamrl.errors import EXIT_NO_RESTART, NOT_TRANSIENT, ConfigError, FatalError
 from streamrl.logs import setup_logging
+from streamrl.stacks import task_stacks
 
 STOPPING_NOTICE_S = 1.0
 """A stop still running after this long is announced (`stopping`), so a slow drain is visible."""
@@ -78,21 +79,6 @@ def kill_children() -> None:
             child.kill()
         except psutil.Error:
             pass
-
-
-def task_stacks(depth: int = 8) -> list[str]:
-    """Each pending asyncio task and the innermost calls it is suspended in (a slow stop's culprit):
-    the chain of awaited coroutines, which Task.get_stack does not follow."""
-    out = []
-    for task in asyncio.all_tasks():
-        frames, coro = [], task.get_coro()
-        while coro is not None:
-            frame = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None) or getattr(coro, "ag_frame", None)
-            if frame is not None:
-                frames.append(f"{Path(frame.f_code.co_filename).name}:{frame.f_lineno}:{frame.f_code.co_qualname}")
-            coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None) or getattr(coro, "ag_await", None)
-        out.append(f"{task.get_name()}: {' -> '.join(frames[-depth:]) or 'not started'}")
-    return out
 
 
 def serve(factory: Callable, broker_url: str, retries: int = 20) -> None:

@@ -1,6 +1,6 @@
 """SFT data: rows from jsonl, parquet or Hugging Face `datasets`, tokenized into (ids, loss mask).
 
-    train, held_out = load_splits(cfg.sft, cfg.task, seed=cfg.run.seed)   # row sources (len, [i])
+    train, held_out = load_splits(cfg.sft, cfg.task, seed=cfg.run.seed, max_tokens=cfg.generator.max_tokens)   # row sources (len, [i])
     sample = tokenize_row(tokenizer, row, cfg.sft)    # Sample(ids, mask): mask[t] = 1 -> token t is trained
 
 A row is either chat `messages` (OpenAI format, optional `tools`), rendered with the tokenizer's
@@ -88,10 +88,11 @@ def _load_datasets(sft: SFTConfig, split: str):
                           f"{type(exc).__name__}: {exc}; check sft.data, sft.data_name, sft.data_split, sft.data_files") from exc
 
 
-def load_rows(sft: SFTConfig, task: TaskConfig, seed: int, split: str):
-    """All rows of one split: a list of dicts or a `datasets.Dataset` (both: len() and [i] -> dict)."""
+def load_rows(sft: SFTConfig, task: TaskConfig, seed: int, split: str, max_tokens: int | None = None):
+    """All rows of one split: a list of dicts or a `datasets.Dataset` (both: len() and [i] -> dict).
+    `max_tokens` (generator.max_tokens) is the charclass length when task.charclass_length is unset."""
     if sft.data == "charclass":
-        return charclass_demos(sft.num_demos, task.charclass_length, seed)
+        return charclass_demos(sft.num_demos, task.charclass_chars(max_tokens), seed)
     path = Path(sft.data).expanduser()
     if path.suffix == ".jsonl" or path.suffix == ".parquet":
         if not path.is_file():
@@ -104,16 +105,16 @@ def load_rows(sft: SFTConfig, task: TaskConfig, seed: int, split: str):
     return _load_datasets(sft, split)
 
 
-def load_splits(sft: SFTConfig, task: TaskConfig, seed: int):
+def load_splits(sft: SFTConfig, task: TaskConfig, seed: int, max_tokens: int | None = None):
     """(train rows, held-out rows): eval_split if set, else eval_fraction of the rows held out (seeded)."""
-    rows = load_rows(sft, task, seed, sft.data_split)
+    if sft.eval_split is not None and (sft.data == "charclass" or Path(sft.data).suffix in (".jsonl", ".parquet")):
+        raise ConfigError(f"sft.eval_split={sft.eval_split!r} needs a `datasets` source with splits; for a file "
+                          "unset sft.eval_split and use sft.eval_fraction")
+    rows = load_rows(sft, task, seed, sft.data_split, max_tokens)
     if len(rows) == 0:
         raise ConfigError(f"sft.data={sft.data!r} (split {sft.data_split!r}) holds no rows")
     if sft.eval_split is not None:
-        if sft.data == "charclass" or Path(sft.data).suffix in (".jsonl", ".parquet"):
-            raise ConfigError(f"sft.eval_split={sft.eval_split!r} needs a `datasets` source with splits; for a file "
-                              "unset sft.eval_split and use sft.eval_fraction")
-        return rows, load_rows(sft, task, seed, sft.eval_split)
+        return rows, load_rows(sft, task, seed, sft.eval_split, max_tokens)
     n_eval = int(round(len(rows) * sft.eval_fraction))
     if n_eval == 0:
         return rows, []

@@ -26,7 +26,7 @@ from streamrl.failures import DeadLetterWatch
 from streamrl.leftovers import ProcessTree, describe_removed
 from streamrl.metrics import read_metrics
 from streamrl.oom import OomWatch
-from streamrl.recovery import BrokerWatch, RestartPolicy
+from streamrl.recovery import BrokerWatch, RestartPolicy, describe_exit
 
 SCALE_FILE = "scale.json"
 """Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
@@ -46,12 +46,6 @@ class Child:
     """Its processes and shared-memory segments, recorded while it runs (cleaned up after it dies)."""
     oom_mark: int | None = None
     """The OOM-kill counter when it started (streamrl.oom)."""
-
-
-def describe_exit(code: int, oom: str = "") -> str:
-    """How a process ended; `oom`: the OOM killer's evidence (OomWatch.evidence), "" when there is none."""
-    how = f"killed by {signal.Signals(-code).name}" if code < 0 else f"exited with code {code}"
-    return f"{how} — {oom}" if oom else how
 
 
 def tail(path: Path, lines: int = 15) -> str:

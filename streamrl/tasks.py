@@ -1,6 +1,6 @@
 """Tasks: the prompts the feeder admits, each with the metadata its reward needs.
 
-    items = load_task(cfg.task, seed=cfg.run.seed)   # [{"text": prompt, "meta": {...}}, ...]
+    items = load_task(cfg.task, seed=cfg.run.seed, max_tokens=cfg.generator.max_tokens)   # [{"text": prompt, "meta": {...}}, ...]
 
 `charclass` (synthetic, no downloads): the prompt names a character class ("digits:",
 "vowels:", "upper:", "lower:") and the reward is the fraction of the first `length`
@@ -55,11 +55,12 @@ def charclass_dialog_items(num_prompts: int, length: int, seed: int) -> list[dic
     return [{"text": "?", "meta": item["meta"]} for item in charclass_items(num_prompts, length, seed)]
 
 
-def load_task(cfg: TaskConfig, seed: int, tokenizer=None) -> list[dict]:
+def load_task(cfg: TaskConfig, seed: int, tokenizer=None, max_tokens: int | None = None) -> list[dict]:
     """All prompts of the configured task as [{"text": str, "meta": dict}]. `tokenizer` renders chat
-    messages (task.fields.messages); the feeder passes the model's."""
+    messages (task.fields.messages); the feeder passes the model's. `max_tokens` (generator.max_tokens)
+    is the charclass length when task.charclass_length is unset."""
     if cfg.name == "charclass":
-        return charclass_items(cfg.num_prompts, cfg.charclass_length, seed)
+        return charclass_items(cfg.num_prompts, cfg.charclass_chars(max_tokens), seed)
     if cfg.name == "charclass_dialog":
-        return charclass_dialog_items(cfg.num_prompts, cfg.charclass_length, seed)
+        return charclass_dialog_items(cfg.num_prompts, cfg.charclass_chars(max_tokens), seed)
     return dataset_items(cfg, tokenizer)

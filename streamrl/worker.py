@@ -112,7 +112,7 @@ class Worker:
                 # right after its start kept the stop waiting until the supervisor killed it).
                 _, stuck = await asyncio.wait(background, timeout=BACKGROUND_STOP_S)
                 if stuck:
-                    from streamrl.runtime import task_stacks
+                    from streamrl.stacks import task_stacks
 
                     self.log.warning("background_tasks_left", count=len(stuck), tasks=task_stacks())
                 await self._farewell()

@@ -27,9 +27,10 @@ from streamrl.batch import Batch
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
 from streamrl.failures import FailureStreak
+from streamrl.losses import resolve_loss
 from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
 from streamrl.staleness import is_stale
-from workers.annotations import JoinPolicy
+from workers.join_policy import JoinPolicy
 from workers.eval_collector import EvalCollector
 
 GROUP = "trainer"
@@ -62,6 +63,7 @@ class Assembler:
         self.consumer = consumer
         self.required = cfg.required_annotations()
         self.join = JoinPolicy(cfg)
+        self.loss = resolve_loss(cfg)  # the objective's defaults: dapo samples dynamically, dr_grpo uses group_mean
         self.streak = FailureStreak(cfg)
         """Failed groups in a row: past the bound it raises FatalError (the trainer stops the job)."""
         self.groups: dict[str, _Group] = {}
@@ -239,7 +241,7 @@ class Assembler:
         if g.group_id in self.replay:
             self.ready.append(g.group_id)
             return
-        if self.cfg.loss.dynamic_sampling and np.ptp(self._rewards(g)) == 0:
+        if self.loss.dynamic_sampling and np.ptp(self._rewards(g)) == 0:
             # DAPO dynamic sampling: a group with equal rewards has zero advantage; drop it and let
             # the feeder admit a replacement, so the batch is refilled with informative groups.
             await self._close(g.group_id, "filtered")
@@ -271,7 +273,7 @@ class Assembler:
                                      for r in self._ordered(g)])
 
     async def _expire(self) -> None:
-        """Apply annotations.external timeouts to groups whose rollouts are all in (workers/annotations.py)."""
+        """Apply annotations.external timeouts to groups whose rollouts are all in (workers/join_policy.py)."""
         if not self.join.external:
             return  # only external keys have timeouts; skip the scan on the hot path
         now = time.time()
@@ -396,7 +398,7 @@ class Assembler:
             rollouts=rollouts,
             group_index=gidx_a,
             rewards=rewards_a,
-            advantages=batch_advantages(rewards_a, gidx_a, self.cfg.loss.advantage).astype(np.float32),
+            advantages=batch_advantages(rewards_a, gidx_a, self.loss.advantage).astype(np.float32),
             ref_logprobs=refs if refs else None,
             staleness=version - oldest,
             reward_components={k: np.concatenate([p[k] for p in parts]) for k in parts[0]},

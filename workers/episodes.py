@@ -33,6 +33,7 @@ from streamrl.broker import Entry
 from streamrl.chat import ChatBridge
 from streamrl.episode import EpisodeSample
 from streamrl.messages import Observation, Prompt, Rollout, StepRequest, encode
+from workers.vllm_engine import sample_seed
 
 READ_GROUP = "episodes"
 """Consumer group on observations:{generator id} (one consumer: the generator itself)."""
@@ -266,8 +267,6 @@ class EpisodeRunner:
 
     async def _model_turn(self, s: EpisodeSample, prompt: Prompt, sample: int, turn: int, room: int) -> str:
         """Sample one model turn over the exact history; tokens carry the version that made them."""
-        from workers.generator import sample_seed
-
         gen = self.gen
         seed = sample_seed(self.cfg.run.seed, f"{prompt.group_id}#{turn}", sample)
         params = gen.engine.sampling_params(seed, max_tokens=min(self.cfg.generator.max_tokens, room))

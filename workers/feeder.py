@@ -30,15 +30,17 @@ class FeederWorker(Worker):
 
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
-        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer)  # the tokenizer renders chat tasks
-        self.items = task_items(self.items, self.tokenizer, self.cfg)  # tools.chat: the model's chat template
+        # The tokenizer renders chat tasks; tools.chat renders with the model's chat template.
+        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens)
+        self.items = task_items(self.items, self.tokenizer, self.cfg)
         random.Random(self.cfg.run.seed).shuffle(self.items)
         r = self.cfg.rollout
         self.total = self.cfg.trainer.steps * r.groups_per_step
         self.evals = None
         if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval.py): outside admission and the ledger
             ev = self.cfg.eval
-            items = task_items(load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer), self.tokenizer, self.cfg)
+            items = load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens)
+            items = task_items(items, self.tokenizer, self.cfg)
             self.evals = EvalIssuer(self.cfg, self.keys, items, self._eval_prompt)
         self.log.info("feeder_ready", prompts=len(self.items), groups_needed=self.total,
                       max_staleness=r.max_staleness, groups_per_step=r.groups_per_step)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-import zlib
 from pathlib import Path
 
 from streamrl.accounting import close_group
@@ -28,7 +27,7 @@ from streamrl.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.weights import WeightHandle, WeightLoader, WeightStoreError, make_loader
 from streamrl.worker import Worker
 from workers.episodes import EpisodeRunner
-from workers.vllm_engine import VLLMEngine
+from workers.vllm_engine import VLLMEngine, sample_seed
 
 GROUP = "generator"
 MAX_GROUP_ATTEMPTS = 3
@@ -36,11 +35,6 @@ MAX_GROUP_SIZE = 4096
 """A prompt asking for more completions than this is malformed (it would flood the engine)."""
 CANCEL_WAIT_S = 10.0
 """On stop, how long cancelled groups (their vLLM aborts) may take to unwind before the engine shuts down."""
-
-
-def sample_seed(run_seed: int, group_id: str, sample: int) -> int:
-    """A per-request sampling seed that depends only on (run seed, group, sample): reproducible runs."""
-    return zlib.crc32(f"{run_seed}:{group_id}:{sample}".encode()) & 0x7FFFFFFF
 
 
 class _Sample:

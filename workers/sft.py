@@ -58,7 +58,7 @@ class SFTRun:
         self.engine = make_engine(cfg, cfg.model.path, rank, world)
         enable_document_attention(self.engine)
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model.path)
-        self.train_rows, eval_rows = load_splits(cfg.sft, cfg.task, cfg.run.seed)
+        self.train_rows, eval_rows = load_splits(cfg.sft, cfg.task, cfg.run.seed, cfg.generator.max_tokens)
         self.counts = {"skipped_rows": 0, "truncated_rows": 0}
         self.first_error: str | None = None
         eval_idx = list(range(min(len(eval_rows), cfg.sft.eval_max_samples)))

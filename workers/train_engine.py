@@ -31,7 +31,7 @@ from torch import Tensor
 from streamrl.batch import Batch
 from streamrl.config import Config
 from streamrl.errors import ConfigError, StreamRLError
-from streamrl.losses import LossInputs, compute_loss, loss_requirements
+from streamrl.losses import LossInputs, compute_loss, loss_requirements, resolve_loss
 from streamrl.modeling import causal_lm_logprobs, check_plain_head, pack_completions, pick_device
 from streamrl.weights import WeightStream, module_weight_stream
 from workers.engine_interface import TrainerEngine
@@ -227,7 +227,8 @@ class TrainEngine(TrainerEngine):
         tc = self.cfg.trainer
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, tc))
-        self.requirements = loss_requirements(self.cfg.loss)
+        self.loss = resolve_loss(self.cfg)
+        self.requirements = loss_requirements(self.loss)
         self.steps_done = 0
 
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
@@ -255,7 +256,7 @@ class TrainEngine(TrainerEngine):
             prox_logprobs=logp.detach() if "prox_logprobs" in self.requirements else None,
             entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs, dp_world_size=self.dp_size,
         )
-        loss, metrics = compute_loss(self.cfg.loss, inp)
+        loss, metrics = compute_loss(self.loss, inp)
         loss.backward()
         return {**metrics, **sizes}
 

@@ -14,10 +14,16 @@ in a child process, so a script that starts an engine needs an `if __name__ == "
 from __future__ import annotations
 
 import os
+import zlib
 from dataclasses import dataclass
 from typing import AsyncIterator
 
 from streamrl.config import GeneratorConfig
+
+
+def sample_seed(run_seed: int, group_id: str, sample: int) -> int:
+    """A per-request sampling seed that depends only on (run seed, group, sample): reproducible runs."""
+    return zlib.crc32(f"{run_seed}:{group_id}:{sample}".encode()) & 0x7FFFFFFF
 
 
 @dataclass

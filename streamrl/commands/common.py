@@ -7,13 +7,10 @@ import os
 import tempfile
 from pathlib import Path
 
+from streamrl.cache import cache_dir
 from streamrl.config import Config
 from streamrl.config_files import load_config
 from streamrl.errors import ConfigError
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("STREAMRL_CACHE", Path.home() / ".cache" / "streamrl"))
 
 
 def prepare_out_dir(out: str | None) -> Path | None:

@@ -110,8 +110,8 @@ def eval_summary(rows: list[dict]) -> dict:
 
 def plot_run(run_dir: Path, out: Path) -> list[Path]:
     """Write the run's PNGs into `out`; returns their paths."""
-    from bench.common import pyplot
     from streamrl.metrics import read_metrics
+    from streamrl.plotting import pyplot
 
     plt = pyplot()
     rows = read_metrics(run_dir)

@@ -43,7 +43,7 @@ def run(args) -> int:
         args.config, args.run_dir = args.config or str(Path(args.resume) / "config.yaml"), args.resume
     args.config = args.config or str(DEFAULT)
     cfg = resolve_model(load(args))
-    load_splits(cfg.sft, cfg.task, cfg.run.seed)  # a data error stops here, before any rank starts
+    load_splits(cfg.sft, cfg.task, cfg.run.seed, cfg.generator.max_tokens)  # a data error stops here, before any rank starts
     run_dir = Path(args.run_dir or Path("runs") / f"sft-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not args.resume and list_checkpoints(run_dir):
         raise ConfigError(f"{run_dir} already holds checkpoints of an earlier run; pass --resume {run_dir} to "

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.losses import LossInputs, register_loss
+from streamrl.losses import ClipSettings, LossInputs, register_loss
 from streamrl.losses.core import Terms, log_ratio
 
 
-@register_loss("cispo")
+@register_loss("cispo", settings=ClipSettings)
 def cispo(cfg, inp: LossInputs) -> Terms:
     ratio = torch.exp(log_ratio(inp.logprobs, inp.old_logprobs, cfg.log_ratio_clamp)).detach()
     weight = ratio.clamp(1 - cfg.eps_low, 1 + cfg.eps_high)

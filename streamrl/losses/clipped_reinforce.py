@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.losses import LossInputs, register_loss
+from streamrl.losses import ClipSettings, LossInputs, register_loss
 from streamrl.losses.core import Terms, log_ratio
 
 
-@register_loss("clipped_reinforce")
+@register_loss("clipped_reinforce", settings=ClipSettings)  # its parameters: eps_low, eps_high
 def clipped_reinforce(cfg, inp: LossInputs) -> Terms:
     ratio = torch.exp(log_ratio(inp.logprobs, inp.old_logprobs, cfg.log_ratio_clamp)).detach()
     low, high = ratio < 1 - cfg.eps_low, ratio > 1 + cfg.eps_high

@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING
 import torch
 
 from streamrl.errors import ConfigError
+from streamrl.losses.registry import loss_requirements
 
 if TYPE_CHECKING:
     from streamrl.config import LossConfig
-    from streamrl.losses import LossInputs, Objective
+    from streamrl.losses.inputs import LossInputs
+    from streamrl.losses.registry import Objective
 
 
 @dataclass
@@ -126,8 +128,6 @@ def _check(inp: LossInputs, needed: set[str], name: str) -> Norm:
 
 
 def run(cfg: LossConfig, inp: LossInputs, obj: Objective) -> tuple[torch.Tensor, dict[str, float]]:
-    from streamrl.losses import loss_requirements
-
     norm = _check(inp, loss_requirements(cfg), obj.name)
     norm = Norm(norm.tokens, norm.seqs, cfg.horizon)
     mask = inp.mask.to(inp.logprobs.dtype)

@@ -11,12 +11,19 @@ with the optional dual clip. The truncated weight corrects for l_b != l_prox off
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
 from streamrl.losses import LossInputs, register_loss
 from streamrl.losses.core import Terms, log_ratio, ppo_clip
+from streamrl.losses.settings import PPOSettings
 
 
-@register_loss("decoupled_ppo", requires=("prox_logprobs",))
+class DecoupledPPOSettings(PPOSettings):
+    behav_weight_cap: float = Field(5.0, gt=0)
+    """Truncation of the behaviour weight exp(l_prox - l_b)."""
+
+
+@register_loss("decoupled_ppo", requires=("prox_logprobs",), settings=DecoupledPPOSettings)
 def decoupled_ppo(cfg, inp: LossInputs) -> Terms:
     prox = inp.prox_logprobs.detach()
     u = torch.exp(log_ratio(inp.logprobs, prox, cfg.log_ratio_clamp))

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from streamrl.losses import LossInputs, register_loss
+from streamrl.losses import LossInputs, LossSettings, register_loss
 from streamrl.losses.core import Terms, log_ratio
 
 
-@register_loss("reinforce")
+@register_loss("reinforce", settings=LossSettings)  # no parameters of its own
 def reinforce(cfg, inp: LossInputs) -> Terms:
     ratio = torch.exp(log_ratio(inp.logprobs, inp.old_logprobs, cfg.log_ratio_clamp)).detach()
     none = torch.zeros_like(ratio, dtype=torch.bool)

@@ -9,12 +9,18 @@ sampler (vLLM, possibly stale weights) and the trainer while bounding the varian
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
-from streamrl.losses import LossInputs, register_loss
+from streamrl.losses import LossInputs, LossSettings, register_loss
 from streamrl.losses.core import Terms, log_ratio
 
 
-@register_loss("tis")
+class TISSettings(LossSettings):
+    tis_cap: float = Field(2.0, gt=0)
+    """Truncation c of the importance weight min(r, c)."""
+
+
+@register_loss("tis", settings=TISSettings)
 def tis(cfg, inp: LossInputs) -> Terms:
     ratio = torch.exp(log_ratio(inp.logprobs, inp.old_logprobs, cfg.log_ratio_clamp)).detach()
     high = ratio > cfg.tis_cap

@@ -53,6 +53,10 @@ CASES = {
     "broker_unreachable": (["broker.url=redis://127.0.0.1:1/0"], "unreachable", "broker.url=embedded"),
     "cuda_without_gpu": (["trainer.device=cuda"], "needs a CUDA GPU", "trainer.device=cpu"),
     "vllm_not_installed": ([], "needs vLLM", "pip install vllm"),
+    # the objective is resolved by preflight (the schema checks the name's syntax only)
+    "loss_name_unknown": (["loss.name=ppo2"], "unknown loss.name='ppo2'", "set loss.name to one of"),
+    "loss_setting_of_another_objective": (["loss.name=reinforce", "loss.eps_high=0.3"],
+                                          "loss.eps_high is not a setting of loss.name=reinforce", "remove it"),
 }
 
 

@@ -7,7 +7,7 @@ from streamrl.config_files import load_config
 from streamrl.errors import FatalError
 from streamrl.failures import FailureCounts, FailureStreak, cause, parse_record
 from streamrl.messages import Annotation
-from workers.annotations import JoinPolicy
+from workers.join_policy import JoinPolicy
 
 
 def test_streak_raises_at_the_bound_with_the_first_error_and_resets():

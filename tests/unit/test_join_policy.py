@@ -1,4 +1,4 @@
-"""workers/annotations.py: which keys a group waits for, timeout verdicts, error handling, reward mixing."""
+"""workers/join_policy.py: which keys a group waits for, timeout verdicts, error handling, reward mixing."""
 
 import numpy as np
 import pytest
@@ -7,7 +7,7 @@ from streamrl.config import Config
 from streamrl.config_files import load_config
 from streamrl.errors import ConfigError
 from streamrl.messages import Annotation
-from workers.annotations import TIMEOUT_PRODUCER, JoinPolicy
+from workers.join_policy import TIMEOUT_PRODUCER, JoinPolicy
 
 
 def policy(*external, reward_weight=1.0, kl_beta=0.0) -> JoinPolicy:

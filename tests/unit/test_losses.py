@@ -16,9 +16,10 @@ from pydantic import ValidationError
 from streamrl.config import Config, LossConfig
 from streamrl.errors import ConfigError
 from streamrl.losses import (
-    BUILTIN_LOSSES, LOSS_PRESETS, LossInputs, available_losses, compute_loss, get_objective,
-    loss_requirements, register_loss,
+    BUILTIN_LOSSES, LossInputs, LossSettings, available_losses, compute_loss, get_objective,
+    loss_requirements, loss_settings, register_loss, resolve_loss,
 )
+from streamrl.preflight import check_loss_fn
 from streamrl.losses.core import kl_estimate
 
 torch.set_num_threads(1)
@@ -32,42 +33,82 @@ def test_registry_matches_builtin_table():
 
 
 def test_unknown_name_lists_available_losses():
-    with pytest.raises(ValidationError, match="unknown loss.name='ppo2'.*grpo.*sapo"):
-        LossConfig(name="ppo2")
-    cfg = LossConfig.model_construct(**{**LossConfig().model_dump(), "name": "ppo2"})  # bypass validation
+    # The schema checks syntax only; the name is checked where the loss is resolved (preflight, trainer).
+    with pytest.raises(ConfigError, match="unknown loss.name='ppo2'.*grpo.*sapo"):
+        resolve_loss(Config.model_validate({"loss": {"name": "ppo2"}}))
+    assert "unknown loss.name='ppo2'" in check_loss_fn(Config.model_validate({"loss": {"name": "ppo2"}}))
+    with pytest.raises(ValidationError, match="neither an objective name"):
+        LossConfig(name="ppo 2")
+    cfg = LossConfig(name="ppo2")
     x = torch.zeros(1, 2)
     with pytest.raises(ConfigError, match="set loss.name to one of: cispo, .*decoupled_ppo"):
         compute_loss(cfg, LossInputs(x, x, torch.zeros(1), torch.ones(1, 2)))
 
 
-def test_config_validates_builtin_names_without_importing_torch():
+def test_config_validates_without_importing_the_objectives_or_torch():
     code = (
         "import sys; from streamrl.config import Config; "
-        "c = Config.model_validate({'loss': {'name': 'dr_grpo'}}); "
-        "assert c.loss.aggregation == 'fixed_horizon' and c.loss.advantage == 'group_mean'; "
-        "assert 'torch' not in sys.modules, 'config import pulled in torch'"
+        "c = Config.model_validate({'loss': {'name': 'dr_grpo', 'eps_low': 0.1}}); "
+        "assert c.loss.name == 'dr_grpo'; "
+        "assert 'torch' not in sys.modules, 'config import pulled in torch'; "
+        "assert 'streamrl.losses' not in sys.modules, 'the schema imported the loss registry'"
     )
     subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, timeout=60)
 
 
-def test_presets_fill_paper_settings_and_reject_contradictions():
-    dapo = LossConfig(name="dapo")
+def resolved(**loss):
+    return resolve_loss(Config.model_validate({"loss": loss}))
+
+
+def test_each_objective_declares_its_settings_and_defaults():
+    dapo = resolved(name="dapo")
     assert (dapo.eps_low, dapo.eps_high, dapo.dynamic_sampling, dapo.aggregation) == (0.2, 0.28, True, "token_mean")
-    assert LossConfig(name="dapo", eps_high=0.3).eps_high == 0.3  # paper defaults stay overridable
-    gspo = LossConfig(name="gspo")
+    assert resolved(name="dapo", eps_high=0.3).eps_high == 0.3  # paper defaults stay overridable
+    gspo = resolved(name="gspo")
     assert (gspo.eps_low, gspo.eps_high, gspo.aggregation) == (3e-4, 4e-4, "seq_mean")
-    grpo = LossConfig()
-    assert (grpo.eps_high, grpo.aggregation, grpo.advantage) == (0.2, "token_mean", "group_norm")
-    with pytest.raises(ValidationError, match="loss.name=dr_grpo means loss.advantage=group_mean"):
-        LossConfig(name="dr_grpo", advantage="group_norm")
-    with pytest.raises(ValidationError, match="loss.name=dapo means loss.aggregation=token_mean"):
-        Config.model_validate({"loss": {"name": "dapo", "aggregation": "seq_mean"}})
-    for name in LOSS_PRESETS:
-        assert name in BUILTIN_LOSSES
+    sapo = resolved(name="sapo")
+    assert (sapo.sapo_tau_pos, sapo.sapo_tau_neg, sapo.aggregation) == (1.0, 1.05, "seq_mean")  # the paper's
+    assert resolved(name="sapo", aggregation="token_mean").aggregation == "token_mean"  # a default, not fixed
+    grpo = resolved()
+    assert (grpo.eps_high, grpo.aggregation, grpo.advantage, grpo.dual_clip_c) == (0.2, "token_mean", "group_norm", None)
+    dr = resolved(name="dr_grpo")
+    assert (dr.advantage, dr.aggregation, dr.horizon) == ("group_mean", "fixed_horizon", Config().generator.max_tokens)
+    assert resolved(name="tis").tis_cap == 2.0 and resolved(name="decoupled_ppo").behav_weight_cap == 5.0
+    for name in BUILTIN_LOSSES:
+        assert isinstance(resolved(name=name), get_objective(name).settings)
+
+
+def test_settings_that_contradict_or_do_not_belong_to_the_objective_are_config_errors():
+    with pytest.raises(ConfigError, match="loss.name=dr_grpo means loss.advantage=group_mean"):
+        resolved(name="dr_grpo", advantage="group_norm")
+    with pytest.raises(ConfigError, match="loss.name=dapo means loss.aggregation=token_mean"):
+        resolved(name="dapo", aggregation="seq_mean")
+    for agg in ("token_mean", "fixed_horizon"):  # GSPO is sequence-level by definition
+        with pytest.raises(ConfigError, match="loss.name=gspo means loss.aggregation=seq_mean.*sequence-level"):
+            resolved(name="gspo", aggregation=agg)
+    with pytest.raises(ConfigError, match="loss.tis_cap is not a setting of loss.name=grpo.*eps_high"):
+        resolved(name="grpo", tis_cap=3.0)
+    with pytest.raises(ConfigError, match="loss.eps_hihg is not a setting of loss.name=cispo"):
+        resolved(name="cispo", eps_hihg=3.0)
+    with pytest.raises(ConfigError, match="loss.sapo_tau_neg"):
+        resolved(name="sapo", sapo_tau_neg=-1.0)
+    msg = check_loss_fn(Config.model_validate({"loss": {"name": "reinforce", "eps_low": 0.1}}))
+    assert "loss.eps_low is not a setting of loss.name=reinforce" in msg
+
+
+def test_resolving_does_not_change_the_config():
+    cfg = Config.model_validate({"loss": {"name": "dr_grpo"}, "generator": {"max_tokens": 24}})
+    before = cfg.model_dump()
+    assert resolve_loss(cfg).horizon == 24
+    assert cfg.model_dump() == before and cfg.loss.horizon is None
+    assert resolve_loss(cfg.model_copy(update={"generator": cfg.generator.model_copy(update={"max_tokens": 8})})
+                        ).horizon == 8  # follows generator.max_tokens, not a value written at validation
+    assert loss_settings(LossConfig(name="dr_grpo", horizon=5), max_tokens=24).horizon == 5
 
 
 def test_requirements_and_missing_inputs():
     assert loss_requirements(LossConfig()) == set()
+    assert isinstance(LossSettings(), LossConfig)
     assert loss_requirements(LossConfig(name="decoupled_ppo", kl_beta=0.1, entropy_coef=0.01)) == {
         "prox_logprobs", "ref_logprobs", "entropy"}
     x = torch.zeros(2, 3)
@@ -117,8 +158,9 @@ def _inputs(theta, rows, base):
     return logprobs, l_ref, l_prox, adv, mask, entropy
 
 
-@pytest.mark.parametrize("agg", AGGS)
-@pytest.mark.parametrize("name", [n for n in sorted(BUILTIN_LOSSES) if n not in ("dr_grpo", "dapo")])
+# Every objective with every aggregation it allows (dr_grpo, dapo and gspo fix theirs).
+@pytest.mark.parametrize("name,agg", [(n, a) for n in sorted(BUILTIN_LOSSES) if n not in ("dr_grpo", "dapo")
+                                      for a in AGGS if n != "gspo" or a == "seq_mean"])
 def test_microbatch_and_rank_split_gives_the_full_batch_gradient(name, agg):
     g = torch.Generator().manual_seed(1)
     B, T, P = 8, 6, 3
@@ -130,8 +172,8 @@ def test_microbatch_and_rank_split_gives_the_full_batch_gradient(name, agg):
             l_old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64),
             torch.randn(B, generator=g, dtype=torch.float64), mask)
     theta0 = 0.3 * torch.randn(P, generator=g, dtype=torch.float64)
-    cfg = LossConfig(name=name, aggregation=agg, horizon=6, kl_beta=0.05, entropy_coef=0.01,
-                     eps_low=0.2, eps_high=0.25)
+    eps = {"eps_low": 0.2, "eps_high": 0.25} if "eps_low" in get_objective(name).settings.model_fields else {}
+    cfg = LossConfig(name=name, aggregation=agg, horizon=6, kl_beta=0.05, entropy_coef=0.01, **eps)
 
     def run(rows, tokens, seqs, world, theta):
         lp, ref, prox, adv, m, ent = _inputs(theta, rows, base)

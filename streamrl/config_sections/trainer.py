@@ -1,0 +1,96 @@
+"""The trainer: ranks, optimizer, micro-batching, backend and parallelism, checkpoints."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from streamrl.config_sections.base import Section
+
+
+class ParallelismConfig(Section):
+    """How the trainer's ranks split the model (torchtitan backend; `hf` supports plain FSDP2 only)."""
+
+    dp_replicate: int = Field(1, ge=1)
+    """Data-parallel replicas (HSDP's replicate dimension); each replica holds a full sharded copy."""
+    dp_shard: int = Field(-1, ge=-1)
+    """FSDP2 shard degree; -1 = every rank left over: world_size / (dp_replicate * tp)."""
+    tp: int = Field(1, ge=1)
+    """Tensor-parallel degree; must divide the model's attention and KV heads."""
+    compile: bool = False
+    """torch.compile each decoder block (torchtitan backend)."""
+    ac_policy: Literal["full", "selective"] = "full"
+    """torchtitan's checkpointing policy when trainer.activation_checkpointing is on."""
+
+    def shard_degree(self, world_size: int) -> int:
+        """dp_shard with -1 resolved; raises ValueError when the degrees do not multiply to world_size."""
+        rest = world_size // (self.dp_replicate * self.tp)
+        shard = rest if self.dp_shard == -1 else self.dp_shard
+        if shard < 1 or shard * self.dp_replicate * self.tp != world_size:
+            raise ValueError(
+                f"trainer.parallelism: dp_replicate={self.dp_replicate} * dp_shard={self.dp_shard} * "
+                f"tp={self.tp} does not make trainer.world_size={world_size}; set dp_shard=-1 or make the "
+                "product equal world_size"
+            )
+        return shard
+
+
+class TrainerConfig(Section):
+    world_size: int = Field(1, ge=1)
+    """torch.distributed ranks (FSDP2 shards over them); gloo on CPU, NCCL on GPU."""
+    steps: int = Field(60, ge=1)
+    lr: float = Field(1e-6, gt=0)
+    """AdamW learning rate (1e-6 suits billion-parameter models; the tiny CPU model uses 3e-3)."""
+    weight_decay: float = Field(0.0, ge=0)
+    grad_clip: float = Field(1.0, gt=0)
+    micro_batch_size: int = Field(64, ge=1)
+    """Sequences per forward/backward on one rank."""
+    micro_batch_tokens: int = Field(0, ge=0)
+    """Token budget of one micro-batch: rows are sorted by length and packed while rows x longest row
+    stays within it (and rows within micro_batch_size), so little of each forward is padding;
+    metrics.jsonl's padded_tokens vs input_tokens shows the waste. 0 = slices of micro_batch_size rows."""
+    logprob_chunk_tokens: int = Field(2048, ge=0)
+    """Tokens whose logits are formed at once when recomputing log-probs (streamrl/logprobs.py): the
+    [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the
+    model's full logits (more activation memory, no recomputation). The reference worker computes its
+    log-probs with the same setting, so both sides of the KL term come from one computation."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    backend: Literal["hf", "torchtitan"] = "hf"
+    """Model definitions: `hf` = transformers AutoModelForCausalLM + FSDP2; `torchtitan` = torchtitan's
+    Llama 3 / Qwen 3 with its parallelize functions (trainer.parallelism), weights still in HF names."""
+    parallelism: ParallelismConfig = ParallelismConfig()
+    """Data-parallel shard/replicate degrees, tensor parallel, compile."""
+    seed: int = 0
+    """torch seed set on every rank before the model loads."""
+    lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
+    """Learning-rate decay over trainer.steps, down to lr * min_lr_ratio at the last step."""
+    min_lr_ratio: float = Field(0.1, ge=0, le=1)
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up from 0 over this many steps, then the schedule."""
+    log_entropy: bool = True
+    """Log the policy's mean token entropy each step (costs one extra [tokens, vocab] pass)."""
+    activation_checkpointing: bool = False
+    """Recompute each decoder layer's activations in backward: less memory, ~30% more compute."""
+    checkpoint_every: int = Field(10, ge=1)
+    """Save a checkpoint (RUN_DIR/checkpoints, torch.distributed.checkpoint) every this many steps,
+    and at the end or on a graceful stop. Steps after the newest checkpoint are replayed on resume."""
+    checkpoint_async: bool = True
+    """Write checkpoints on a background thread: training pays only for staging the state (a CPU
+    copy); the checkpoint becomes visible, and what it covers is acked, once the write completes.
+    False: the trainer waits for the write (metrics.jsonl `checkpoint_stall_s` shows the cost)."""
+    checkpoint_keep: int = Field(2, ge=1)
+    """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
+    trim_every_s: float = Field(10.0, gt=0)
+    """How often the trainer trims the streams below what every consumer group has consumed."""
+
+    @model_validator(mode="after")
+    def _parallelism(self) -> "TrainerConfig":
+        par = self.parallelism
+        par.shard_degree(self.world_size)
+        if self.backend == "hf" and (par.dp_replicate > 1 or par.tp > 1 or par.compile):
+            raise ValueError(
+                "trainer.parallelism dp_replicate/tp/compile need trainer.backend=torchtitan; the hf backend "
+                "shards with plain FSDP2 over all ranks (set them back to 1/false or switch the backend)"
+            )
+        return self

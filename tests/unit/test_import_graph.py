@@ -1,0 +1,214 @@
+"""Imports point one way (docs: /work/shared/DESIGN.md "Dependency direction", STYLE.md): read statically
+from the source of streamrl/, workers/ and brokers/ with `ast`, nothing is imported.
+
+    pytest tests/unit/test_import_graph.py -q
+
+Which imports count:
+- every `import x` / `from x import y` statement, module-level or inside a function, including
+  `if TYPE_CHECKING:` blocks, for the rules about *what* may be imported (bench, unittest.mock, and
+  workers/brokers from streamrl at module level);
+- for cycles, the same: module level (class bodies included), inside functions and under
+  `if TYPE_CHECKING:`. A lazy or type-only import hides a cycle from Python, not from the reader
+  (config <-> losses was function-level one way and TYPE_CHECKING the other; recovery <->
+  supervisor function-level), and the two modules still cannot be understood or moved apart.
+  `from pkg import name` is an edge to pkg.name when that is a module, else to pkg; a package's own
+  __init__, run by importing one of its submodules, is not an edge (it is the package's facade).
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("streamrl", "workers", "brokers")
+
+
+@dataclass(frozen=True)
+class Imp:
+    source: str
+    target: str
+    line: int
+    module_level: bool
+    """Not inside a function (class bodies and TYPE_CHECKING blocks are module level)."""
+    type_checking: bool
+    """Under `if TYPE_CHECKING:`: read by type checkers only, never run."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+@functools.cache
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for pkg in PACKAGES for p in sorted((ROOT / pkg).rglob("*.py"))}
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports_of(name: str, path: Path, known: set[str]) -> list[Imp]:
+    is_pkg = path.name == "__init__.py"
+    out: list[Imp] = []
+
+    def resolve(node: ast.ImportFrom) -> str:
+        if not node.level:
+            return node.module or ""
+        base = name.split(".") if is_pkg else name.split(".")[:-1]
+        base = base[: len(base) - (node.level - 1)]
+        return ".".join(base + ([node.module] if node.module else []))
+
+    def visit(node: ast.AST, in_function: bool, in_type_checking: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            func = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+            if isinstance(child, ast.If) and _is_type_checking(child.test):
+                for stmt in child.body:
+                    visit_stmt(stmt, func, True)
+                for stmt in child.orelse:
+                    visit_stmt(stmt, func, in_type_checking)
+                continue
+            visit_stmt(child, func, in_type_checking)
+
+    def visit_stmt(child: ast.AST, in_function: bool, in_type_checking: bool) -> None:
+        record = dict(module_level=not in_function, type_checking=in_type_checking)
+        if isinstance(child, ast.Import):
+            for alias in child.names:
+                out.append(Imp(name, alias.name, child.lineno, **record))
+        elif isinstance(child, ast.ImportFrom):
+            base = resolve(child)
+            for alias in child.names:
+                sub = f"{base}.{alias.name}"
+                out.append(Imp(name, sub if sub in known else base, child.lineno, **record))
+        visit(
+            child,
+            in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)),
+            in_type_checking,
+        )
+
+    visit(ast.parse(path.read_text(), str(path)), False, False)
+    return out
+
+
+def all_imports() -> list[Imp]:
+    mods = modules()
+    return [imp for name, path in mods.items() for imp in imports_of(name, path, set(mods))]
+
+
+def top(name: str) -> str:
+    return name.split(".")[0]
+
+
+def where(imp: Imp) -> str:
+    return f"{modules()[imp.source].relative_to(ROOT)}:{imp.line} imports {imp.target}"
+
+
+def test_the_graph_reader_sees_every_kind_of_import(tmp_path):
+    # A guard for the rules below: a reader that missed function-level, relative or TYPE_CHECKING
+    # imports would make them pass vacuously.
+    src = (
+        "from __future__ import annotations\nfrom typing import TYPE_CHECKING\nfrom . import b\n"
+        "if TYPE_CHECKING:\n    from streamrl.config import Config\n"
+        "class K:\n    import json\n"
+        "def f():\n    from bench.common import pyplot\n    import unittest.mock\n"
+    )
+    path = tmp_path / "a.py"
+    path.write_text(src)
+    got = {(i.target, i.module_level, i.type_checking) for i in imports_of("pkg.a", path, {"pkg.b"})}
+    assert got == {
+        ("__future__", True, False),
+        ("typing", True, False),
+        ("pkg.b", True, False),
+        ("streamrl.config", True, True),
+        ("json", True, False),
+        ("bench.common", False, False),
+        ("unittest.mock", False, False),
+    }
+    edges = all_imports()
+    assert len(modules()) > 50 and len(edges) > 300
+    assert any(not i.module_level for i in edges) and any(i.type_checking for i in edges)
+
+
+def test_no_import_cycle():
+    graph: dict[str, set[str]] = {}
+    for imp in all_imports():
+        if imp.target in modules() and imp.target != imp.source:
+            graph.setdefault(imp.source, set()).add(imp.target)
+    # iterative DFS; report one cycle as a chain of modules
+    color, stack_of, cycles = {}, [], []
+
+    def dfs(start: str) -> None:
+        work = [(start, iter(sorted(graph.get(start, ()))))]
+        color[start], stack_of[:] = 1, [start]
+        while work:
+            node, it = work[-1]
+            nxt = next(it, None)
+            if nxt is None:
+                color[node] = 2
+                work.pop()
+                stack_of.pop()
+            elif color.get(nxt) == 1:
+                cycles.append(stack_of[stack_of.index(nxt) :] + [nxt])
+            elif nxt not in color:
+                color[nxt] = 1
+                stack_of.append(nxt)
+                work.append((nxt, iter(sorted(graph.get(nxt, ())))))
+
+    for mod in sorted(modules()):
+        if mod not in color:
+            dfs(mod)
+    assert not cycles, (
+        "import cycles (lazy and TYPE_CHECKING imports count; move the shared piece into a "
+        "module both can import): " + "; ".join(" -> ".join(c) for c in cycles)
+    )
+
+
+def test_nothing_imports_bench():
+    bad = [where(i) for i in all_imports() if top(i.target) == "bench"]
+    assert not bad, (
+        "streamrl/, workers/ and brokers/ must not import bench/ (move what they need into "
+        f"streamrl/ and let bench import it from there): {bad}"
+    )
+
+
+def test_dependencies_point_from_workers_and_brokers_to_streamrl():
+    imps = all_imports()
+    # brokers implement streamrl's broker protocol: they never need a role
+    bad = [where(i) for i in imps if top(i.source) == "brokers" and top(i.target) == "workers"]
+    # streamrl reaches workers/brokers only lazily (composition root: CLI, supervisor, commands)
+    bad += [
+        where(i)
+        for i in imps
+        if top(i.source) == "streamrl" and top(i.target) in ("workers", "brokers") and i.module_level
+    ]
+    assert not bad, f"imports against the dependency direction (DESIGN.md): {bad}"
+
+
+def test_no_unittest_mock_outside_tests():
+    files = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    bad = []
+    for rel in files:
+        if rel.startswith("tests/"):
+            continue
+        path = ROOT / rel
+        if not path.is_file():
+            continue
+        for imp in imports_of(rel, path, set()):
+            if imp.target == "unittest.mock" or imp.target.startswith("unittest.mock.") or imp.target == "mock":
+                bad.append(f"{rel}:{imp.line}")
+        tree = ast.parse(path.read_text(), rel)
+        bad += [
+            f"{rel}:{n.lineno}"
+            for n in ast.walk(tree)
+            if isinstance(n, ast.ImportFrom) and n.module == "unittest" and any(a.name == "mock" for a in n.names)
+        ]
+    assert not bad, f"unittest.mock is for tests only (real parts in production code, STYLE.md): {sorted(set(bad))}"
+    assert len(files) > 100
