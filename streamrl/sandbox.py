@@ -26,6 +26,8 @@ from pathlib import Path
 
 from streamrl.errors import StreamRLError
 from streamrl.sandbox_bwrap import EXIT_MEMORY, EXIT_PROCESSES, bwrap_argv, bwrap_path
+from streamrl.sandbox_cgroup import SandboxCgroup
+from streamrl.sandbox_seccomp import seccomp_program
 
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: `dnf install bubblewrap`) "
                 "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
@@ -85,7 +87,7 @@ class SandboxResult:
 def sandbox_problem() -> str | None:
     """None when a sandbox can be built here (a trivial run succeeds); else what is wrong and the fix."""
     if bwrap_path() is None:
-        return f"the sandboxed python tool needs bubblewrap (bwrap), which is not installed; {INSTALL_HINT}"
+        return _missing()
     try:
         res = _run("print(1)", SandboxLimits(wall_s=20), None)
     except OSError as exc:
@@ -96,14 +98,19 @@ def sandbox_problem() -> str | None:
     return None
 
 
+def _missing() -> str:
+    where = f"$STREAMRL_BWRAP={os.environ['STREAMRL_BWRAP']!r} is not executable" if "STREAMRL_BWRAP" in os.environ \
+        else "bwrap is not on PATH"
+    return f"the sandboxed python tool needs bubblewrap, and {where}; {INSTALL_HINT}"
+
+
 def run_python(code: str, limits: SandboxLimits | None = None, scratch: str | Path | None = None) -> SandboxResult:
     """Run `code` in a fresh sandbox and return what it printed and how it ended; never raises for
     anything the code does. `scratch`: a host folder to bind read-write at /scratch (kept across calls,
     e.g. one per episode); default a private tmpfs that vanishes with the sandbox."""
     limits = limits or SandboxLimits()
     if bwrap_path() is None:
-        raise SandboxUnavailable(f"the sandboxed python tool needs bubblewrap (bwrap), which is not installed; "
-                                 f"{INSTALL_HINT}")
+        raise SandboxUnavailable(_missing())
     return _run(code, limits, Path(scratch) if scratch is not None else None)
 
 
@@ -113,10 +120,38 @@ async def run_python_async(code: str, limits: SandboxLimits | None = None,
     return await asyncio.to_thread(run_python, code, limits, scratch)
 
 
-def _run(code: str, limits: SandboxLimits, scratch: Path | None) -> SandboxResult:
+def _run(code: str, limits: SandboxLimits, scratch: Path | None, cgroup: bool = True) -> SandboxResult:
+    """One sandboxed run. cgroup=False skips the per-run cgroup (tests use it to exercise the fallback
+    process limit of machines without a writable one)."""
     start = time.monotonic()
-    proc = subprocess.Popen(bwrap_argv(limits, scratch), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+    cg = SandboxCgroup.create(limits.processes, limits.memory_bytes) if cgroup else None
+    # The kernel never applies RLIMIT_NPROC to host root (the sandbox's user namespace maps to it), so as
+    # root the process limit needs a pids cgroup; without one, the filter refuses to fork at all.
+    no_fork = os.geteuid() == 0 and (cg is None or "pids" not in cg.dirs)
+    program = seccomp_program(no_fork=no_fork)
+    if program is None and no_fork:
+        if cg is not None:
+            cg.destroy()
+        raise SandboxUnavailable("running as root without a writable pids cgroup, on an architecture this "
+                                 "sandbox has no seccomp table for: the process limit cannot be enforced; run "
+                                 "streamrl as a non-root user, or give it a writable cgroup (pids controller)")
+    read_fd, write_fd = os.pipe()
+    try:
+        os.write(write_fd, program or b"")
+        os.close(write_fd)
+        write_fd = -1
+        argv = bwrap_argv(limits, scratch, seccomp_fd=read_fd if program else None)
+        proc = subprocess.Popen(cg.wrap(argv) if cg else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+                                pass_fds=(read_fd,) if program else ())
+    except BaseException:
+        if cg is not None:
+            cg.destroy()
+        raise
+    finally:
+        os.close(read_fd)
+        if write_fd >= 0:
+            os.close(write_fd)
     try:
         out, err, stopped, truncated = _pump(proc, code.encode("utf-8", "replace"), limits, start)
         if stopped is None:  # both pipes closed: the code is ending (or closed them and runs on)
@@ -129,8 +164,15 @@ def _run(code: str, limits: SandboxLimits, scratch: Path | None) -> SandboxResul
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
-    rc = proc.wait()
+        rc = proc.wait()
+        events = cg.events() if cg else {}
+        if cg is not None:
+            cg.destroy()
     reason = stopped or _reason(rc)
+    if stopped is None and events.get("oom_kill"):
+        reason = "memory"
+    elif reason is None and rc != 0 and events.get("pids_max"):
+        reason = "processes"
     return SandboxResult(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                          exit_code=rc, timed_out=stopped == "wall", reason=reason, truncated=truncated,
                          duration_s=time.monotonic() - start, limits=limits)

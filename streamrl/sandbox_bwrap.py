@@ -16,6 +16,9 @@ from pathlib import Path
 SCRATCH = "/scratch"
 """Where the scratch directory is inside the sandbox (also its HOME, cwd and TMPDIR)."""
 
+PYTHONPATH_DIR = "/opt/pythonpath"
+"""limits.python_paths[i] is bound read-only at PYTHONPATH_DIR/i and put on sys.path."""
+
 EXIT_MEMORY = 211
 EXIT_PROCESSES = 212
 """Exit codes the bootstrap uses when the code ends on MemoryError / a refused fork, so the caller can name
@@ -63,8 +66,12 @@ except BlockingIOError as exc:
 
 
 def bwrap_path() -> str | None:
-    """The bwrap binary on PATH (or the Debian location), None when it is not installed."""
-    return shutil.which("bwrap") or (p if os.access(p := "/usr/bin/bwrap", os.X_OK) else None)
+    """The bwrap binary: $STREAMRL_BWRAP when set (a bwrap outside PATH), else the one on PATH; None when
+    there is none."""
+    if "STREAMRL_BWRAP" in os.environ:
+        p = os.environ["STREAMRL_BWRAP"]
+        return p if os.access(p, os.X_OK) else None
+    return shutil.which("bwrap")
 
 
 def interpreter() -> str:
@@ -120,13 +127,16 @@ def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None) -> l
     for k, v in {"HOME": SCRATCH, "TMPDIR": SCRATCH, "PATH": f"{os.path.dirname(interpreter())}:/usr/bin:/bin",
                  "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}.items():
         args += ["--setenv", k, v]
-    for p in limits.python_paths:
-        real = os.path.realpath(p)
-        args += ["--ro-bind", real, real]
+    # At fixed places, not their host paths: those may lie under /tmp, which is scratch's symlink here.
+    for i, p in enumerate(limits.python_paths):
+        args += ["--ro-bind", os.path.realpath(p), f"{PYTHONPATH_DIR}/{i}"]
+    # The root and /dev are bwrap's own tmpfs mounts, without a size bound: read-only, so the only writable
+    # space is the bounded scratch folder (and the ro runtime binds stay as they are).
+    args += ["--remount-ro", "/dev", "--remount-ro", "/"]
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     mem = limits.memory_bytes or 0
     args += ["--", interpreter(), "-I", "-B", "-c", BOOTSTRAP, str(int(limits.cpu_s)), str(mem),
              str(limits.processes), str(limits.file_bytes), str(limits.open_files)]
-    args += [os.path.realpath(p) for p in limits.python_paths]
+    args += [f"{PYTHONPATH_DIR}/{i}" for i in range(len(limits.python_paths))]
     return args
