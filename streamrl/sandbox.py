@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.errors import StreamRLError
+from streamrl.errors import ConfigError, StreamRLError
 from streamrl.sandbox_bwrap import EXIT_MEMORY, EXIT_PROCESSES, bwrap_argv, bwrap_path
 from streamrl.sandbox_cgroup import SandboxCgroup
 from streamrl.sandbox_seccomp import seccomp_program
@@ -46,12 +46,14 @@ class SandboxLimits:
 
     wall_s: float = 10.0
     """Wall-clock seconds before the whole sandbox is killed (reason 'wall')."""
-    cpu_s: int = 5
-    """CPU seconds per process (RLIMIT_CPU; SIGXCPU then SIGKILL: reason 'cpu')."""
+    cpu_s: float = 5
+    """CPU seconds per process, rounded up (RLIMIT_CPU; SIGXCPU then SIGKILL: reason 'cpu')."""
     memory_bytes: int | None = 512 << 20
     """Address space per process (RLIMIT_AS); None: unbounded. A MemoryError gives reason 'memory'."""
     processes: int = 32
-    """Processes and threads the sandbox may hold at once (RLIMIT_NPROC in its own user namespace)."""
+    """Processes and threads the code may hold at once, its interpreter's main thread included (a pids
+    cgroup where one can be made; else RLIMIT_NPROC in the sandbox's user namespace; as root without a
+    cgroup, one process: forks are refused, threads are bounded by memory_bytes)."""
     file_bytes: int = 16 << 20
     """Largest file the code may write (RLIMIT_FSIZE)."""
     open_files: int = 64
@@ -63,6 +65,20 @@ class SandboxLimits:
     the result keeps the first max_output_bytes of each."""
     python_paths: tuple[str, ...] = ()
     """Extra host folders (e.g. a site-packages with numpy) bound read-only and put on sys.path."""
+
+    def __post_init__(self):
+        low = {"wall_s": 0.1, "cpu_s": 1, "processes": 1, "file_bytes": 1, "open_files": 16,
+               "scratch_bytes": 1 << 20, "max_output_bytes": 1}
+        for name, least in low.items():
+            if not getattr(self, name) >= least:
+                raise ConfigError(f"sandbox limit {name}={getattr(self, name)!r} is below {least}; raise it")
+        if self.memory_bytes is not None and self.memory_bytes < 64 << 20:
+            raise ConfigError(f"sandbox limit memory_bytes={self.memory_bytes} is below 64 MiB, too little for the "
+                              "interpreter itself; raise it (or None for no bound)")
+        for p in self.python_paths:
+            if not os.path.isdir(p):
+                raise ConfigError(f"sandbox python_paths entry {p!r} is not a folder; give existing folders")
+        object.__setattr__(self, "python_paths", tuple(self.python_paths))
 
 
 @dataclass
@@ -124,7 +140,8 @@ def _run(code: str, limits: SandboxLimits, scratch: Path | None, cgroup: bool = 
     """One sandboxed run. cgroup=False skips the per-run cgroup (tests use it to exercise the fallback
     process limit of machines without a writable one)."""
     start = time.monotonic()
-    cg = SandboxCgroup.create(limits.processes, limits.memory_bytes) if cgroup else None
+    # +2: the cgroup also holds bwrap and the sandbox's init (the shell that joins it execs bwrap).
+    cg = SandboxCgroup.create(limits.processes + 2, limits.memory_bytes) if cgroup else None
     # The kernel never applies RLIMIT_NPROC to host root (the sandbox's user namespace maps to it), so as
     # root the process limit needs a pids cgroup; without one, the filter refuses to fork at all.
     no_fork = os.geteuid() == 0 and (cg is None or "pids" not in cg.dirs)

@@ -7,6 +7,7 @@ inside before the model's code runs. Used by streamrl/sandbox.py; see docs/sandb
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import sys
@@ -136,7 +137,8 @@ def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None) -> l
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     mem = limits.memory_bytes or 0
-    args += ["--", interpreter(), "-I", "-B", "-c", BOOTSTRAP, str(int(limits.cpu_s)), str(mem),
-             str(limits.processes), str(limits.file_bytes), str(limits.open_files)]
+    # +1: bwrap's init inside the sandbox runs as the same user in the same namespace.
+    args += ["--", interpreter(), "-I", "-B", "-c", BOOTSTRAP, str(math.ceil(limits.cpu_s)), str(mem),
+             str(limits.processes + 1), str(limits.file_bytes), str(limits.open_files)]
     args += [f"{PYTHONPATH_DIR}/{i}" for i in range(len(limits.python_paths))]
     return args

@@ -143,8 +143,10 @@ def test_process_limit_without_a_cgroup():
 def test_infinite_loop_hits_the_cpu_limit_and_sleep_the_wall_limit():
     spin = run_python("while True:\n    pass", SandboxLimits(cpu_s=1, wall_s=10))
     assert spin.reason == "cpu" and not spin.timed_out and spin.duration_s < 8, spin
-    sleep = run_python("import time\ntime.sleep(60)", SandboxLimits(wall_s=1))
+    sleep = run_python("import os, time\nos.fork()\ntime.sleep(60)", SandboxLimits(wall_s=1))
     assert sleep.reason == "wall" and sleep.timed_out and sleep.duration_s < 3, sleep
+    time.sleep(0.2)
+    assert sandbox_processes() == []  # the forked sleeper went with the sandbox
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(8 << 30)", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))",
@@ -217,3 +219,25 @@ def test_refuses_without_bubblewrap(monkeypatch):
     with pytest.raises(SandboxUnavailable, match="apt-get install -y bubblewrap"):
         run_python("print(1)")
     assert "apt-get install -y bubblewrap" in sandbox_problem()
+
+
+def test_limits_are_validated():
+    from streamrl.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="wall_s"):
+        SandboxLimits(wall_s=0)
+    with pytest.raises(ConfigError, match="memory_bytes"):
+        SandboxLimits(memory_bytes=1000)
+
+
+def test_preflight_refuses_a_python_tool_job_without_the_sandbox(monkeypatch):
+    from streamrl.config import Config
+    from streamrl.preflight import check_sandbox
+
+    if "tools" not in Config.model_fields:
+        pytest.skip("this tree has no tools config section (streamrl/tools_config.py) yet")
+    cfg = Config.model_validate({"env": {"fn": "streamrl.tool_env:ToolEnv"}, "tools": {"names": ["python"]}})
+    assert check_sandbox(cfg) is None
+    monkeypatch.setenv("STREAMRL_BWRAP", "/nonexistent/bwrap")
+    assert "apt-get install -y bubblewrap" in check_sandbox(cfg)
+    assert check_sandbox(Config()) is None  # no python tool: nothing to check
