@@ -28,6 +28,7 @@ from streamrl.errors import ConfigError, StreamRLError
 from streamrl.sandbox_bwrap import EXIT_MEMORY, EXIT_PROCESSES, bwrap_argv, bwrap_path
 from streamrl.sandbox_cgroup import SandboxCgroup
 from streamrl.sandbox_seccomp import seccomp_program
+from streamrl.sandbox_userns import SANDBOX_UID, UsernsError, root_userns, tools_missing
 
 INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: `dnf install bubblewrap`) "
                 "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
@@ -137,38 +138,17 @@ async def run_python_async(code: str, limits: SandboxLimits | None = None,
 
 
 def _run(code: str, limits: SandboxLimits, scratch: Path | None, cgroup: bool = True) -> SandboxResult:
-    """One sandboxed run. cgroup=False skips the per-run cgroup (tests use it to exercise the fallback
-    process limit of machines without a writable one)."""
+    """One sandboxed run. cgroup=False skips the per-run cgroup (tests use it to exercise the limits of
+    machines without a writable one)."""
     start = time.monotonic()
     # +2: the cgroup also holds bwrap and the sandbox's init (the shell that joins it execs bwrap).
     cg = SandboxCgroup.create(limits.processes + 2, limits.memory_bytes) if cgroup else None
-    # The kernel never applies RLIMIT_NPROC to host root (the sandbox's user namespace maps to it), so as
-    # root the process limit needs a pids cgroup; without one, the filter refuses to fork at all.
-    no_fork = os.geteuid() == 0 and (cg is None or "pids" not in cg.dirs)
-    program = seccomp_program(no_fork=no_fork)
-    if program is None and no_fork:
-        if cg is not None:
-            cg.destroy()
-        raise SandboxUnavailable("running as root without a writable pids cgroup, on an architecture this "
-                                 "sandbox has no seccomp table for: the process limit cannot be enforced; run "
-                                 "streamrl as a non-root user, or give it a writable cgroup (pids controller)")
-    read_fd, write_fd = os.pipe()
     try:
-        os.write(write_fd, program or b"")
-        os.close(write_fd)
-        write_fd = -1
-        argv = bwrap_argv(limits, scratch, seccomp_fd=read_fd if program else None)
-        proc = subprocess.Popen(cg.wrap(argv) if cg else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
-                                pass_fds=(read_fd,) if program else ())
+        proc = _launch(limits, scratch, cg)
     except BaseException:
         if cg is not None:
             cg.destroy()
         raise
-    finally:
-        os.close(read_fd)
-        if write_fd >= 0:
-            os.close(write_fd)
     try:
         out, err, stopped, truncated = _pump(proc, code.encode("utf-8", "replace"), limits, start)
         if stopped is None:  # both pipes closed: the code is ending (or closed them and runs on)
@@ -193,6 +173,42 @@ def _run(code: str, limits: SandboxLimits, scratch: Path | None, cgroup: bool = 
     return SandboxResult(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
                          exit_code=rc, timed_out=stopped == "wall", reason=reason, truncated=truncated,
                          duration_s=time.monotonic() - start, limits=limits)
+
+
+def _launch(limits: SandboxLimits, scratch: Path | None, cg: SandboxCgroup | None) -> subprocess.Popen:
+    """Start bwrap with the seccomp filter on a pipe and, as root, inside a fresh user namespace that lets
+    the bootstrap drop to an unprivileged host uid (streamrl/sandbox_userns.py says why)."""
+    root = os.geteuid() == 0
+    program = seccomp_program()
+    if root and (program is None or tools_missing()):
+        why = tools_missing() or f"no seccomp table for {os.uname().machine}"
+        raise SandboxUnavailable(f"running as root, the sandbox needs its own user namespace and seccomp filter, "
+                                 f"but: {why}; install util-linux (unshare, nsenter), or run streamrl as a "
+                                 "non-root user")
+    if root and scratch is not None:
+        os.chown(scratch, SANDBOX_UID, SANDBOX_UID)  # the code runs as that uid; it must write its scratch
+    fds: list[int] = []
+    try:
+        if program is not None:
+            read_fd, write_fd = os.pipe()
+            fds.append(read_fd)
+            try:
+                os.write(write_fd, program)  # a few hundred bytes: fits the pipe's buffer, bwrap reads it later
+            finally:
+                os.close(write_fd)
+        userns_fd = root_userns() if root else None
+        if userns_fd is not None:
+            fds.append(userns_fd)
+        argv = bwrap_argv(limits, scratch, seccomp_fd=fds[0] if program is not None else None,
+                          userns_fd=userns_fd, drop_to=SANDBOX_UID if root else 0)
+        return subprocess.Popen(cg.wrap(argv) if cg else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True, pass_fds=tuple(fds))
+    except UsernsError as exc:
+        raise SandboxUnavailable(f"running as root, the sandbox needs its own user namespace: {exc}; "
+                                 f"{INSTALL_HINT}") from None
+    finally:
+        for fd in fds:  # the child has its copies (or never started)
+            os.close(fd)
 
 
 def _pump(proc: subprocess.Popen, src: bytes, limits: SandboxLimits, start: float):

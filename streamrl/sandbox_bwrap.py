@@ -31,8 +31,8 @@ the limit. Code can exit with them itself: that only mislabels its own failure."
 # ucounts take the creator's limit as the parent level's maximum). Hard = soft so code cannot raise them.
 BOOTSTRAP = r"""
 import os, resource, sys
-cpu, mem, nproc, fsize, nofile = (int(a) for a in sys.argv[1:6])
-extra = sys.argv[6:]
+cpu, mem, nproc, fsize, nofile, drop_to = (int(a) for a in sys.argv[1:7])
+extra = sys.argv[7:]
 def lim(kind, soft, hard=None):
     resource.setrlimit(kind, (soft, soft if hard is None else hard))
 lim(resource.RLIMIT_CPU, cpu, cpu + 1)
@@ -42,6 +42,12 @@ lim(resource.RLIMIT_NPROC, nproc)
 lim(resource.RLIMIT_FSIZE, fsize)
 lim(resource.RLIMIT_NOFILE, nofile)
 lim(resource.RLIMIT_CORE, 0)
+if drop_to:  # root mode (streamrl/sandbox_userns.py): become the unprivileged uid; clears every capability
+    os.setgroups([])
+    os.setgid(drop_to)
+    os.setuid(drop_to)
+    if os.getuid() != drop_to or "CapEff:\t0000000000000000" not in open("/proc/self/status").read():
+        raise SystemExit("sandbox bootstrap: could not drop privileges; refusing to run the code")
 src = sys.stdin.read()
 null = os.open("/dev/null", os.O_RDONLY)
 os.dup2(null, 0)
@@ -50,7 +56,7 @@ sys.stdin = open(0, closefd=False)
 sys.path[:] = [p for p in sys.path if p] + extra
 sys.argv = ["main.py"]
 g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
-del os, resource, cpu, mem, nproc, fsize, nofile, extra, lim, null
+del os, resource, cpu, mem, nproc, fsize, nofile, drop_to, extra, lim, null
 try:
     exec(compile(src, "main.py", "exec"), g)
 except MemoryError:
@@ -106,17 +112,34 @@ def _top_links() -> list[str]:
     return args
 
 
-def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None) -> list[str]:
+def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None, userns_fd: int | None = None,
+               drop_to: int = 0) -> list[str]:
     """The full command line: bwrap options, then the interpreter running BOOTSTRAP with the limits.
 
     `scratch` is a host folder bound read-write at /scratch; None gives a private tmpfs of
-    limits.scratch_bytes instead (nothing reaches the host's disk)."""
+    limits.scratch_bytes instead (nothing reaches the host's disk). With `userns_fd` (root mode) bwrap
+    runs inside that user namespace, as its uid 0, and the bootstrap switches to `drop_to`; without it
+    bwrap makes the user namespace itself and the code runs as uid 65534 mapped to the caller's uid."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise FileNotFoundError("bwrap")
-    args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--die-with-parent", "--new-session",
-            "--cap-drop", "ALL", "--uid", "65534", "--gid", "65534", "--hostname", "sandbox", "--clearenv"]
-    for p in runtime_paths():
+    if userns_fd is None:
+        args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
+                "--uid", "65534", "--gid", "65534"]
+    else:
+        # Nested user namespaces are refused by the seccomp filter (unshare, clone flags) in this mode.
+        args = ["nsenter", f"--user=/proc/self/fd/{userns_fd}", bwrap, "--unshare-pid", "--unshare-net",
+                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
+                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    args += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
+    paths = runtime_paths()
+    # bwrap gives the folders it creates above a bind the host's modes; /root is 0700, which would hide a
+    # Python under it (pyenv) from the unprivileged uid. Only the path down to the bind is exposed.
+    targets = paths + [f"{PYTHONPATH_DIR}/{i}" for i in range(len(limits.python_paths))]
+    above = sorted({str(a) for p in targets for a in Path(p).parents if str(a) != "/"}, key=lambda a: a.count("/"))
+    for a in above:
+        args += ["--perms", "0755", "--dir", a]
+    for p in paths:
         args += ["--ro-bind", p, p]
     args += _top_links()
     args += ["--proc", "/proc", "--dev", "/dev"]
@@ -137,8 +160,9 @@ def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None) -> l
     if seccomp_fd is not None:
         args += ["--seccomp", str(seccomp_fd)]
     mem = limits.memory_bytes or 0
-    # +1: bwrap's init inside the sandbox runs as the same user in the same namespace.
+    # +1 where bwrap's init inside runs as the same uid in the same namespace (not in root mode: it is uid 0).
+    nproc = limits.processes + (0 if drop_to else 1)
     args += ["--", interpreter(), "-I", "-B", "-c", BOOTSTRAP, str(math.ceil(limits.cpu_s)), str(mem),
-             str(limits.processes + 1), str(limits.file_bytes), str(limits.open_files)]
+             str(nproc), str(limits.file_bytes), str(limits.open_files), str(drop_to)]
     args += [f"{PYTHONPATH_DIR}/{i}" for i in range(len(limits.python_paths))]
     return args

@@ -1,15 +1,14 @@
 """A seccomp filter for the Python sandbox, compiled to classic BPF here (no libseccomp needed) and handed to
 bubblewrap (`bwrap --seccomp FD`), which installs it right before the sandboxed interpreter starts.
 
-    program = seccomp_program(no_fork=False)   # bytes (struct sock_filter[]), None on an unknown architecture
+    program = seccomp_program()   # bytes (struct sock_filter[]), None on an unknown architecture
 
 It refuses (EPERM) the syscalls a sandboxed script has no use for and that are the kernel's usual attack
 surface or a way out: ptrace, mount and the new mount API, namespaces (unshare, setns, clone with CLONE_NEW*),
 kernel modules, kexec, bpf, perf_event_open, userfaultfd, io_uring, keyrings, process_vm_*, open_by_handle_at,
 the clocks, swap, reboot. clone3 gets ENOSYS (its flags live in memory a filter cannot read; glibc falls
-back to clone, whose flags it can). With no_fork, clone without CLONE_THREAD, fork and vfork fail with EAGAIN:
-the process limit where no other mechanism can enforce it (see streamrl/sandbox.py). A syscall from another
-ABI (x32, or a foreign audit arch) kills the process.
+back to clone, whose flags it can). A syscall from another ABI (x32, or a foreign audit arch) kills the
+process.
 """
 
 from __future__ import annotations
@@ -34,7 +33,7 @@ _X86_64 = dict(ptrace=101, mount=165, umount2=166, pivot_root=155, swapon=167, s
                process_vm_writev=311, open_by_handle_at=304, name_to_handle_at=303, syslog=103, fsopen=430,
                fsconfig=431, fsmount=432, fspick=433, move_mount=429, open_tree=428, mount_setattr=442,
                settimeofday=164, clock_settime=227, adjtimex=159, clock_adjtime=305, vhangup=153, lookup_dcookie=212,
-               clone=56, fork=57, vfork=58, clone3=435)
+               clone=56, clone3=435)
 _AARCH64 = dict(ptrace=117, mount=40, umount2=39, pivot_root=41, swapon=224, swapoff=225, reboot=142,
                 sethostname=161, setdomainname=162, init_module=105, finit_module=273, delete_module=106,
                 quotactl=60, acct=89, kexec_load=104, kexec_file_load=294, bpf=280, perf_event_open=241,
@@ -48,7 +47,6 @@ _ARCHES = {"x86_64": (0xC000003E, _X86_64), "aarch64": (0xC00000B7, _AARCH64), "
 _LD_ABS_W, _JEQ, _JGE, _JSET, _RET = 0x20, 0x15, 0x35, 0x45, 0x06
 _ALLOW, _KILL_PROCESS, _ERRNO = 0x7FFF0000, 0x80000000, 0x00050000
 _OFF_NR, _OFF_ARCH, _OFF_ARG0 = 0, 4, 16  # struct seccomp_data; args[0]'s low 32 bits (little endian)
-_CLONE_THREAD = 0x00010000
 _CLONE_NEW = 0x00020000 | 0x02000000 | 0x04000000 | 0x08000000 | 0x10000000 | 0x20000000 | 0x40000000 | 0x80
 _X32_BIT = 0x40000000
 
@@ -57,7 +55,7 @@ def supported() -> bool:
     return platform.machine() in _ARCHES
 
 
-def seccomp_program(no_fork: bool = False) -> bytes | None:
+def seccomp_program() -> bytes | None:
     """The filter as bwrap reads it (an array of struct sock_filter), or None on an architecture
     without a syscall table here."""
     arch = _ARCHES.get(platform.machine())
@@ -70,14 +68,10 @@ def seccomp_program(no_fork: bool = False) -> bytes | None:
         ops.append((_JGE, "kill", 0, _X32_BIT))
     ops += [(_JEQ, "eperm", 0, nr[name]) for name in _DENY if name in nr]
     ops += [(_JEQ, "clone", 0, nr["clone"]), (_JEQ, "enosys", 0, nr["clone3"])]
-    if no_fork:
-        ops += [(_JEQ, "eagain", 0, nr[name]) for name in ("fork", "vfork") if name in nr]
     ops.append((_RET, 0, 0, _ALLOW))
     labels = {"clone": len(ops)}
-    ops += [(_LD_ABS_W, 0, 0, _OFF_ARG0), (_JSET, "eperm", 0, _CLONE_NEW)]
-    ops.append((_JSET, "allow", "eagain", _CLONE_THREAD) if no_fork else (_RET, 0, 0, _ALLOW))
-    for label, ret in (("allow", _ALLOW), ("eperm", _ERRNO | errno.EPERM), ("enosys", _ERRNO | errno.ENOSYS),
-                       ("eagain", _ERRNO | errno.EAGAIN), ("kill", _KILL_PROCESS)):
+    ops += [(_LD_ABS_W, 0, 0, _OFF_ARG0), (_JSET, "eperm", 0, _CLONE_NEW), (_RET, 0, 0, _ALLOW)]
+    for label, ret in (("eperm", _ERRNO | errno.EPERM), ("enosys", _ERRNO | errno.ENOSYS), ("kill", _KILL_PROCESS)):
         labels[label] = len(ops)
         ops.append((_RET, 0, 0, ret))
     out = bytearray()
