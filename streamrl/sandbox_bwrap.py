@@ -30,7 +30,7 @@ the limit. Code can exit with them itself: that only mislabels its own failure."
 # would also become the cap on every concurrent sandbox of this uid together (the kernel's per-namespace
 # ucounts take the creator's limit as the parent level's maximum). Hard = soft so code cannot raise them.
 BOOTSTRAP = r"""
-import os, resource, sys
+import os, resource, sys, traceback
 cpu, mem, nproc, fsize, nofile, drop_to = (int(a) for a in sys.argv[1:7])
 extra = sys.argv[7:]
 def lim(kind, soft, hard=None):
@@ -56,19 +56,20 @@ sys.stdin = open(0, closefd=False)
 sys.path[:] = [p for p in sys.path if p] + extra
 sys.argv = ["main.py"]
 g = {"__name__": "__main__", "__file__": "main.py", "__builtins__": __builtins__}
-del os, resource, cpu, mem, nproc, fsize, nofile, drop_to, extra, lim, null
+def _end(code, _exit=os._exit, _tb=traceback):  # bound now: under MemoryError an import can fail
+    try:
+        _tb.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        _exit(code)
+del os, resource, traceback, cpu, mem, nproc, fsize, nofile, drop_to, extra, lim, null
 try:
     exec(compile(src, "main.py", "exec"), g)
 except MemoryError:
-    import traceback
-    traceback.print_exc()
-    sys.stderr.flush()
-    __import__("os")._exit(211)
+    _end(211)
 except BlockingIOError as exc:
-    import traceback
-    traceback.print_exc()
-    sys.stderr.flush()
-    __import__("os")._exit(212 if exc.errno == 11 else 1)
+    _end(212 if exc.errno == 11 else 1)
 """
 
 
@@ -162,7 +163,7 @@ def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None, user
     mem = limits.memory_bytes or 0
     # +1 where bwrap's init inside runs as the same uid in the same namespace (not in root mode: it is uid 0).
     nproc = limits.processes + (0 if drop_to else 1)
-    args += ["--", interpreter(), "-I", "-B", "-c", BOOTSTRAP, str(math.ceil(limits.cpu_s)), str(mem),
+    args += ["--", interpreter(), "-I", "-B", "-u", "-c", BOOTSTRAP, str(math.ceil(limits.cpu_s)), str(mem),
              str(nproc), str(limits.file_bytes), str(limits.open_files), str(drop_to)]
     args += [f"{PYTHONPATH_DIR}/{i}" for i in range(len(limits.python_paths))]
     return args

@@ -142,8 +142,9 @@ def test_process_limit_without_a_cgroup():
 def test_infinite_loop_hits_the_cpu_limit_and_sleep_the_wall_limit():
     spin = run_python("while True:\n    pass", SandboxLimits(cpu_s=1, wall_s=10))
     assert spin.reason == "cpu" and not spin.timed_out and spin.duration_s < 8, spin
-    sleep = run_python("import os, time\nos.fork()\ntime.sleep(60)", SandboxLimits(wall_s=1))
+    sleep = run_python("import os, time\nprint('started')\nos.fork()\ntime.sleep(60)", SandboxLimits(wall_s=1))
     assert sleep.reason == "wall" and sleep.timed_out and sleep.duration_s < 3, sleep
+    assert sleep.stdout == "started\n"  # unbuffered: what it printed before the kill is kept
     time.sleep(0.2)
     assert sandbox_processes() == []  # the forked sleeper went with the sandbox
 
