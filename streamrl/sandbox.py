@@ -5,11 +5,13 @@
     res = run_python(code, SandboxLimits(wall_s=5, memory_bytes=256 << 20))
     res = await run_python_async(code)                    # same, off the event loop
 
-Each call is a fresh bubblewrap sandbox (new user, mount, pid, net, ipc, uts namespaces; no capabilities;
-only the interpreter's runtime visible, read-only; a private scratch folder; no network), rlimits on CPU,
-address space, processes, file size and open files set inside it, a wall-clock deadline and an output bound
-enforced from here. Safe to call from many threads at once (no preexec_fn, no shared state). Without
-bubblewrap it refuses (SandboxUnavailable names the fix) instead of running code unsandboxed.
+Each call is a fresh bubblewrap sandbox (streamrl/sandbox_bwrap.py: new user, mount, pid, net, ipc, uts
+namespaces; only the interpreter's runtime visible, read-only; a private scratch folder; no network), run as
+an unprivileged uid without capabilities (as root too: streamrl/sandbox_userns.py), under a seccomp filter
+(streamrl/sandbox_seccomp.py), rlimits on CPU, address space, processes, file size and open files set
+inside it, a per-call cgroup where one can be made (streamrl/sandbox_cgroup.py), and a wall-clock deadline
+and an output bound enforced from here. Safe to call from many threads at once (no preexec_fn, no shared
+state). Without bubblewrap it refuses (SandboxUnavailable names the fix) instead of running code unsandboxed.
 What it does and does not protect against: docs/sandbox.md.
 """
 
@@ -50,11 +52,11 @@ class SandboxLimits:
     cpu_s: float = 5
     """CPU seconds per process, rounded up (RLIMIT_CPU; SIGXCPU then SIGKILL: reason 'cpu')."""
     memory_bytes: int | None = 512 << 20
-    """Address space per process (RLIMIT_AS); None: unbounded. A MemoryError gives reason 'memory'."""
+    """Address space per process (RLIMIT_AS), and all processes together where a memory cgroup can be made;
+    None: unbounded. A MemoryError or the cgroup's OOM kill gives reason 'memory'."""
     processes: int = 32
-    """Processes and threads the code may hold at once, its interpreter's main thread included (a pids
-    cgroup where one can be made; else RLIMIT_NPROC in the sandbox's user namespace; as root without a
-    cgroup, one process: forks are refused, threads are bounded by memory_bytes)."""
+    """Processes and threads the code may hold at once, its interpreter's main thread included
+    (RLIMIT_NPROC in the call's own user namespace, and a pids cgroup where one can be made)."""
     file_bytes: int = 16 << 20
     """Largest file the code may write (RLIMIT_FSIZE)."""
     open_files: int = 64
@@ -86,8 +88,9 @@ class SandboxLimits:
 class SandboxResult:
     stdout: str
     stderr: str
-    exit_code: int | None
-    """The process's exit status; negative: killed by that signal; None: never started."""
+    exit_code: int
+    """The code's exit status; 128+N: it died of signal N; negative: the sandbox was killed from here
+    (wall or output bound)."""
     timed_out: bool = False
     reason: str | None = None
     """Why it was stopped or failed, when a limit did it: 'wall', 'cpu', 'memory', 'processes', 'output',
@@ -107,6 +110,8 @@ def sandbox_problem() -> str | None:
         return _missing()
     try:
         res = _run("print(1)", SandboxLimits(wall_s=20), None)
+    except SandboxUnavailable as exc:
+        return str(exc)
     except OSError as exc:
         return f"bubblewrap could not be started ({exc}); {INSTALL_HINT}"
     if res.stdout.strip() != "1":
@@ -269,14 +274,15 @@ def _kill(proc: subprocess.Popen) -> None:
 
 
 def _reason(rc: int) -> str | None:
+    """The limit an exit status means. bwrap's init reports a child killed by signal N as 128+N."""
     if rc == EXIT_MEMORY:
         return "memory"
     if rc == EXIT_PROCESSES:
         return "processes"
-    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
-        # bwrap's pid 1 reports a child killed by signal N as exit 128+N. SIGKILL without our own kill
-        # comes from the CPU hard limit (soft + 1 s) or the kernel's OOM killer; CPU is the common one.
-        return "cpu" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "signal"
+    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return "cpu"
+    # Other signals, SIGKILL included: the kernel's OOM killer (named 'memory' by the cgroup's events, where
+    # there is one), the CPU hard limit a second after the soft one (code that ignores SIGXCPU), the code's own.
     if rc < 0 or rc > 128:
         return "signal"
     return None
