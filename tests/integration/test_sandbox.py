@@ -30,12 +30,19 @@ if PROBLEM is not None:
     pytestmark = pytest.mark.skip(reason=PROBLEM)
 
 
-def sandbox_processes() -> list[int]:
-    """Host pids of sandboxed interpreters (their command line carries the bootstrap's text)."""
+def tagged(code: str) -> tuple[str, str]:
+    """`code` renaming its process first (children inherit the name), and that name: a host-side scan
+    then finds this test's sandboxed processes, not those of other sandboxes running on the machine."""
+    tag = f"sbx{uuid.uuid4().hex[:12]}"
+    return f"import ctypes\nctypes.CDLL(None).prctl(15, {tag.encode()!r}, 0, 0, 0)\n" + code, tag  # PR_SET_NAME
+
+
+def live_processes(tag: str) -> list[int]:
+    """Host pids whose process name is `tag`."""
     pids = []
     for d in Path("/proc").iterdir():
         try:
-            if d.name.isdigit() and b"resource.RLIMIT_NPROC" in (d / "cmdline").read_bytes():
+            if d.name.isdigit() and (d / "comm").read_text().strip() == tag:
                 pids.append(int(d.name))
         except OSError:
             continue
@@ -122,11 +129,12 @@ def test_no_network_not_even_the_hosts_redis(redis_server):
 
 def test_fork_bomb_is_contained_and_leaves_nothing():
     start = time.monotonic()
-    res = run_python("import os\nwhile True:\n    os.fork()", SandboxLimits(wall_s=10, processes=16))
+    code, tag = tagged("import os\nwhile True:\n    os.fork()")
+    res = run_python(code, SandboxLimits(wall_s=10, processes=16))
     assert res.reason in ("processes", "wall"), res
     assert time.monotonic() - start < 12
     time.sleep(0.2)
-    assert sandbox_processes() == []  # every forked process died with the sandbox
+    assert live_processes(tag) == []  # every forked process died with the sandbox
 
 
 def test_process_limit_without_a_cgroup():
@@ -142,11 +150,12 @@ def test_process_limit_without_a_cgroup():
 def test_infinite_loop_hits_the_cpu_limit_and_sleep_the_wall_limit():
     spin = run_python("while True:\n    pass", SandboxLimits(cpu_s=1, wall_s=10))
     assert spin.reason == "cpu" and not spin.timed_out and spin.duration_s < 8, spin
-    sleep = run_python("import os, time\nprint('started')\nos.fork()\ntime.sleep(60)", SandboxLimits(wall_s=1))
+    code, tag = tagged("import os, time\nprint('started')\nos.fork()\ntime.sleep(60)")
+    sleep = run_python(code, SandboxLimits(wall_s=1))
     assert sleep.reason == "wall" and sleep.timed_out and sleep.duration_s < 3, sleep
     assert sleep.stdout == "started\n"  # unbuffered: what it printed before the kill is kept
     time.sleep(0.2)
-    assert sandbox_processes() == []  # the forked sleeper went with the sandbox
+    assert live_processes(tag) == []  # the forked sleeper went with the sandbox
 
 
 @pytest.mark.parametrize("code", ["x = bytearray(8 << 30)", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))",
