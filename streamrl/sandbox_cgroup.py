@@ -78,6 +78,18 @@ def _parents() -> dict[str, Path]:
     return out
 
 
+def _sweep(parent: Path) -> None:
+    """Remove run folders left by a process that died mid-run (SIGKILLed callers cannot clean up); only
+    empty ones go (rmdir), so a live run is never touched."""
+    for d in parent.glob(f"{PREFIX}*"):
+        pid = d.name[len(PREFIX):].split("-")[0]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+
+
 def _probe(parent: Path, limit_file: str) -> bool:
     test = parent / f"{PREFIX}probe-{os.getpid()}-{uuid.uuid4().hex[:6]}"
     try:
@@ -85,7 +97,10 @@ def _probe(parent: Path, limit_file: str) -> bool:
     except OSError:
         return False
     try:
-        return (test / limit_file).exists() and os.access(test / "cgroup.procs", os.W_OK)
+        ok = (test / limit_file).exists() and os.access(test / "cgroup.procs", os.W_OK)
+        if ok:
+            _sweep(parent)
+        return ok
     finally:
         try:
             test.rmdir()

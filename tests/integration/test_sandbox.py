@@ -183,6 +183,24 @@ def test_killing_the_parent_or_everyone_hits_only_the_sandbox():
         sentinel.wait()
 
 
+def test_a_killed_caller_takes_its_sandbox_with_it():
+    """The env worker dies mid-call (SIGKILL, no cleanup): the sandbox does not outlive it."""
+    code, tag = tagged("import time\ntime.sleep(60)")
+    caller = subprocess.Popen([sys.executable, "-c", "import sys\nfrom streamrl.sandbox import run_python\n"
+                               "run_python(sys.stdin.read())"], stdin=subprocess.PIPE, text=True)
+    caller.stdin.write(code)
+    caller.stdin.close()
+    deadline = time.monotonic() + 10
+    while not live_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_processes(tag), "the sandbox never started"
+    caller.kill()
+    caller.wait()
+    while live_processes(tag) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert live_processes(tag) == []
+
+
 @pytest.mark.parametrize("stream", ["stdout", "stderr"])
 def test_huge_output_is_cut_and_the_run_stopped(stream):
     limits = SandboxLimits(max_output_bytes=64 << 10, wall_s=10)
