@@ -25,12 +25,16 @@ from streamrl.sandbox_cgroup import available
 
 def _pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
-    return xs[min(len(xs) - 1, int(round(q * (len(xs) - 1))))]
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))]
 
 
 def _summary(ms: list[float]) -> dict:
-    return {"p50_ms": round(_pct(ms, 0.5), 1), "p99_ms": round(_pct(ms, 0.99), 1),
-            "mean_ms": round(statistics.fmean(ms), 1), "n": len(ms)}
+    return {
+        "p50_ms": round(_pct(ms, 0.5), 1),
+        "p99_ms": round(_pct(ms, 0.99), 1),
+        "mean_ms": round(statistics.fmean(ms), 1),
+        "n": len(ms),
+    }
 
 
 def measure(calls: int, threads: int) -> dict:
@@ -55,9 +59,14 @@ def measure(calls: int, threads: int) -> dict:
     wall = time.perf_counter() - t
     if any(r.stdout != "1\n" for r in results):
         raise RuntimeError("a concurrent call did not run the snippet")
-    return {"sandboxed": _summary(sandboxed), "bare_python": _summary(bare),
-            "concurrent": {"threads": threads, "calls": len(results), "calls_per_s": round(len(results) / wall, 1)},
-            "root": os.geteuid() == 0, "cgroups": sorted(available()), "cpus": os.cpu_count()}
+    return {
+        "sandboxed": _summary(sandboxed),
+        "bare_python": _summary(bare),
+        "concurrent": {"threads": threads, "calls": len(results), "calls_per_s": round(len(results) / wall, 1)},
+        "root": os.geteuid() == 0,
+        "cgroups": sorted(available()),
+        "cpus": os.cpu_count(),
+    }
 
 
 if __name__ == "__main__":

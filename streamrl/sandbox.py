@@ -32,10 +32,12 @@ from streamrl.sandbox_cgroup import SandboxCgroup
 from streamrl.sandbox_seccomp import seccomp_program
 from streamrl.sandbox_userns import SANDBOX_UID, UsernsError, root_userns, tools_missing
 
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: `dnf install bubblewrap`) "
-                "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
-                "user.max_user_namespaces > 0; in Docker run with --security-opt seccomp=unconfined or use "
-                "--privileged)")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: `dnf install bubblewrap`) "
+    "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
+    "user.max_user_namespaces > 0; in Docker run with --security-opt seccomp=unconfined or use "
+    "--privileged)"
+)
 
 
 class SandboxUnavailable(StreamRLError, RuntimeError):
@@ -70,14 +72,23 @@ class SandboxLimits:
     """Extra host folders (e.g. a site-packages with numpy) bound read-only and put on sys.path."""
 
     def __post_init__(self):
-        low = {"wall_s": 0.1, "cpu_s": 1, "processes": 1, "file_bytes": 1, "open_files": 16,
-               "scratch_bytes": 1 << 20, "max_output_bytes": 1}
+        low = {
+            "wall_s": 0.1,
+            "cpu_s": 1,
+            "processes": 1,
+            "file_bytes": 1,
+            "open_files": 16,
+            "scratch_bytes": 1 << 20,
+            "max_output_bytes": 1,
+        }
         for name, least in low.items():
             if not getattr(self, name) >= least:
                 raise ConfigError(f"sandbox limit {name}={getattr(self, name)!r} is below {least}; raise it")
         if self.memory_bytes is not None and self.memory_bytes < 64 << 20:
-            raise ConfigError(f"sandbox limit memory_bytes={self.memory_bytes} is below 64 MiB, too little for the "
-                              "interpreter itself; raise it (or None for no bound)")
+            raise ConfigError(
+                f"sandbox limit memory_bytes={self.memory_bytes} is below 64 MiB, too little for the "
+                "interpreter itself; raise it (or None for no bound)"
+            )
         for p in self.python_paths:
             if not os.path.isdir(p):
                 raise ConfigError(f"sandbox python_paths entry {p!r} is not a folder; give existing folders")
@@ -121,8 +132,11 @@ def sandbox_problem() -> str | None:
 
 
 def _missing() -> str:
-    where = f"$STREAMRL_BWRAP={os.environ['STREAMRL_BWRAP']!r} is not executable" if "STREAMRL_BWRAP" in os.environ \
+    where = (
+        f"$STREAMRL_BWRAP={os.environ['STREAMRL_BWRAP']!r} is not executable"
+        if "STREAMRL_BWRAP" in os.environ
         else "bwrap is not on PATH"
+    )
     return f"the sandboxed python tool needs bubblewrap, and {where}; {INSTALL_HINT}"
 
 
@@ -136,8 +150,9 @@ def run_python(code: str, limits: SandboxLimits | None = None, scratch: str | Pa
     return _run(code, limits, Path(scratch) if scratch is not None else None)
 
 
-async def run_python_async(code: str, limits: SandboxLimits | None = None,
-                           scratch: str | Path | None = None) -> SandboxResult:
+async def run_python_async(
+    code: str, limits: SandboxLimits | None = None, scratch: str | Path | None = None
+) -> SandboxResult:
     """run_python in a worker thread, so an event loop keeps serving other steps while the code runs."""
     return await asyncio.to_thread(run_python, code, limits, scratch)
 
@@ -175,9 +190,16 @@ def _run(code: str, limits: SandboxLimits, scratch: Path | None, cgroup: bool = 
         reason = "memory"
     elif reason is None and rc != 0 and events.get("pids_max"):
         reason = "processes"
-    return SandboxResult(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
-                         exit_code=rc, timed_out=stopped == "wall", reason=reason, truncated=truncated,
-                         duration_s=time.monotonic() - start, limits=limits)
+    return SandboxResult(
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        exit_code=rc,
+        timed_out=stopped == "wall",
+        reason=reason,
+        truncated=truncated,
+        duration_s=time.monotonic() - start,
+        limits=limits,
+    )
 
 
 def _launch(limits: SandboxLimits, scratch: Path | None, cg: SandboxCgroup | None) -> subprocess.Popen:
@@ -187,9 +209,11 @@ def _launch(limits: SandboxLimits, scratch: Path | None, cg: SandboxCgroup | Non
     program = seccomp_program()
     if root and (program is None or tools_missing()):
         why = tools_missing() or f"no seccomp table for {os.uname().machine}"
-        raise SandboxUnavailable(f"running as root, the sandbox needs its own user namespace and seccomp filter, "
-                                 f"but: {why}; install util-linux (unshare, nsenter), or run streamrl as a "
-                                 "non-root user")
+        raise SandboxUnavailable(
+            f"running as root, the sandbox needs its own user namespace and seccomp filter, "
+            f"but: {why}; install util-linux (unshare, nsenter), or run streamrl as a "
+            "non-root user"
+        )
     if root and scratch is not None:
         os.chown(scratch, SANDBOX_UID, SANDBOX_UID)  # the code runs as that uid; it must write its scratch
     fds: list[int] = []
@@ -204,13 +228,26 @@ def _launch(limits: SandboxLimits, scratch: Path | None, cg: SandboxCgroup | Non
         userns_fd = root_userns() if root else None
         if userns_fd is not None:
             fds.append(userns_fd)
-        argv = bwrap_argv(limits, scratch, seccomp_fd=fds[0] if program is not None else None,
-                          userns_fd=userns_fd, drop_to=SANDBOX_UID if root else 0)
-        return subprocess.Popen(cg.wrap(argv) if cg else argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, start_new_session=True, close_fds=True, pass_fds=tuple(fds))
+        argv = bwrap_argv(
+            limits,
+            scratch,
+            seccomp_fd=fds[0] if program is not None else None,
+            userns_fd=userns_fd,
+            drop_to=SANDBOX_UID if root else 0,
+        )
+        return subprocess.Popen(
+            cg.wrap(argv) if cg else argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(fds),
+        )
     except UsernsError as exc:
-        raise SandboxUnavailable(f"running as root, the sandbox needs its own user namespace: {exc}; "
-                                 f"{INSTALL_HINT}") from None
+        raise SandboxUnavailable(
+            f"running as root, the sandbox needs its own user namespace: {exc}; {INSTALL_HINT}"
+        ) from None
     finally:
         for fd in fds:  # the child has its copies (or never started)
             os.close(fd)
@@ -253,7 +290,7 @@ def _pump(proc: subprocess.Popen, src: bytes, limits: SandboxLimits, start: floa
                     continue
                 buf = bufs[fd]
                 room = cap - len(buf)
-                buf += chunk[:max(room, 0)]
+                buf += chunk[: max(room, 0)]
                 if len(chunk) > room:
                     stopped, truncated = "output", True
             if stopped:

@@ -113,8 +113,9 @@ def _top_links() -> list[str]:
     return args
 
 
-def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None, userns_fd: int | None = None,
-               drop_to: int = 0) -> list[str]:
+def bwrap_argv(
+    limits, scratch: Path | None, seccomp_fd: int | None = None, userns_fd: int | None = None, drop_to: int = 0
+) -> list[str]:
     """The full command line: bwrap options, then the interpreter running BOOTSTRAP with the limits.
 
     `scratch` is a host folder bound read-write at /scratch; None gives a private tmpfs of
@@ -125,13 +126,36 @@ def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None, user
     if bwrap is None:
         raise FileNotFoundError("bwrap")
     if userns_fd is None:
-        args = [bwrap, "--unshare-all", "--unshare-user", "--disable-userns", "--cap-drop", "ALL",
-                "--uid", "65534", "--gid", "65534"]
+        args = [
+            bwrap,
+            "--unshare-all",
+            "--unshare-user",
+            "--disable-userns",
+            "--cap-drop",
+            "ALL",
+            "--uid",
+            "65534",
+            "--gid",
+            "65534",
+        ]
     else:
         # Nested user namespaces are refused by the seccomp filter (unshare, clone flags) in this mode.
-        args = ["nsenter", f"--user=/proc/self/fd/{userns_fd}", bwrap, "--unshare-pid", "--unshare-net",
-                "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try", "--cap-drop", "ALL",
-                "--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+        args = [
+            "nsenter",
+            f"--user=/proc/self/fd/{userns_fd}",
+            bwrap,
+            "--unshare-pid",
+            "--unshare-net",
+            "--unshare-ipc",
+            "--unshare-uts",
+            "--unshare-cgroup-try",
+            "--cap-drop",
+            "ALL",
+            "--cap-add",
+            "CAP_SETUID",
+            "--cap-add",
+            "CAP_SETGID",
+        ]
     args += ["--die-with-parent", "--new-session", "--hostname", "sandbox", "--clearenv"]
     paths = runtime_paths()
     # bwrap gives the folders it creates above a bind the host's modes; /root is 0700, which would hide a
@@ -149,8 +173,14 @@ def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None, user
     else:
         args += ["--bind", str(scratch), SCRATCH]
     args += ["--symlink", SCRATCH, "/tmp", "--chdir", SCRATCH]
-    for k, v in {"HOME": SCRATCH, "TMPDIR": SCRATCH, "PATH": f"{os.path.dirname(interpreter())}:/usr/bin:/bin",
-                 "LANG": "C.UTF-8", "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"}.items():
+    for k, v in {
+        "HOME": SCRATCH,
+        "TMPDIR": SCRATCH,
+        "PATH": f"{os.path.dirname(interpreter())}:/usr/bin:/bin",
+        "LANG": "C.UTF-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONUNBUFFERED": "1",
+    }.items():
         args += ["--setenv", k, v]
     # At fixed places, not their host paths: those may lie under /tmp, which is scratch's symlink here.
     for i, p in enumerate(limits.python_paths):
@@ -163,7 +193,20 @@ def bwrap_argv(limits, scratch: Path | None, seccomp_fd: int | None = None, user
     mem = limits.memory_bytes or 0
     # +1 where bwrap's init inside runs as the same uid in the same namespace (not in root mode: it is uid 0).
     nproc = limits.processes + (0 if drop_to else 1)
-    args += ["--", interpreter(), "-I", "-B", "-u", "-c", BOOTSTRAP, str(math.ceil(limits.cpu_s)), str(mem),
-             str(nproc), str(limits.file_bytes), str(limits.open_files), str(drop_to)]
+    args += [
+        "--",
+        interpreter(),
+        "-I",
+        "-B",
+        "-u",
+        "-c",
+        BOOTSTRAP,
+        str(math.ceil(limits.cpu_s)),
+        str(mem),
+        str(nproc),
+        str(limits.file_bytes),
+        str(limits.open_files),
+        str(drop_to),
+    ]
     args += [f"{PYTHONPATH_DIR}/{i}" for i in range(len(limits.python_paths))]
     return args

@@ -44,7 +44,7 @@ def _mounts() -> dict[str, tuple[str, str]]:
 
 
 def _own_dir(point: str, root: str, cg_path: str) -> Path:
-    rel = cg_path[len(root):] if root != "/" and cg_path.startswith(root) else cg_path
+    rel = cg_path[len(root) :] if root != "/" and cg_path.startswith(root) else cg_path
     return Path(point) / rel.lstrip("/")
 
 
@@ -82,7 +82,7 @@ def _sweep(parent: Path) -> None:
     """Remove run folders left by a process that died mid-run (SIGKILLed callers cannot clean up); only
     empty ones go (rmdir), so a live run is never touched."""
     for d in parent.glob(f"{PREFIX}*"):
-        pid = d.name[len(PREFIX):].split("-")[0]
+        pid = d.name[len(PREFIX) :].split("-")[0]
         if pid.isdigit() and not Path(f"/proc/{pid}").exists():
             try:
                 d.rmdir()
@@ -150,8 +150,10 @@ class SandboxCgroup:
 
     def events(self) -> dict[str, int]:
         out = {"pids_max": 0, "oom_kill": 0}
-        for ctl, key, files in (("pids", "max", ("pids.events",)),
-                                ("memory", "oom_kill", ("memory.events", "memory.oom_control"))):
+        for ctl, key, files in (
+            ("pids", "max", ("pids.events",)),
+            ("memory", "oom_kill", ("memory.events", "memory.oom_control")),
+        ):
             d = self.dirs.get(ctl)
             for f in files if d else ():
                 try:

@@ -36,8 +36,13 @@ def root_userns() -> int:
     mine = os.readlink("/proc/self/ns/user")
     # `unshare --user` creates the namespace and then waits in `sleep` for us to write its maps: only a
     # process outside it, with CAP_SETUID here (root), may map host uids other than its creator's.
-    holder = subprocess.Popen(["unshare", "--user", "sleep", "30"], stdin=subprocess.DEVNULL,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, close_fds=True)
+    holder = subprocess.Popen(
+        ["unshare", "--user", "sleep", "30"],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        close_fds=True,
+    )
     try:
         deadline = time.monotonic() + SETUP_TIMEOUT_S
         while True:

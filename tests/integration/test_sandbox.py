@@ -51,9 +51,11 @@ def live_processes(tag: str) -> list[int]:
 
 def probe(path: Path | str) -> str:
     """Code that tries to read, then write, `path` and prints what happened."""
-    return (f"p = {str(path)!r}\n"
-            "try:\n    print('GOT-CONTENT', open(p).read()[:200])\nexcept OSError as e:\n    print('noread', e)\n"
-            "try:\n    open(p, 'a').write('PWNED')\n    print('WROTE')\nexcept OSError as e:\n    print('nowrite', e)\n")
+    return (
+        f"p = {str(path)!r}\n"
+        "try:\n    print('GOT-CONTENT', open(p).read()[:200])\nexcept OSError as e:\n    print('noread', e)\n"
+        "try:\n    open(p, 'a').write('PWNED')\n    print('WROTE')\nexcept OSError as e:\n    print('nowrite', e)\n"
+    )
 
 
 def test_trivial_code_runs_and_reports():
@@ -71,8 +73,17 @@ def test_host_files_are_out_of_reach(tmp_path: Path):
     home_file = Path.home() / f".streamrl-sandbox-test-{uuid.uuid4().hex[:8]}"
     home_file.write_text(secret)
     try:
-        targets = ["/etc/passwd", "/etc/shadow", run_dir / "step-1.pt", REPO / "README.md", REPO / "streamrl" / "x.py",
-                   home_file, Path.home() / ".bashrc", "/proc/1/root/etc/passwd", f"/proc/{os.getpid()}/environ"]
+        targets = [
+            "/etc/passwd",
+            "/etc/shadow",
+            run_dir / "step-1.pt",
+            REPO / "README.md",
+            REPO / "streamrl" / "x.py",
+            home_file,
+            Path.home() / ".bashrc",
+            "/proc/1/root/etc/passwd",
+            f"/proc/{os.getpid()}/environ",
+        ]
         host = [Path(t) for t in targets if not str(t).startswith("/proc")]  # /proc paths: the sandbox's own
         before = {p: p.read_bytes() if p.exists() else None for p in host}
         for t in targets:
@@ -89,11 +100,13 @@ def test_host_files_are_out_of_reach(tmp_path: Path):
 
 
 def test_only_the_scratch_folder_is_writable(tmp_path: Path):
-    code = ("import os\nfor p in ['/', '/usr', '/dev', '/dev/shm', '/proc', '/root']:\n"
-            "    try:\n        open(os.path.join(p, 'f'), 'w').write('x'); print('WROTE', p)\n"
-            "    except OSError as e:\n        print('no', p, e.errno)\n"
-            "open('/scratch/a.txt', 'w').write('kept'); open('/tmp/b.txt', 'w').write('t')\n"
-            "print(open('/scratch/a.txt').read(), os.getcwd(), os.environ['HOME'])\n")
+    code = (
+        "import os\nfor p in ['/', '/usr', '/dev', '/dev/shm', '/proc', '/root']:\n"
+        "    try:\n        open(os.path.join(p, 'f'), 'w').write('x'); print('WROTE', p)\n"
+        "    except OSError as e:\n        print('no', p, e.errno)\n"
+        "open('/scratch/a.txt', 'w').write('kept'); open('/tmp/b.txt', 'w').write('t')\n"
+        "print(open('/scratch/a.txt').read(), os.getcwd(), os.environ['HOME'])\n"
+    )
     res = run_python(code, FAST)
     assert "WROTE" not in res.stdout, res.stdout
     assert "kept /scratch /scratch" in res.stdout
@@ -111,13 +124,15 @@ def test_only_the_scratch_folder_is_writable(tmp_path: Path):
 
 def test_no_network_not_even_the_hosts_redis(redis_server):
     url = urlparse(redis_server.url)
-    code = ("import socket\n"
-            f"for host, port in [('1.1.1.1', 80), ('127.0.0.1', {url.port}), ('localhost', {url.port})]:\n"
-            "    s = socket.socket(); s.settimeout(2)\n"
-            "    try:\n        s.connect((host, port)); s.sendall(b'PING\\r\\n'); print('CONNECTED', host, s.recv(64))\n"
-            "    except OSError as e:\n        print('blocked', host, type(e).__name__)\n"
-            "try:\n    socket.getaddrinfo('pypi.org', 443); print('RESOLVED')\nexcept OSError as e:\n"
-            "    print('nodns', e)\n")
+    code = (
+        "import socket\n"
+        f"for host, port in [('1.1.1.1', 80), ('127.0.0.1', {url.port}), ('localhost', {url.port})]:\n"
+        "    s = socket.socket(); s.settimeout(2)\n"
+        "    try:\n        s.connect((host, port)); s.sendall(b'PING\\r\\n'); print('CONNECTED', host, s.recv(64))\n"
+        "    except OSError as e:\n        print('blocked', host, type(e).__name__)\n"
+        "try:\n    socket.getaddrinfo('pypi.org', 443); print('RESOLVED')\nexcept OSError as e:\n"
+        "    print('nodns', e)\n"
+    )
     res = run_python(code, FAST)
     assert res.exit_code == 0, res
     assert "CONNECTED" not in res.stdout and "RESOLVED" not in res.stdout and res.stdout.count("blocked") == 3
@@ -140,8 +155,10 @@ def test_fork_bomb_is_contained_and_leaves_nothing():
 def test_process_limit_without_a_cgroup():
     """Where no pids cgroup can be made, RLIMIT_NPROC in the sandbox's own user namespace holds (as root too:
     the code runs as an unprivileged host uid, which the kernel does not exempt)."""
-    code = ("import os, time\nn = 0\ntry:\n    for _ in range(40):\n        if os.fork() == 0:\n"
-            "            time.sleep(5); os._exit(0)\n        n += 1\nfinally:\n    print('forked', n, flush=True)\n")
+    code = (
+        "import os, time\nn = 0\ntry:\n    for _ in range(40):\n        if os.fork() == 0:\n"
+        "            time.sleep(5); os._exit(0)\n        n += 1\nfinally:\n    print('forked', n, flush=True)\n"
+    )
     res = _run(code, SandboxLimits(wall_s=10, processes=8), None, cgroup=False)
     assert res.reason == "processes", res
     assert int(res.stdout.split("forked")[1]) == 7  # the interpreter itself is one of the 8
@@ -158,9 +175,14 @@ def test_infinite_loop_hits_the_cpu_limit_and_sleep_the_wall_limit():
     assert live_processes(tag) == []  # the forked sleeper went with the sandbox
 
 
-@pytest.mark.parametrize("code", ["x = bytearray(8 << 30)", "x = []\nwhile True:\n    x.append(bytearray(16 << 20))",
-                                  "import os\nx = [bytearray(100 << 20) for _ in range(2)]\nos.fork()\n"
-                                  "y = [bytearray(100 << 20) for _ in range(3)]"])
+ONE_ALLOCATION = "x = bytearray(8 << 30)"
+GROWING = "x = []\nwhile True:\n    x.append(bytearray(16 << 20))"
+FORK_AFTER_ALLOCATING = (
+    "import os\nx = [bytearray(100 << 20) for _ in range(2)]\nos.fork()\ny = [bytearray(100 << 20) for _ in range(3)]"
+)
+
+
+@pytest.mark.parametrize("code", [ONE_ALLOCATION, GROWING, FORK_AFTER_ALLOCATING])
 def test_memory_bomb_is_contained(code):
     res = run_python(code, SandboxLimits(memory_bytes=256 << 20, wall_s=10))
     assert res.reason == "memory", res
@@ -169,14 +191,17 @@ def test_memory_bomb_is_contained(code):
 def test_killing_the_parent_or_everyone_hits_only_the_sandbox():
     sentinel = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        code = ("import os, signal\n"
-                "for target in (os.getppid(), 1, %d, %d, -1):\n"
-                "    try:\n        os.kill(target, signal.SIGKILL); print('sent', target)\n"
-                "    except OSError as e:\n        print('refused', target, e.errno)\n"
-                "os.system('kill -9 -1')\nprint('still here')\n") % (os.getpid(), sentinel.pid)
+        code = (
+            "import os, signal\n"
+            f"for target in (os.getppid(), 1, {os.getpid()}, {sentinel.pid}, -1):\n"
+            "    try:\n        os.kill(target, signal.SIGKILL); print('sent', target)\n"
+            "    except OSError as e:\n        print('refused', target, e.errno)\n"
+            "os.system('kill -9 -1')\nprint('still here')\n"
+        )
         res = run_python(code, FAST)
         assert sentinel.poll() is None  # the host process the code named is untouched
         assert f"refused {sentinel.pid}" in res.stdout and f"refused {os.getpid()}" in res.stdout, res
+        assert res.stdout.endswith("still here\n")  # kill(-1) inside reached no one, not even the code
         assert run_python("print('next')", FAST).stdout == "next\n"  # and this process carries on
     finally:
         sentinel.kill()
@@ -186,8 +211,8 @@ def test_killing_the_parent_or_everyone_hits_only_the_sandbox():
 def test_a_killed_caller_takes_its_sandbox_with_it():
     """The env worker dies mid-call (SIGKILL, no cleanup): the sandbox does not outlive it."""
     code, tag = tagged("import time\ntime.sleep(60)")
-    caller = subprocess.Popen([sys.executable, "-c", "import sys\nfrom streamrl.sandbox import run_python\n"
-                               "run_python(sys.stdin.read())"], stdin=subprocess.PIPE, text=True)
+    script = "import sys\nfrom streamrl.sandbox import run_python\nrun_python(sys.stdin.read())"
+    caller = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True)
     caller.stdin.write(code)
     caller.stdin.close()
     deadline = time.monotonic() + 10
@@ -212,20 +237,24 @@ def test_huge_output_is_cut_and_the_run_stopped(stream):
 def test_root_here_is_nobody_there():
     """As root (CI), the code is an unprivileged host uid without capabilities: /proc/sys, whose files
     (kernel.core_pattern: a host escape) are writable by host uid 0, is not writable in the sandbox."""
-    code = ("import os\nprint(os.getuid(), [l for l in open('/proc/self/status') if l.startswith('CapEff')])\n"
-            "for p in ['/proc/sys/kernel/core_pattern', '/proc/sys/vm/swappiness', '/proc/sysrq-trigger']:\n"
-            "    try:\n        open(p, 'r+').close(); print('WRITABLE', p)\n"
-            "    except OSError as e:\n        print('no', p, e.errno)\n")
+    code = (
+        "import os\nprint(os.getuid(), [l for l in open('/proc/self/status') if l.startswith('CapEff')])\n"
+        "for p in ['/proc/sys/kernel/core_pattern', '/proc/sys/vm/swappiness', '/proc/sysrq-trigger']:\n"
+        "    try:\n        open(p, 'r+').close(); print('WRITABLE', p)\n"
+        "    except OSError as e:\n        print('no', p, e.errno)\n"
+    )
     res = run_python(code, FAST)
     assert res.stdout.startswith("65534 ['CapEff:\\t0000000000000000\\n']"), res
     assert "WRITABLE" not in res.stdout, res.stdout
 
 
 def test_dangerous_syscalls_are_refused():
-    code = ("import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
-            "for name, nr, args in [('ptrace', 101, (0, 1, 0, 0)), ('unshare', 272, (0x10000000,)), "
-            "('io_uring_setup', 425, (8, 0)), ('bpf', 321, (0, 0, 0)), ('mount', 165, (0, 0, 0, 0, 0))]:\n"
-            "    r = libc.syscall(nr, *args); print(name, r, ctypes.get_errno())\n")
+    code = (
+        "import ctypes, os\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "for name, nr, args in [('ptrace', 101, (0, 1, 0, 0)), ('unshare', 272, (0x10000000,)), "
+        "('io_uring_setup', 425, (8, 0)), ('bpf', 321, (0, 0, 0)), ('mount', 165, (0, 0, 0, 0, 0))]:\n"
+        "    r = libc.syscall(nr, *args); print(name, r, ctypes.get_errno())\n"
+    )
     if os.uname().machine != "x86_64":
         pytest.skip("syscall numbers in this test are x86_64's")
     res = run_python(code, FAST)
@@ -248,8 +277,10 @@ def test_extra_python_paths_are_importable_read_only(tmp_path: Path):
     lib = tmp_path / "lib"
     lib.mkdir()
     (lib / "helper_mod.py").write_text("VALUE = 42\n")
-    res = run_python("import helper_mod\nprint(helper_mod.VALUE)\nopen(helper_mod.__file__, 'a').write('x')",
-                     SandboxLimits(python_paths=(str(lib),)))
+    res = run_python(
+        "import helper_mod\nprint(helper_mod.VALUE)\nopen(helper_mod.__file__, 'a').write('x')",
+        SandboxLimits(python_paths=(str(lib),)),
+    )
     assert res.stdout == "42\n" and ("Read-only file system" in res.stderr or "Permission denied" in res.stderr)
     assert (lib / "helper_mod.py").read_text() == "VALUE = 42\n"
 
