@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import selectors
 import signal
 import subprocess
 import time
@@ -29,6 +28,7 @@ from pathlib import Path
 from streamrl.errors import ConfigError, StreamRLError
 from streamrl.sandbox_bwrap import EXIT_MEMORY, EXIT_PROCESSES, bwrap_argv, bwrap_path
 from streamrl.sandbox_cgroup import SandboxCgroup
+from streamrl.sandbox_pump import kill, pump
 from streamrl.sandbox_seccomp import seccomp_program
 from streamrl.sandbox_userns import SANDBOX_UID, UsernsError, root_userns, tools_missing
 
@@ -170,14 +170,14 @@ def _run(code: str, limits: SandboxLimits, scratch: Path | None, cgroup: bool = 
             cg.destroy()
         raise
     try:
-        out, err, stopped, truncated = _pump(proc, code.encode("utf-8", "replace"), limits, start)
+        out, err, stopped, truncated = pump(proc, code.encode("utf-8", "replace"), limits, start)
         if stopped is None:  # both pipes closed: the code is ending (or closed them and runs on)
             try:
                 proc.wait(timeout=max(start + limits.wall_s - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 stopped = "wall"
     finally:
-        _kill(proc)
+        kill(proc)
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
@@ -251,63 +251,6 @@ def _launch(limits: SandboxLimits, scratch: Path | None, cg: SandboxCgroup | Non
     finally:
         for fd in fds:  # the child has its copies (or never started)
             os.close(fd)
-
-
-def _pump(proc: subprocess.Popen, src: bytes, limits: SandboxLimits, start: float):
-    """Feed the code on stdin and collect stdout/stderr up to the bound, until both close, the deadline
-    passes or the output overflows. Returns (stdout, stderr, stop reason or None, truncated)."""
-    cap = limits.max_output_bytes
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    sel = selectors.DefaultSelector()
-    for f in (proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-        sel.register(f.fileno(), selectors.EVENT_READ)
-    stdin_fd = proc.stdin.fileno()
-    os.set_blocking(stdin_fd, False)
-    sel.register(stdin_fd, selectors.EVENT_WRITE)
-    pending, stopped, truncated = memoryview(src), None, False
-    try:
-        while sel.get_map():
-            left = start + limits.wall_s - time.monotonic()
-            if left <= 0:
-                stopped = "wall"
-                break
-            for key, _ in sel.select(timeout=min(left, 1.0)):
-                fd = key.fd
-                if fd == stdin_fd:
-                    try:
-                        n = os.write(fd, pending[:65536])
-                    except (BrokenPipeError, BlockingIOError) as exc:
-                        n = len(pending) if isinstance(exc, BrokenPipeError) else 0
-                    pending = pending[n:]
-                    if not pending:
-                        sel.unregister(fd)
-                        proc.stdin.close()
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                buf = bufs[fd]
-                room = cap - len(buf)
-                buf += chunk[: max(room, 0)]
-                if len(chunk) > room:
-                    stopped, truncated = "output", True
-            if stopped:
-                break
-    finally:
-        sel.close()
-    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), stopped, truncated
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL bwrap's process group; the sandbox's pid 1 dies with it (--die-with-parent) and the
-    kernel then kills everything left in the sandbox's pid namespace."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def _reason(rc: int) -> str | None:
