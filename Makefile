@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 setup: $(STAMP)
+	@command -v bwrap >/dev/null || echo "note: the sandboxed python tool (tools.names: [python]) needs bubblewrap:" \
+		"sudo apt-get install -y bubblewrap (Fedora: dnf install bubblewrap); docs/sandbox.md"
 
 run: setup
 	$(BIN)/streamrl up

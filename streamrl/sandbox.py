@@ -5,11 +5,13 @@
     res = run_python(code, SandboxLimits(wall_s=5, memory_bytes=256 << 20))
     res = await run_python_async(code)                    # same, off the event loop
 
-Each call is a fresh bubblewrap sandbox (new user, mount, pid, net, ipc, uts namespaces; no capabilities;
-only the interpreter's runtime visible, read-only; a private scratch folder; no network), rlimits on CPU,
-address space, processes, file size and open files set inside it, a wall-clock deadline and an output bound
-enforced from here. Safe to call from many threads at once (no preexec_fn, no shared state). Without
-bubblewrap it refuses (SandboxUnavailable names the fix) instead of running code unsandboxed.
+Each call is a fresh bubblewrap sandbox (streamrl/sandbox_bwrap.py: new user, mount, pid, net, ipc, uts
+namespaces; only the interpreter's runtime visible, read-only; a private scratch folder; no network), run as
+an unprivileged uid without capabilities (as root too: streamrl/sandbox_userns.py), under a seccomp filter
+(streamrl/sandbox_seccomp.py), rlimits on CPU, address space, processes, file size and open files set
+inside it, a per-call cgroup where one can be made (streamrl/sandbox_cgroup.py), and a wall-clock deadline
+and an output bound enforced from here. Safe to call from many threads at once (no preexec_fn, no shared
+state). Without bubblewrap it refuses (SandboxUnavailable names the fix) instead of running code unsandboxed.
 What it does and does not protect against: docs/sandbox.md.
 """
 
@@ -17,20 +19,25 @@ from __future__ import annotations
 
 import asyncio
 import os
-import selectors
 import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamrl.errors import StreamRLError
+from streamrl.errors import ConfigError, StreamRLError
 from streamrl.sandbox_bwrap import EXIT_MEMORY, EXIT_PROCESSES, bwrap_argv, bwrap_path
+from streamrl.sandbox_cgroup import SandboxCgroup
+from streamrl.sandbox_pump import kill, pump
+from streamrl.sandbox_seccomp import seccomp_program
+from streamrl.sandbox_userns import SANDBOX_UID, UsernsError, root_userns, tools_missing
 
-INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: `dnf install bubblewrap`) "
-                "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
-                "user.max_user_namespaces > 0; in Docker run with --security-opt seccomp=unconfined or use "
-                "--privileged)")
+INSTALL_HINT = (
+    "install bubblewrap (Debian/Ubuntu: `apt-get install -y bubblewrap`; Fedora: `dnf install bubblewrap`) "
+    "and allow user namespaces (sysctl kernel.unprivileged_userns_clone=1 / "
+    "user.max_user_namespaces > 0; in Docker run with --security-opt seccomp=unconfined or use "
+    "--privileged)"
+)
 
 
 class SandboxUnavailable(StreamRLError, RuntimeError):
@@ -44,12 +51,14 @@ class SandboxLimits:
 
     wall_s: float = 10.0
     """Wall-clock seconds before the whole sandbox is killed (reason 'wall')."""
-    cpu_s: int = 5
-    """CPU seconds per process (RLIMIT_CPU; SIGXCPU then SIGKILL: reason 'cpu')."""
+    cpu_s: float = 5
+    """CPU seconds per process, rounded up (RLIMIT_CPU; SIGXCPU then SIGKILL: reason 'cpu')."""
     memory_bytes: int | None = 512 << 20
-    """Address space per process (RLIMIT_AS); None: unbounded. A MemoryError gives reason 'memory'."""
+    """Address space per process (RLIMIT_AS), and all processes together where a memory cgroup can be made;
+    None: unbounded. A MemoryError or the cgroup's OOM kill gives reason 'memory'."""
     processes: int = 32
-    """Processes and threads the sandbox may hold at once (RLIMIT_NPROC in its own user namespace)."""
+    """Processes and threads the code may hold at once, its interpreter's main thread included
+    (RLIMIT_NPROC in the call's own user namespace, and a pids cgroup where one can be made)."""
     file_bytes: int = 16 << 20
     """Largest file the code may write (RLIMIT_FSIZE)."""
     open_files: int = 64
@@ -62,13 +71,37 @@ class SandboxLimits:
     python_paths: tuple[str, ...] = ()
     """Extra host folders (e.g. a site-packages with numpy) bound read-only and put on sys.path."""
 
+    def __post_init__(self):
+        low = {
+            "wall_s": 0.1,
+            "cpu_s": 1,
+            "processes": 1,
+            "file_bytes": 1,
+            "open_files": 16,
+            "scratch_bytes": 1 << 20,
+            "max_output_bytes": 1,
+        }
+        for name, least in low.items():
+            if not getattr(self, name) >= least:
+                raise ConfigError(f"sandbox limit {name}={getattr(self, name)!r} is below {least}; raise it")
+        if self.memory_bytes is not None and self.memory_bytes < 64 << 20:
+            raise ConfigError(
+                f"sandbox limit memory_bytes={self.memory_bytes} is below 64 MiB, too little for the "
+                "interpreter itself; raise it (or None for no bound)"
+            )
+        for p in self.python_paths:
+            if not os.path.isdir(p):
+                raise ConfigError(f"sandbox python_paths entry {p!r} is not a folder; give existing folders")
+        object.__setattr__(self, "python_paths", tuple(self.python_paths))
+
 
 @dataclass
 class SandboxResult:
     stdout: str
     stderr: str
-    exit_code: int | None
-    """The process's exit status; negative: killed by that signal; None: never started."""
+    exit_code: int
+    """The code's exit status; 128+N: it died of signal N; negative: the sandbox was killed from here
+    (wall or output bound)."""
     timed_out: bool = False
     reason: str | None = None
     """Why it was stopped or failed, when a limit did it: 'wall', 'cpu', 'memory', 'processes', 'output',
@@ -85,9 +118,11 @@ class SandboxResult:
 def sandbox_problem() -> str | None:
     """None when a sandbox can be built here (a trivial run succeeds); else what is wrong and the fix."""
     if bwrap_path() is None:
-        return f"the sandboxed python tool needs bubblewrap (bwrap), which is not installed; {INSTALL_HINT}"
+        return _missing()
     try:
         res = _run("print(1)", SandboxLimits(wall_s=20), None)
+    except SandboxUnavailable as exc:
+        return str(exc)
     except OSError as exc:
         return f"bubblewrap could not be started ({exc}); {INSTALL_HINT}"
     if res.stdout.strip() != "1":
@@ -96,112 +131,138 @@ def sandbox_problem() -> str | None:
     return None
 
 
+def _missing() -> str:
+    where = (
+        f"$STREAMRL_BWRAP={os.environ['STREAMRL_BWRAP']!r} is not executable"
+        if "STREAMRL_BWRAP" in os.environ
+        else "bwrap is not on PATH"
+    )
+    return f"the sandboxed python tool needs bubblewrap, and {where}; {INSTALL_HINT}"
+
+
 def run_python(code: str, limits: SandboxLimits | None = None, scratch: str | Path | None = None) -> SandboxResult:
     """Run `code` in a fresh sandbox and return what it printed and how it ended; never raises for
     anything the code does. `scratch`: a host folder to bind read-write at /scratch (kept across calls,
     e.g. one per episode); default a private tmpfs that vanishes with the sandbox."""
     limits = limits or SandboxLimits()
     if bwrap_path() is None:
-        raise SandboxUnavailable(f"the sandboxed python tool needs bubblewrap (bwrap), which is not installed; "
-                                 f"{INSTALL_HINT}")
+        raise SandboxUnavailable(_missing())
     return _run(code, limits, Path(scratch) if scratch is not None else None)
 
 
-async def run_python_async(code: str, limits: SandboxLimits | None = None,
-                           scratch: str | Path | None = None) -> SandboxResult:
+async def run_python_async(
+    code: str, limits: SandboxLimits | None = None, scratch: str | Path | None = None
+) -> SandboxResult:
     """run_python in a worker thread, so an event loop keeps serving other steps while the code runs."""
     return await asyncio.to_thread(run_python, code, limits, scratch)
 
 
-def _run(code: str, limits: SandboxLimits, scratch: Path | None) -> SandboxResult:
+def _run(code: str, limits: SandboxLimits, scratch: Path | None, cgroup: bool = True) -> SandboxResult:
+    """One sandboxed run. cgroup=False skips the per-run cgroup (tests use it to exercise the limits of
+    machines without a writable one)."""
     start = time.monotonic()
-    proc = subprocess.Popen(bwrap_argv(limits, scratch), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True, close_fds=True)
+    # +2: the cgroup also holds bwrap and the sandbox's init (the shell that joins it execs bwrap).
+    cg = SandboxCgroup.create(limits.processes + 2, limits.memory_bytes) if cgroup else None
     try:
-        out, err, stopped, truncated = _pump(proc, code.encode("utf-8", "replace"), limits, start)
+        proc = _launch(limits, scratch, cg)
+    except BaseException:
+        if cg is not None:
+            cg.destroy()
+        raise
+    try:
+        out, err, stopped, truncated = pump(proc, code.encode("utf-8", "replace"), limits, start)
         if stopped is None:  # both pipes closed: the code is ending (or closed them and runs on)
             try:
                 proc.wait(timeout=max(start + limits.wall_s - time.monotonic(), 0.01))
             except subprocess.TimeoutExpired:
                 stopped = "wall"
     finally:
-        _kill(proc)
+        kill(proc)
         for f in (proc.stdin, proc.stdout, proc.stderr):
             if f is not None:
                 f.close()
-    rc = proc.wait()
+        rc = proc.wait()
+        events = cg.events() if cg else {}
+        if cg is not None:
+            cg.destroy()
     reason = stopped or _reason(rc)
-    return SandboxResult(stdout=out.decode("utf-8", "replace"), stderr=err.decode("utf-8", "replace"),
-                         exit_code=rc, timed_out=stopped == "wall", reason=reason, truncated=truncated,
-                         duration_s=time.monotonic() - start, limits=limits)
+    if stopped is None and events.get("oom_kill"):
+        reason = "memory"
+    elif reason is None and rc != 0 and events.get("pids_max"):
+        reason = "processes"
+    return SandboxResult(
+        stdout=out.decode("utf-8", "replace"),
+        stderr=err.decode("utf-8", "replace"),
+        exit_code=rc,
+        timed_out=stopped == "wall",
+        reason=reason,
+        truncated=truncated,
+        duration_s=time.monotonic() - start,
+        limits=limits,
+    )
 
 
-def _pump(proc: subprocess.Popen, src: bytes, limits: SandboxLimits, start: float):
-    """Feed the code on stdin and collect stdout/stderr up to the bound, until both close, the deadline
-    passes or the output overflows. Returns (stdout, stderr, stop reason or None, truncated)."""
-    cap = limits.max_output_bytes
-    bufs = {proc.stdout.fileno(): bytearray(), proc.stderr.fileno(): bytearray()}
-    sel = selectors.DefaultSelector()
-    for f in (proc.stdout, proc.stderr):
-        os.set_blocking(f.fileno(), False)
-        sel.register(f.fileno(), selectors.EVENT_READ)
-    stdin_fd = proc.stdin.fileno()
-    os.set_blocking(stdin_fd, False)
-    sel.register(stdin_fd, selectors.EVENT_WRITE)
-    pending, stopped, truncated = memoryview(src), None, False
+def _launch(limits: SandboxLimits, scratch: Path | None, cg: SandboxCgroup | None) -> subprocess.Popen:
+    """Start bwrap with the seccomp filter on a pipe and, as root, inside a fresh user namespace that lets
+    the bootstrap drop to an unprivileged host uid (streamrl/sandbox_userns.py says why)."""
+    root = os.geteuid() == 0
+    program = seccomp_program()
+    if root and (program is None or tools_missing()):
+        why = tools_missing() or f"no seccomp table for {os.uname().machine}"
+        raise SandboxUnavailable(
+            f"running as root, the sandbox needs its own user namespace and seccomp filter, "
+            f"but: {why}; install util-linux (unshare, nsenter), or run streamrl as a "
+            "non-root user"
+        )
+    if root and scratch is not None:
+        os.chown(scratch, SANDBOX_UID, SANDBOX_UID)  # the code runs as that uid; it must write its scratch
+    fds: list[int] = []
     try:
-        while sel.get_map():
-            left = start + limits.wall_s - time.monotonic()
-            if left <= 0:
-                stopped = "wall"
-                break
-            for key, _ in sel.select(timeout=min(left, 1.0)):
-                fd = key.fd
-                if fd == stdin_fd:
-                    try:
-                        n = os.write(fd, pending[:65536])
-                    except (BrokenPipeError, BlockingIOError) as exc:
-                        n = len(pending) if isinstance(exc, BrokenPipeError) else 0
-                    pending = pending[n:]
-                    if not pending:
-                        sel.unregister(fd)
-                        proc.stdin.close()
-                    continue
-                chunk = os.read(fd, 65536)
-                if not chunk:
-                    sel.unregister(fd)
-                    continue
-                buf = bufs[fd]
-                room = cap - len(buf)
-                buf += chunk[:max(room, 0)]
-                if len(chunk) > room:
-                    stopped, truncated = "output", True
-            if stopped:
-                break
+        if program is not None:
+            read_fd, write_fd = os.pipe()
+            fds.append(read_fd)
+            try:
+                os.write(write_fd, program)  # a few hundred bytes: fits the pipe's buffer, bwrap reads it later
+            finally:
+                os.close(write_fd)
+        userns_fd = root_userns() if root else None
+        if userns_fd is not None:
+            fds.append(userns_fd)
+        argv = bwrap_argv(
+            limits,
+            scratch,
+            seccomp_fd=fds[0] if program is not None else None,
+            userns_fd=userns_fd,
+            drop_to=SANDBOX_UID if root else 0,
+        )
+        return subprocess.Popen(
+            cg.wrap(argv) if cg else argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=tuple(fds),
+        )
+    except UsernsError as exc:
+        raise SandboxUnavailable(
+            f"running as root, the sandbox needs its own user namespace: {exc}; {INSTALL_HINT}"
+        ) from None
     finally:
-        sel.close()
-    return bytes(bufs[proc.stdout.fileno()]), bytes(bufs[proc.stderr.fileno()]), stopped, truncated
-
-
-def _kill(proc: subprocess.Popen) -> None:
-    """SIGKILL bwrap's process group; the sandbox's pid 1 dies with it (--die-with-parent) and the
-    kernel then kills everything left in the sandbox's pid namespace."""
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+        for fd in fds:  # the child has its copies (or never started)
+            os.close(fd)
 
 
 def _reason(rc: int) -> str | None:
+    """The limit an exit status means. bwrap's init reports a child killed by signal N as 128+N."""
     if rc == EXIT_MEMORY:
         return "memory"
     if rc == EXIT_PROCESSES:
         return "processes"
-    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU, -signal.SIGKILL, 128 + signal.SIGKILL):
-        # bwrap's pid 1 reports a child killed by signal N as exit 128+N. SIGKILL without our own kill
-        # comes from the CPU hard limit (soft + 1 s) or the kernel's OOM killer; CPU is the common one.
-        return "cpu" if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU) else "signal"
+    if rc in (-signal.SIGXCPU, 128 + signal.SIGXCPU):
+        return "cpu"
+    # Other signals, SIGKILL included: the kernel's OOM killer (named 'memory' by the cgroup's events, where
+    # there is one), the CPU hard limit a second after the soft one (code that ignores SIGXCPU), the code's own.
     if rc < 0 or rc > 128:
         return "signal"
     return None
