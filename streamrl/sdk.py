@@ -103,7 +103,7 @@ class ProducerWorker(Worker):
         self.heartbeats = True
         self.exit_code = 0
         """1 when it stopped because the broker was lost or refused it, 0 otherwise."""
-        self.log = self.log.bind(producer=spec.name, key=spec.key)
+        self.log = self.consumer.log = self.log.bind(producer=spec.name, key=spec.key)
 
     def end(self, reason: str, exit_code: int = 0) -> None:
         """Stop for `reason` (the run ended, the broker is gone), shown on the `stopped` line."""
