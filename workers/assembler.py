@@ -26,6 +26,7 @@ from streamrl.advantages import batch_advantages, overlong_penalty
 from streamrl.batch import Batch
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
+from streamrl.consumer import StreamConsumer
 from streamrl.failures import FailureStreak
 from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
 from streamrl.staleness import is_stale
@@ -54,12 +55,14 @@ class _Group:
 
 class Assembler:
     def __init__(self, cfg: Config, broker: Broker, owner, consumer: str = "trainer-0"):
-        """`owner` is the trainer Worker: it decodes entries (dead-lettering bad ones) and logs."""
+        """`owner` is the trainer Worker: its log and stats (dead_lettered) are the assembler's."""
         self.cfg = cfg
         self.broker = broker
         self.owner = owner
         self.keys = Keys(cfg.run.name)
         self.consumer = consumer
+        self.reader = StreamConsumer(broker, cfg.broker, consumer, self.keys, owner.log, owner.count)
+        """The trainer group's reads of `rollouts` and `annotations` (one consumer: `consumer`)."""
         self.required = cfg.required_annotations()
         self.join = JoinPolicy(cfg)
         self.streak = FailureStreak(cfg)
@@ -105,13 +108,12 @@ class Assembler:
             # Re-read our own pending entries now and then: after a broker restart, entries whose
             # XREADGROUP reply was lost are pending on us but were never seen (nobody else claims them).
             self._rescanned = time.monotonic()
-            for stream in (self.keys.rollouts, self.keys.annotations):
-                self.owner._pending_cursor[stream] = "0"
+            self.reader.rescan(self.keys.rollouts, self.keys.annotations)
         for stream, kind in ((self.keys.rollouts, Rollout), (self.keys.annotations, Annotation)):
-            for entry, msg in await self.owner.read(stream, GROUP, count=512, expect=kind, claim=False):
+            for entry, msg in await self.reader.read(stream, GROUP, count=512, expect=kind, claim=False):
                 n += 1
                 if reason := self._invalid(msg):
-                    await self.owner.dead_letter(stream, entry, reason)
+                    await self.reader.dead_letter(stream, entry, reason)
                     await self.broker.ack(stream, GROUP, [entry.id])
                 elif self.evals.owns(msg):
                     await self.evals.add(stream, entry.id, msg)
@@ -119,7 +121,7 @@ class Assembler:
                     await self._add_rollout(entry.id, msg)
                 else:
                     await self._add_annotation(entry.id, msg)
-            if kind is Rollout and self.owner.caught_up.get(stream):
+            if kind is Rollout and self.reader.caught_up.get(stream):
                 await self._ack_unknown()
         return n
 
@@ -202,7 +204,7 @@ class Assembler:
             return
         if reason := self.join.mismatch(a, len(g.rollouts[a.rollout_id][1].completion_ids)):
             # The group waits for a good one (or its key's timeout).
-            await self.owner.dead_letter(self.keys.annotations, Entry(entry_id, encode(a), {}), reason)
+            await self.reader.dead_letter(self.keys.annotations, Entry(entry_id, encode(a), {}), reason)
             await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
             return
         slot[a.key] = (entry_id, a)
