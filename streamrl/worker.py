@@ -23,7 +23,6 @@ from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
 from streamrl.consumer import StreamConsumer
 from streamrl.errors import NOT_TRANSIENT, FatalError
-from streamrl.messages import Annotation, encode
 
 HEARTBEAT_TTL_S = 15.0
 BACKGROUND_STOP_S = 2.0
@@ -157,20 +156,6 @@ class Worker:
         while not self.closed:
             await asyncio.sleep(period)
             await self.consumer.touch_held()
-
-    async def publish_annotations(self, stream: str, group: str, key: str, items: list, results: list) -> None:
-        """Write one `key` annotation per (entry, rollout) in `items` from `results` [(value, error)] or
-        [(value, error, parts)], dead-letter the rollouts that failed (their annotation carries the
-        error), then ack the batch."""
-        out = []
-        for (entry, r), (value, error, *parts) in zip(items, results, strict=True):
-            if error:
-                await self.dead_letter(stream, entry, error)
-            out.append(encode(Annotation(rollout_id=r.rollout_id, key=key, value=value,
-                                         producer=self.worker_id, error=error, parts=parts[0] if parts else {})))
-        await self.broker.add_many(self.keys.annotations, out)
-        await self.broker.ack(stream, group, [e.id for e, _ in items])
-        self.count("scored", len(items))
 
     async def dead_letter(self, stream: str, entry: Entry, reason: str) -> None:
         """Move a bad entry to the dead-letter stream with the reason (the caller acks it)."""
