@@ -105,7 +105,12 @@ class Calls:
             while True:
                 i, started = job.current
                 wait = None if timeout is None else max(started + timeout - time.monotonic(), 0)
-                await asyncio.wait([job.finished], timeout=wait)
+                try:
+                    await asyncio.wait([job.finished], timeout=wait)
+                except asyncio.CancelledError:  # the caller stopped waiting: the thread ends after this job
+                    job.abandoned = True
+                    worker.jobs.put(None)
+                    raise
                 if job.finished.done():
                     self.idle.append(worker)
                     nxt = len(items)

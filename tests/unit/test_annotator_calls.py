@@ -59,3 +59,22 @@ def test_map_fails_only_the_hung_item_and_goes_on():
     assert not results[3][0] and isinstance(results[3][1], ValueError)
     release.set()
     calls.close()
+
+
+def test_a_cancelled_wait_ends_the_calls_thread_once_its_call_returns():
+    release = threading.Event()
+    calls = Calls("canceltest")
+
+    async def main():
+        task = asyncio.create_task(calls.run(release.wait, 60))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    release.set()
+    deadline = time.monotonic() + 5
+    while _threads("canceltest") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert _threads("canceltest") == []  # not parked forever waiting for a job that never comes
