@@ -157,6 +157,7 @@ class BenchTrainer(Worker):
 
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()
+        # No start_intake(): with no train step to overlap, next_batch's own polling is the intake.
 
     async def step(self) -> bool:
         batch = await self.assembler.next_batch(0, stop=self.stopping.is_set)

@@ -7,8 +7,9 @@ Each run is a small job: the real feeder (admission rule), reward worker, broker
 (join + staleness filter), with bench/sim_workers.py standing in for vLLM and FSDP (the
 generator decodes `--tokens` steps of `--token-ms` for a wave of generator.max_inflight_groups
 groups; the trainer takes `--train-s` per step). Reports throughput (trained rollouts/s after
-`--warmup` steps), the ideal min(generation rate, training rate), generator and trainer busy
-fractions, and async vs sync speedup against the theoretical (1/g + 1/t) / max(1/g, 1/t).
+`--warmup` steps), the trainer's mean wait for a batch (wait_s), the ideal min(generation rate,
+training rate), generator and trainer busy fractions, and async vs sync speedup against the
+theoretical (1/g + 1/t) / max(1/g, 1/t).
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ def run_one(servers: Servers, model_path: str, args, staleness: int, run_dir: Pa
             "gen_busy": round(busy_fraction(busy.get("generator", []), t0, t1), 3),
             "train_busy": round(busy_fraction(busy.get("trainer", []), t0, t1), 3),
             "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-            "dropped_stale": rows[-1].get("dropped_stale", 0), "steps": len(rows), "seconds": round(t1 - t0, 3)}
+            "dropped_stale": rows[-1].get("dropped_stale", 0), "steps": len(rows), "seconds": round(t1 - t0, 3),
+            "wait_s": round(float(np.mean([x["wait_s"] for x in counted])), 4)}
 
 
 def _plot(rows: list[dict], r: dict, out: str) -> None:
@@ -163,7 +165,7 @@ def run(args) -> int:
           f"{r['ideal']:.2f}; theoretical async/sync speedup {r['speedup_theory']:.3f}; {info['cpus']} CPUs, "
           f"load average {info['load_avg']}")
     print_table(rows, ["max_staleness", "throughput", "ideal", "ratio", "gen_busy", "train_busy", "speedup",
-                       "dropped_stale", "staleness_hist"])
+                       "wait_s", "dropped_stale", "staleness_hist"])
     result = {"bench": "pipeline", "rows": rows, **{k: round(v, 4) for k, v in r.items()},
               "settings": {k: v for k, v in vars(args).items() if not isinstance(v, Namespace) and not callable(v)},
               "machine": {**info, "load_avg_after": machine()["load_avg"]}}

@@ -163,6 +163,7 @@ class SimTrainer(Worker):
 
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()
+        self.assembler.start_intake()  # as workers/trainer.py: intake goes on during the train step
         self.version = 0
         await self.broker.set(self.keys.trainer_version, 0)
         self.t_start = time.time()
@@ -196,6 +197,7 @@ class SimTrainer(Worker):
         return True
 
     async def close(self) -> None:
+        await self.assembler.stop_intake()
         if self._dumper is not None:
             self._dumper.cancel()
             (self.run_dir / f"busy-{self.role}.json").write_text(json.dumps(self.busy.all()))

@@ -35,11 +35,12 @@ from redis.exceptions import NoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamrl import run_end
+from streamrl.annotator import Annotator, CallTimeout
 from streamrl.broker import Broker, Entry
 from streamrl.config import BrokerConfig, Config, RunConfig
 from streamrl.errors import ConfigError
-from streamrl.messages import Annotation, Rollout, encode
-from streamrl.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S, Worker
+from streamrl.messages import Rollout
+from streamrl.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S
 
 BROKER_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 """Raised by a broker command once the client's own retries (broker.connect_retries) are spent."""
@@ -87,8 +88,9 @@ def spec_of(fn: Callable, **overrides: Any) -> ProducerSpec:
     return replace(spec, **given)
 
 
-class ProducerWorker(Worker):
-    """One replica of an external producer (a Worker: heartbeats, pending takeover, dead-letters)."""
+class ProducerWorker(Annotator):
+    """One replica of an external producer (an Annotator: heartbeats, pending takeover, dead-letters,
+    one annotation per rollout) with up to spec.concurrency batches in flight."""
 
     role = "producer"
 
@@ -97,13 +99,14 @@ class ProducerWorker(Worker):
         cfg = Config(run=RunConfig(name=run), broker=BrokerConfig(claim_idle_ms=claim_idle_ms, block_ms=block_ms))
         super().__init__(cfg, broker, worker_id)
         self.fn, self.spec = fn, spec
+        self.key, self.group = spec.key, spec.name
         self.is_async = inspect.iscoroutinefunction(fn)
         self.slots = asyncio.Semaphore(spec.concurrency)
         self.tasks: set[asyncio.Task] = set()
         self.heartbeats = True
         self.exit_code = 0
         """1 when it stopped because the broker was lost or refused it, 0 otherwise."""
-        self.log = self.log.bind(producer=spec.name, key=spec.key)
+        self.log = self.consumer.log = self.log.bind(producer=spec.name, key=spec.key)
 
     def end(self, reason: str, exit_code: int = 0) -> None:
         """Stop for `reason` (the run ended, the broker is gone), shown on the `stopped` line."""
@@ -203,33 +206,31 @@ class ProducerWorker(Worker):
         return True
 
     async def _call(self, rollouts: list[Rollout]) -> list:
-        call = self.fn(rollouts) if self.is_async else asyncio.to_thread(self.fn, rollouts)
-        values = await asyncio.wait_for(call, self.spec.timeout_s)
+        if self.is_async:
+            values = await asyncio.wait_for(self.fn(rollouts), self.spec.timeout_s)
+        else:  # on a call thread that a hung call does not keep (streamrl/annotator.py, Calls)
+            values = await self.calls.run(self.fn, rollouts, timeout=self.spec.timeout_s)
         values = list(values)
         if len(values) != len(rollouts):
             raise ValueError(f"returned {len(values)} scores for {len(rollouts)} rollouts")
         return values
 
+    async def annotate(self, rollouts: list[Rollout]) -> list[tuple]:
+        try:
+            values, failure = await self._call(rollouts), ""
+        except (asyncio.TimeoutError, CallTimeout):
+            values, failure = [None] * len(rollouts), f"timed out after {self.spec.timeout_s}s"
+        except Exception as exc:  # user code: a failure of this batch, not of the producer
+            values, failure = [None] * len(rollouts), f"{type(exc).__name__}: {exc}"
+        return [_check(value, failure) for value in values]
+
+    def dead_letter_reason(self, error: str) -> str:
+        self.count("errors")
+        return f"producer {self.spec.name}: {error}"
+
     async def _handle(self, items: list[tuple[Entry, Rollout]]) -> None:
         try:
-            rollouts = [r for _, r in items]
-            try:
-                values, failure = await self._call(rollouts), ""
-            except asyncio.TimeoutError:
-                values, failure = [None] * len(items), f"timed out after {self.spec.timeout_s}s"
-            except Exception as exc:  # user code: a failure of this batch, not of the producer
-                values, failure = [None] * len(items), f"{type(exc).__name__}: {exc}"
-            out = []
-            for (entry, r), value in zip(items, values):
-                value, error = _check(value, failure)
-                if error:
-                    await self.dead_letter(self.keys.rollouts, entry, f"producer {self.spec.name}: {error}")
-                    self.count("errors")
-                out.append(encode(Annotation(rollout_id=r.rollout_id, key=self.spec.key, value=value,
-                                             producer=self.worker_id, error=error)))
-            await self.broker.add_many(self.keys.annotations, out)
-            await self.broker.ack(self.keys.rollouts, self.spec.name, [e.id for e, _ in items])
-            self.count("scored", len(items))
+            await self.publish(items, await self.annotate([r for _, r in items]))
         except Exception as exc:  # broker trouble: leave the entries pending; XAUTOCLAIM retries them
             self.log.error("batch_failed", error=str(exc), rollouts=len(items))
         finally:
@@ -238,6 +239,12 @@ class ProducerWorker(Worker):
             self.slots.release()
 
     async def close(self) -> None:
+        try:
+            await self._drain()
+        finally:
+            self.calls.close()
+
+    async def _drain(self) -> None:
         if not self.tasks:
             return
         # Drain: finish the batches already taken, so they are acked, not redelivered; but not on a

@@ -1,9 +1,10 @@
-"""The lifecycle every role shares: start / run / stop(grace), heartbeats, dead-lettering.
+"""The lifecycle every role shares: start / run / stop(grace), heartbeats, keepalive of held entries.
 
 A role subclasses `Worker`, sets `role`, and implements `step()` (one unit of work; return
 False when idle). `run()` loops until `stop()` is called (SIGINT/SIGTERM) or `done` is set.
 Heartbeats and the `stopped` log line carry `busy_fraction`: the share of the loop's time spent in
-steps that did work (what `streamrl report` plots per role).
+steps that did work (what `streamrl report` plots per role). Reading a stream (the consumer-group
+protocol, decoding, dead-letters) is the worker's `consumer` (streamrl/consumer.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ import structlog
 
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
-from streamrl.errors import NOT_TRANSIENT, DecodeError, FatalError
-from streamrl.messages import Annotation, decode_with_extras, encode
+from streamrl.consumer import StreamConsumer
+from streamrl.errors import NOT_TRANSIENT, FatalError
 
 HEARTBEAT_TTL_S = 15.0
 BACKGROUND_STOP_S = 2.0
@@ -52,19 +53,10 @@ class Worker:
         """Why the loop ended (a signal, the run's end), shown on the `stopped` line."""
         self.stats: dict[str, float] = {}
         self._started = time.time()
-        self._pending_cursor: dict[str, str | None] = {}
-        self._held: dict[tuple[str, str], set[str]] = {}
-        self._last_claim: dict[str, float] = {}
-        self._group_streams: dict[str, list[str]] = {}
-        """Streams this worker reads with each consumer group (see `read`)."""
-        self._read_ahead: dict[str, list[Entry]] = {}
-        """New entries delivered by a shared XREADGROUP for a stream not being read at that moment."""
+        self.consumer = StreamConsumer(broker, cfg.broker, worker_id, self.keys, self.log, self.count)
+        """This worker's reads of its input streams (consumer name: worker_id)."""
         self._loop_started: float | None = None
         self._step_busy_s = 0.0
-        self.caught_up: dict[str, bool] = {}
-        """Per stream: the last `read` asked the broker for new entries and got fewer than it asked
-        for, so every entry added before that read has been delivered to this worker."""
-        self._extras_seen: set[tuple[str, str]] = set()
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -154,103 +146,34 @@ class Worker:
 
     def hold(self, stream: str, group: str, entry_id: str) -> None:
         """Mark an entry as in progress: its idle time is reset periodically until `release`."""
-        self._held.setdefault((stream, group), set()).add(entry_id)
+        self.consumer.hold(stream, group, entry_id)
 
     def release(self, stream: str, group: str, entry_id: str) -> None:
-        self._held.get((stream, group), set()).discard(entry_id)
+        self.consumer.release(stream, group, entry_id)
 
     async def _keepalive_loop(self) -> None:
         period = self.cfg.broker.claim_idle_ms / 3000
         while not self.closed:
             await asyncio.sleep(period)
-            for (stream, group), ids in list(self._held.items()):
-                try:
-                    await self.broker.touch(stream, group, self.worker_id, sorted(ids))
-                except Exception as exc:  # a missed touch only risks a duplicate, which is idempotent
-                    self.log.warning("keepalive_failed", stream=stream, error=str(exc))
-
-    async def publish_annotations(self, stream: str, group: str, key: str, items: list, results: list) -> None:
-        """Write one `key` annotation per (entry, rollout) in `items` from `results` [(value, error)] or
-        [(value, error, parts)], dead-letter the rollouts that failed (their annotation carries the
-        error), then ack the batch."""
-        out = []
-        for (entry, r), (value, error, *parts) in zip(items, results, strict=True):
-            if error:
-                await self.dead_letter(stream, entry, error)
-            out.append(encode(Annotation(rollout_id=r.rollout_id, key=key, value=value,
-                                         producer=self.worker_id, error=error, parts=parts[0] if parts else {})))
-        await self.broker.add_many(self.keys.annotations, out)
-        await self.broker.ack(stream, group, [e.id for e, _ in items])
-        self.count("scored", len(items))
+            await self.consumer.touch_held()
 
     async def dead_letter(self, stream: str, entry: Entry, reason: str) -> None:
         """Move a bad entry to the dead-letter stream with the reason (the caller acks it)."""
-        self.count("dead_lettered")
-        self.log.warning("dead_letter", stream=stream, entry_id=entry.id, reason=reason)
-        record = {"stream": stream, "entry_id": entry.id, "reason": reason, "worker": self.worker_id, "ts": time.time()}
-        payload = json.dumps(record).encode() + b"\n" + (entry.data or b"")
-        await self.broker.add(self.keys.deadletter, payload, maxlen=100_000)
+        await self.consumer.dead_letter(stream, entry, reason)
 
     async def decode_entries(self, stream: str, group: str, entries: list[Entry],
                              expect: type | None = None) -> list[tuple[Entry, Any]]:
         """Decode entries; bad ones (or not of type `expect`) are dead-lettered and acked."""
-        good, bad = [], []
-        for entry in entries:
-            try:
-                if entry.data is None:
-                    raise DecodeError(f"entry has no 'd' field (it has {sorted(entry.fields) or 'none'}); every "
-                                      "entry carries its msgpack payload in one field named d")
-                msg, extras = decode_with_extras(entry.data, expect)
-                good.append((entry, msg))
-                for name in extras:  # ignored by the schema's rule; said once, it may be a typo
-                    if (msg.kind, name) not in self._extras_seen:
-                        self._extras_seen.add((msg.kind, name))
-                        self.log.warning("unknown_field_ignored", kind=msg.kind, field=name, stream=stream,
-                                         entry_id=entry.id, hint="written by a newer writer, or misspelt")
-            except DecodeError as exc:
-                await self.dead_letter(stream, entry, str(exc))
-                bad.append(entry.id)
-        if bad:
-            await self.broker.ack(stream, group, bad)
-        return good
+        return await self.consumer.decode_entries(stream, group, entries, expect)
 
     async def read(self, stream: str, group: str, count: int, expect: type | None = None,
                    claim: bool = True) -> list[tuple[Entry, Any]]:
-        """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones.
-        `claim=False` skips the idle takeover (a group with a single consumer, e.g. the trainer's).
+        """The next entries of `stream` for this worker (StreamConsumer.read: own pending, idle, new)."""
+        return await self.consumer.read(stream, group, count, expect, claim)
 
-        A worker that reads several streams with one group (the assembler: rollouts and annotations)
-        blocks on all of them in one XREADGROUP: waiting on one stream while the other has entries
-        would add up to broker.block_ms of latency per poll. Entries that arrive for the other
-        streams are kept (already delivered, so pending on this consumer) for their next `read`.
-        """
-        b = self.cfg.broker
-        streams = self._group_streams.setdefault(group, [])
-        if stream not in streams:
-            streams.append(stream)
-        self.caught_up[stream] = False
-        if ahead := self._read_ahead.get(stream):
-            self._read_ahead[stream] = ahead[count:]
-            return await self.decode_entries(stream, group, ahead[:count], expect)
-        cursor = self._pending_cursor.get(stream, "0")
-        entries: list[Entry] = []
-        if cursor is not None:
-            entries = await self.broker.read_group(stream, group, self.worker_id, count=count, block_ms=None, start=cursor)
-            self._pending_cursor[stream] = entries[-1].id if entries else None
-        now = time.monotonic()
-        if claim and not entries and now - self._last_claim.get(stream, 0.0) > b.claim_idle_ms / 4000:
-            self._last_claim[stream] = now
-            entries = await self.broker.claim_idle(stream, group, self.worker_id, b.claim_idle_ms, count=count)
-        if not entries:
-            # Only streams past their own-pending phase join: a pending read after a shared one
-            # would deliver the read-ahead entries a second time.
-            shared = [stream] + [s for s in streams if s != stream and self._pending_cursor.get(s, "0") is None]
-            got = await self.broker.read_groups(shared, group, self.worker_id, count=count, block_ms=b.block_ms)
-            entries = got.pop(stream, [])
-            self.caught_up[stream] = len(entries) < count
-            for other, more in got.items():
-                self._read_ahead[other] = self._read_ahead.get(other, []) + more
-        return await self.decode_entries(stream, group, entries, expect)
+    @property
+    def caught_up(self) -> dict[str, bool]:
+        return self.consumer.caught_up
 
 
 def startup_failure(role: str, exc: BaseException) -> FatalError:

@@ -12,10 +12,17 @@ a later copy (the sample was generated again) and its annotations are acked as `
 annotation whose rollout has not been read yet is held; once a read of `rollouts` comes back
 short (every rollout added before it was delivered) a held annotation still without its rollout
 names none: it is acked and counted in `unknown_annotations`, so it never holds back trimming.
+
+Intake (`poll`: read, decode, validate, join) runs where the batches are asked for, or, after
+`start_intake()`, in a background task that keeps reading while the trainer trains (the train
+step runs in a thread), so a step's wait for its batch is not also the time to decode and join
+everything that arrived during the previous step. `_state` serialises the filing of entries with
+the closing, building and acking of groups.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from dataclasses import dataclass, field
 
@@ -26,6 +33,7 @@ from streamrl.advantages import batch_advantages, overlong_penalty
 from streamrl.batch import Batch
 from streamrl.broker import Broker, Entry, Keys
 from streamrl.config import Config
+from streamrl.consumer import StreamConsumer
 from streamrl.failures import FailureStreak
 from streamrl.losses import resolve_loss
 from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
@@ -55,12 +63,14 @@ class _Group:
 
 class Assembler:
     def __init__(self, cfg: Config, broker: Broker, owner, consumer: str = "trainer-0"):
-        """`owner` is the trainer Worker: it decodes entries (dead-lettering bad ones) and logs."""
+        """`owner` is the trainer Worker: its log and stats (dead_lettered) are the assembler's."""
         self.cfg = cfg
         self.broker = broker
         self.owner = owner
         self.keys = Keys(cfg.run.name)
         self.consumer = consumer
+        self.reader = StreamConsumer(broker, cfg.broker, consumer, self.keys, owner.log, owner.count)
+        """The trainer group's reads of `rollouts` and `annotations` (one consumer: `consumer`)."""
         self.required = cfg.required_annotations()
         self.join = JoinPolicy(cfg)
         self.loss = resolve_loss(cfg)  # the objective's defaults: dapo samples dynamically, dr_grpo uses group_mean
@@ -82,6 +92,13 @@ class Assembler:
         """Token ids at or above it are dead-lettered (the trainer's embedding would fail on them)."""
         self.evals = EvalCollector(cfg, broker, self.keys, self.join)
         """Eval rounds (streamrl/eval.py): their entries go there, never into a group or a batch."""
+        self._state = asyncio.Lock()
+        self._reading = asyncio.Lock()
+        self._intake: asyncio.Task | None = None
+        self._intake_stop = False
+        self._polls = 0
+        """Polls completed by the intake task; `_polled` is set (and replaced) at each one."""
+        self._polled = asyncio.Event()
         self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0,
                          "dropped_timeout": 0, "annotation_timeouts": 0, "annotation_errors": 0,
                          "unknown_annotations": 0}
@@ -102,28 +119,75 @@ class Assembler:
     # -- intake ----------------------------------------------------------------------------
     async def poll(self) -> int:
         """Read what is available (own pending first, then new) and file it. Returns entries read."""
+        async with self._reading:
+            return await self._poll()
+
+    async def _poll(self) -> int:
         n = 0
         if time.monotonic() - self._rescanned > self.cfg.broker.claim_idle_ms / 1000:
             # Re-read our own pending entries now and then: after a broker restart, entries whose
             # XREADGROUP reply was lost are pending on us but were never seen (nobody else claims them).
             self._rescanned = time.monotonic()
-            for stream in (self.keys.rollouts, self.keys.annotations):
-                self.owner._pending_cursor[stream] = "0"
+            self.reader.rescan(self.keys.rollouts, self.keys.annotations)
         for stream, kind in ((self.keys.rollouts, Rollout), (self.keys.annotations, Annotation)):
-            for entry, msg in await self.owner.read(stream, GROUP, count=512, expect=kind, claim=False):
-                n += 1
-                if reason := self._invalid(msg):
-                    await self.owner.dead_letter(stream, entry, reason)
-                    await self.broker.ack(stream, GROUP, [entry.id])
-                elif self.evals.owns(msg):
-                    await self.evals.add(stream, entry.id, msg)
-                elif kind is Rollout:
-                    await self._add_rollout(entry.id, msg)
-                else:
-                    await self._add_annotation(entry.id, msg)
-            if kind is Rollout and self.owner.caught_up.get(stream):
-                await self._ack_unknown()
+            items = await self.reader.read(stream, GROUP, count=512, expect=kind, claim=False)
+            async with self._state:
+                for entry, msg in items:
+                    n += 1
+                    if reason := self._invalid(msg):
+                        await self.reader.dead_letter(stream, entry, reason)
+                        await self.broker.ack(stream, GROUP, [entry.id])
+                    elif self.evals.owns(msg):
+                        await self.evals.add(stream, entry.id, msg)
+                    elif kind is Rollout:
+                        await self._add_rollout(entry.id, msg)
+                    else:
+                        await self._add_annotation(entry.id, msg)
+                if kind is Rollout and self.reader.caught_up.get(stream):
+                    await self._ack_unknown()
         return n
+
+    def start_intake(self) -> None:
+        """Keep polling in a background task (until `stop_intake`); batches then wait on its polls."""
+        if self._intake is None:
+            self._intake_stop = False
+            self._intake = asyncio.create_task(self._intake_loop())
+
+    async def stop_intake(self) -> None:
+        """End the background intake after its current poll (a read blocks at most broker.block_ms):
+        cancelling it mid-read would leave delivered entries unseen until the next rescan."""
+        task, self._intake = self._intake, None
+        if task is None:
+            return
+        self._intake_stop = True
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            self.owner.log.warning("intake_failed", error=repr(task.exception()))
+
+    async def _intake_loop(self) -> None:
+        try:
+            while not self._intake_stop:
+                await self.poll()
+                self._polls += 1
+                done, self._polled = self._polled, asyncio.Event()
+                done.set()
+        finally:
+            self._polled.set()  # a waiter sees the task has ended (and its error, in advance)
+
+    async def advance(self) -> None:
+        """One round of intake: the background task's next poll if it runs (re-raising its error), else a poll."""
+        task = self._intake
+        if task is None:
+            await self.poll()
+            return
+        seen, polled = self._polls, self._polled
+        while self._polls == seen and not task.done():
+            await polled.wait()
+            polled = self._polled
+        if task.done():
+            self._intake = None
+            task.result()  # its error (the FatalError of a failure streak, a broker error) is the caller's
+            raise RuntimeError("the assembler's intake ended without an error while batches were asked for")
 
     def _invalid(self, msg) -> str:
         """Why a decodable message still cannot be used (it would break a group or the train step)."""
@@ -204,7 +268,7 @@ class Assembler:
             return
         if reason := self.join.mismatch(a, len(g.rollouts[a.rollout_id][1].completion_ids)):
             # The group waits for a good one (or its key's timeout).
-            await self.owner.dead_letter(self.keys.annotations, Entry(entry_id, encode(a), {}), reason)
+            await self.reader.dead_letter(self.keys.annotations, Entry(entry_id, encode(a), {}), reason)
             await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
             return
         slot[a.key] = (entry_id, a)
@@ -350,22 +414,22 @@ class Assembler:
         need = self.cfg.rollout.groups_per_step
         t0 = time.time()
         while True:
-            await self._expire()
-            for gid in list(self.ready):
-                g = self.groups[gid]
-                if gid in self.replay:
-                    continue
-                if g.oldest is None:
-                    g.oldest = min(r.oldest_version() for _, r in g.rollouts.values())
-                if is_stale(version, g.oldest, self.cfg.rollout.max_staleness):
-                    await self._close(gid, "stale")
-            if len(self.ready) >= need:
-                break
+            async with self._state:
+                await self._expire()
+                for gid in list(self.ready):
+                    g = self.groups[gid]
+                    if gid in self.replay:
+                        continue
+                    if g.oldest is None:
+                        g.oldest = min(r.oldest_version() for _, r in g.rollouts.values())
+                    if is_stale(version, g.oldest, self.cfg.rollout.max_staleness):
+                        await self._close(gid, "stale")
+                if len(self.ready) >= need:
+                    gids, self.ready = self.ready[:need], self.ready[need:]
+                    return self._build(gids, version, wait_s=time.time() - t0)
             if stop is not None and stop():
                 return None
-            await self.poll()
-        gids, self.ready = self.ready[:need], self.ready[need:]
-        return self._build(gids, version, wait_s=time.time() - t0)
+            await self.advance()
 
     async def replay_batch(self, gids: list[str], version: int, stop=None) -> Batch | None:
         """The batch of a logged step, rebuilt from its still-pending entries (resume)."""
@@ -373,10 +437,11 @@ class Assembler:
         while not all(gid in self.ready for gid in gids):
             if stop is not None and stop():
                 return None
-            await self.poll()
-        self.ready = [g for g in self.ready if g not in gids]
-        self.replay -= set(gids)
-        return self._build(list(gids), version, wait_s=time.time() - t0)
+            await self.advance()
+        async with self._state:
+            self.ready = [g for g in self.ready if g not in gids]
+            self.replay -= set(gids)
+            return self._build(list(gids), version, wait_s=time.time() - t0)
 
     def _build(self, gids: list[str], version: int, wait_s: float) -> Batch:
         rollouts, gidx, rewards, refs, parts = [], [], [], [], []
@@ -411,4 +476,5 @@ class Assembler:
 
     async def commit(self, batch: Batch) -> None:
         """Ack a trained batch's entries (its effect, the optimizer step, is done)."""
-        await self._ack_group(*batch.group_ids)
+        async with self._state:
+            await self._ack_group(*batch.group_ids)

@@ -74,7 +74,7 @@ class EnvWorker(Worker):
             return False
         items = await self.read(self.keys.env_steps, GROUP, count=free, expect=StepRequest)
         for entry, req in items:
-            if entry.id in self._held.get((self.keys.env_steps, GROUP), ()):
+            if self.consumer.is_held(self.keys.env_steps, GROUP, entry.id):
                 continue  # our own step in progress, re-read with the pending entries
             self.hold(self.keys.env_steps, GROUP, entry.id)
             task = asyncio.create_task(self._handle(entry, req))

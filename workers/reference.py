@@ -6,8 +6,9 @@ Started only when loss.kl_beta > 0. The log-probs come from the trainer's own fu
 (streamrl.modeling.causal_lm_logprobs, with trainer.logprob_chunk_tokens), so both sides of the KL
 term are computed by the same code. The model runs on reference.device (`auto`: trainer.device;
 `cpu` frees the GPUs for the trainer and generators). Reads `rollouts` with the consumer group "reference" in
-batches of reference.batch_size, and acks after the annotations are written. A rollout the model
-cannot score (malformed token ids) gets an annotation with `error` and a dead-letter record.
+batches of reference.batch_size, and acks after the annotations are written (the annotator loop,
+streamrl/annotator.py). A rollout the model cannot score (malformed token ids) gets an annotation
+with `error` and a dead-letter record.
 """
 
 from __future__ import annotations
@@ -16,10 +17,10 @@ import asyncio
 
 import torch
 
+from streamrl.annotator import Annotator
 from streamrl.eval import is_eval_group
 from streamrl.messages import Rollout
 from streamrl.modeling import completion_logprobs, load_hf_model, pick_device
-from streamrl.worker import Worker
 
 GROUP = "reference"
 
@@ -30,14 +31,22 @@ def reference_device(cfg) -> torch.device:
     return pick_device(cfg.trainer.device if choice == "auto" else choice)
 
 
-class ReferenceWorker(Worker):
+class ReferenceWorker(Annotator):
     role = "reference"
+    key = "ref_logprobs"
+    group = GROUP
 
     async def start(self) -> None:
         self.device = reference_device(self.cfg)
         self.model = await asyncio.to_thread(load_hf_model, self.cfg.model.path, self.cfg.model.dtype, self.device)
         self.model.eval()
         await self.broker.ensure_group(self.keys.rollouts, GROUP)
+
+    def batch_size(self) -> int:
+        return self.cfg.reference.batch_size
+
+    def skip(self, rollout: Rollout) -> bool:
+        return is_eval_group(rollout.group_id)  # eval rollouts are never trained: no KL term needs them
 
     def _logprobs(self, rollouts: list[Rollout]):
         with torch.inference_mode():
@@ -48,24 +57,12 @@ class ReferenceWorker(Worker):
     async def _one(self, r: Rollout) -> tuple:
         """Score one rollout alone: its log-probs, or an error annotation's reason."""
         try:
-            return (await asyncio.to_thread(self._logprobs, [r]))[0], ""
+            return (await self.calls.run(self._logprobs, [r]))[0], ""
         except Exception as exc:
             return 0.0, f"reference model failed on this rollout: {type(exc).__name__}: {exc}"[:500]
 
-    async def step(self) -> bool:
-        items = await self.read(self.keys.rollouts, GROUP, count=self.cfg.reference.batch_size, expect=Rollout)
-        if not items:
-            return False
-        if evals := [e.id for e, r in items if is_eval_group(r.group_id)]:
-            # Eval rollouts are never trained (streamrl/eval.py): no KL term needs their log-probs.
-            await self.broker.ack(self.keys.rollouts, GROUP, evals)
-            items = [(e, r) for e, r in items if not is_eval_group(r.group_id)]
-            if not items:
-                return True
-        rollouts = [msg for _, msg in items]
+    async def annotate(self, rollouts: list[Rollout]) -> list[tuple]:
         try:
-            results = [(lp, "") for lp in await asyncio.to_thread(self._logprobs, rollouts)]
+            return [(lp, "") for lp in await self.calls.run(self._logprobs, rollouts)]
         except Exception:  # a malformed rollout (e.g. token ids outside the vocabulary) fails the batch
-            results = [await self._one(r) for r in rollouts]
-        await self.publish_annotations(self.keys.rollouts, GROUP, "ref_logprobs", items, results)
-        return True
+            return [await self._one(r) for r in rollouts]

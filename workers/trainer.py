@@ -76,6 +76,7 @@ class TrainerWorker(Worker):
         self.publisher = make_publisher(self.cfg, self.broker, self.run_dir)
         self.version = int(self.resumed["version"]) if self.resumed else 0
         await self._resume()
+        self.assembler.start_intake()  # after _resume: closed groups are known before any entry is filed
         self.t_start = time.time()
         self._trimmer = asyncio.create_task(self._trim_loop())
         self.log.info("trainer_ready", policy_version=self.version, steps=self.cfg.trainer.steps,
@@ -219,7 +220,7 @@ class TrainerWorker(Worker):
         while not self.assembler.evals.has(self.version) and time.monotonic() < deadline:
             if self.stopping.is_set():
                 return
-            await self.assembler.poll()
+            await self.assembler.advance()
         if not self.assembler.evals.has(self.version):
             self.log.warning("final_eval_missing", policy_version=self.version, waited_s=ev.final_timeout_s)
 
@@ -270,6 +271,8 @@ class TrainerWorker(Worker):
                       staleness_max=rec["staleness_max"], wait_s=rec["wait_s"], train_s=rec["train_s"])
 
     async def close(self) -> None:
+        if hasattr(self, "assembler"):
+            await self.assembler.stop_intake()
         if hasattr(self, "_trimmer"):
             self._trimmer.cancel()
         if self.publishing is not None:

@@ -192,3 +192,35 @@ async def test_overlong_filter_masks_truncated_completions(config, broker):
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     np.testing.assert_array_equal(batch.loss_mask, [0.0, 1.0])
     assert batch.num_loss_tokens == 3 and batch.num_tokens == 6
+
+
+async def test_intake_joins_rollouts_that_arrive_during_a_train_step(config, broker):
+    """With the background intake, rollouts and annotations published while the trainer trains (a
+    blocking step in a thread, as workers/trainer.py runs it) are decoded and joined by the time the
+    step ends: the next batch is ready before it is asked for, instead of being read then."""
+    import time
+
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0)
+    await asm.start()
+    asm.start_intake()
+    try:
+        await publish_group(broker, owner.keys, "g0", [1, 0, 0, 1])
+        first = await asyncio.wait_for(asm.next_batch(0), 10)
+        assert first.group_ids == ["g0"]
+
+        async def arrive_mid_step():
+            await asyncio.sleep(0.3)
+            await publish_group(broker, owner.keys, "g1", [0, 1, 1, 0])
+
+        arriving = asyncio.create_task(arrive_mid_step())
+        await asyncio.to_thread(time.sleep, 1.5)  # the slow train step
+        step_end = time.time()
+        await arriving
+        assert asm.ready == ["g1"]  # joined during the step, before next_batch is called
+        assert asm.groups["g1"].completed_at < step_end
+        await asm.commit(first)
+        second = await asyncio.wait_for(asm.next_batch(1), 10)
+        assert second.group_ids == ["g1"] and len(second) == 4
+    finally:
+        await asm.stop_intake()
+    assert asm._intake is None

@@ -190,3 +190,31 @@ async def test_reward_cli_serves_a_decorated_function(redis_server, broker, run_
     assert proc.returncode == 0, out
     assert (tmp_path / "logs" / "judge-cli.jsonl").exists()
     assert await broker.get(keys.worker("producer", "judge-cli")) is None  # a clean exit removes the heartbeat
+
+
+async def test_a_hung_sync_call_times_out_and_does_not_hold_up_the_exit(redis_server, broker, run_name, tmp_path):
+    """A sync function that hangs past timeout_s fails its batch at the deadline, and SIGTERM still
+    ends the producer promptly: the hung call's thread is retired, not waited for at exit."""
+    (tmp_path / "hung_judge.py").write_text(
+        "import time\nfrom streamrl.sdk import producer\n\n"
+        "@producer(key='judge', batch_size=8, timeout_s=0.5)\n"
+        "def judge(rollouts):\n    time.sleep(120)\n    return [0.0] * len(rollouts)\n")
+    keys = Keys(run_name)
+    await publish(broker, keys, 4, garbage=False)
+    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "reward", "--fn", "hung_judge:judge", "--run",
+                             run_name, "--broker", redis_server.url, "--id", "judge-hung"], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        got = await annotations(broker, keys, 4, timeout=60)
+        assert all(a.error == "timed out after 0.5s" for a in got), [a.error for a in got]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        t0 = time.monotonic()
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+            pytest.fail(f"the producer did not exit within 30 s of SIGTERM (a hung call held it):\n{out[-2000:]}")
+    assert proc.returncode == 0, out
+    assert time.monotonic() - t0 < 15, out

@@ -115,3 +115,17 @@ async def test_on_error_score_still_stops_when_every_rollout_fails(config, broke
     asm = await score_groups(cfg, broker, groups=4)
     with pytest.raises(FatalError, match="3 groups in a row failed"):
         await asyncio.wait_for(asm.next_batch(0), 20)
+
+
+async def test_a_failure_streak_in_the_background_intake_reaches_next_batch(config, broker):
+    """The intake task's FatalError (here: every group failed) is raised where the batch is asked for,
+    as it is when next_batch polls itself; the intake then ends."""
+    cfg = configure(config, "always_raise", rollout__max_consecutive_failed_groups=5, rollout__groups_per_step=2)
+    asm = await score_groups(cfg, broker, groups=8)
+    asm.start_intake()
+    try:
+        with pytest.raises(FatalError, match="5 groups in a row failed"):
+            await asyncio.wait_for(asm.next_batch(0), 20)
+    finally:
+        await asm.stop_intake()
+    assert asm.counters["failed"] == 5
