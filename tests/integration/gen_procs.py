@@ -29,10 +29,31 @@ class Generators:
         env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
         self.procs: dict[str, subprocess.Popen] = {}
         for wid in ids:
-            cmd = [sys.executable, "-m", "streamrl.cli", "worker", "generator", "--config", str(cfg_path),
-                   "--broker", url, "--run", run, "--run-dir", str(tmp), "--id", wid]
-            self.procs[wid] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=open(tmp / f"{wid}.out", "wb"),
-                                               stderr=subprocess.STDOUT, start_new_session=True)
+            cmd = [
+                sys.executable,
+                "-m",
+                "streamrl.cli",
+                "worker",
+                "generator",
+                "--config",
+                str(cfg_path),
+                "--broker",
+                url,
+                "--run",
+                run,
+                "--run-dir",
+                str(tmp),
+                "--id",
+                wid,
+            ]
+            self.procs[wid] = subprocess.Popen(
+                cmd,
+                cwd=REPO,
+                env=env,
+                stdout=open(tmp / f"{wid}.out", "wb"),
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
 
     def output(self, wid: str) -> str:
         return (self.tmp / f"{wid}.out").read_text(errors="replace")[-4000:]

@@ -65,11 +65,21 @@ class QuickAfterFirst(SlowAfterFirst):
 
 
 def _config(url: str, run: str, model, **sections) -> dict:
-    cfg = {"run": {"name": run, "seed": 0}, "broker": {"url": url, "claim_idle_ms": 1500, "block_ms": 50},
-           "model": {"path": str(model)}, "rollout": {"group_size": G, "groups_per_step": 1},
-           "generator": {"max_tokens": 4, "temperature": 1.0, "max_inflight_groups": 4, "drain_timeout_s": 0.5,
-                         "cpu_worker_in_engine": True},  # no weight switch here; and no /dev/shm queues left
-           "loss": {"kl_beta": 0.0}, "weights": {"backend": "shm"}}
+    cfg = {
+        "run": {"name": run, "seed": 0},
+        "broker": {"url": url, "claim_idle_ms": 1500, "block_ms": 50},
+        "model": {"path": str(model)},
+        "rollout": {"group_size": G, "groups_per_step": 1},
+        "generator": {
+            "max_tokens": 4,
+            "temperature": 1.0,
+            "max_inflight_groups": 4,
+            "drain_timeout_s": 0.5,
+            "cpu_worker_in_engine": True,
+        },  # no weight switch here; and no /dev/shm queues left
+        "loss": {"kl_beta": 0.0},
+        "weights": {"backend": "shm"},
+    }
     for name, values in sections.items():
         cfg.setdefault(name, {}).update(values)
     return cfg
@@ -77,8 +87,11 @@ def _config(url: str, run: str, model, **sections) -> dict:
 
 def _prompt(gid: str, group_size: int = G, **meta) -> bytes:
     v = vocab()
-    return encode(Prompt(group_id=gid, prompt_ids=[v["<s>"], v["?"]], group_size=group_size, admitted_version=0,
-                         text="?", meta=meta))
+    return encode(
+        Prompt(
+            group_id=gid, prompt_ids=[v["<s>"], v["?"]], group_size=group_size, admitted_version=0, text="?", meta=meta
+        )
+    )
 
 
 async def _until(what: str, check, timeout: float = 120.0, every: float = 0.05):
@@ -94,6 +107,7 @@ async def _rollouts(broker, keys, gid: str, n: int) -> list:
         rs = [decode(e.data) for e in await broker.read(keys.rollouts, count=10_000)]
         rs = [r for r in rs if r.group_id == gid]
         return sorted(rs, key=lambda r: r.sample) if len(rs) >= n else None
+
     return await _until(f"{n} rollouts of {gid}", got)
 
 
@@ -117,8 +131,13 @@ async def test_episodes_continue_on_another_generator_and_restart_when_the_env_c
     GATE = asyncio.Event()
     run = f"gk-{uuid.uuid4().hex[:6]}"
     model = build_tiny_model(TinyModelConfig(), tmp_path / "model", seed=0)
-    conf = _config(redis_server.url, run, model, reward={"fn": "env"},
-                   env={"fn": "tests.integration.env_fns:SlowAfterFirst", "max_turns": TURNS})
+    conf = _config(
+        redis_server.url,
+        run,
+        model,
+        reward={"fn": "env"},
+        env={"fn": "tests.integration.env_fns:SlowAfterFirst", "max_turns": TURNS},
+    )
     gens = Generators(tmp_path, redis_server.url, run, conf, ["gen-a", "gen-b"])
     broker = await connect(redis_server.url)
     env_task = None
@@ -136,6 +155,7 @@ async def test_episodes_continue_on_another_generator_and_restart_when_the_env_c
         async def both_at_turn_1():
             states = {int(k): decode(v, expect=EpisodeState) for k, v in (await broker.hgetall(state_key)).items()}
             return states if len(states) == G and all(s.turn == 1 for s in states.values()) else None
+
         saved = await _until("both episodes at turn 1", both_at_turn_1, timeout=240)
         victim = saved[0].writer
         survivor = next(w for w in gens.procs if w != victim)
@@ -161,10 +181,28 @@ async def test_episodes_continue_on_another_generator_and_restart_when_the_env_c
         await asyncio.wait_for(env_task, 30)
         env_task = None
         doomed = subprocess.Popen(
-            [sys.executable, "-m", "streamrl.cli", "env", "--fn", "tests.integration.env_fns:SlowAfterFirst",
-             "--run", run, "--broker", redis_server.url, "--claim-idle-ms", "1500", "--id", "env-doomed"],
-            cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, start_new_session=True,
-            stdout=open(tmp_path / "env.out", "wb"), stderr=subprocess.STDOUT)
+            [
+                sys.executable,
+                "-m",
+                "streamrl.cli",
+                "env",
+                "--fn",
+                "tests.integration.env_fns:SlowAfterFirst",
+                "--run",
+                run,
+                "--broker",
+                redis_server.url,
+                "--claim-idle-ms",
+                "1500",
+                "--id",
+                "env-doomed",
+            ],
+            cwd=REPO,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            start_new_session=True,
+            stdout=open(tmp_path / "env.out", "wb"),
+            stderr=subprocess.STDOUT,
+        )
         try:
             await admit(broker, keys, [_prompt("g1", sleep_after_first=60)], 2)
 
@@ -173,6 +211,7 @@ async def test_episodes_continue_on_another_generator_and_restart_when_the_env_c
                 mine = [s for s in steps if s.group_id == "g1" and s.turn == 1]
                 info = {g["name"]: g for g in await broker.group_info(keys.env_steps)}
                 return mine if len(mine) == G and info["env"]["pending"] >= G else None
+
             interrupted = await _until("the doomed env worker inside both turn-1 steps", turn1_taken)
         finally:
             os.killpg(doomed.pid, signal.SIGKILL)
@@ -208,8 +247,14 @@ async def test_a_generator_killed_after_a_partial_groups_first_publishes(redis_s
     n = 8
     run = f"gk1-{uuid.uuid4().hex[:6]}"
     model = build_tiny_model(TinyModelConfig(), tmp_path / "model", seed=0)
-    conf = _config(redis_server.url, run, model, rollout={"group_size": n}, generator={"max_tokens": 200},
-                   reward={"fn": "tests.integration.reward_fns:misbehave"})
+    conf = _config(
+        redis_server.url,
+        run,
+        model,
+        rollout={"group_size": n},
+        generator={"max_tokens": 200},
+        reward={"fn": "tests.integration.reward_fns:misbehave"},
+    )
     gens = Generators(tmp_path, redis_server.url, run, conf, ["gen-a", "gen-b"])
     broker = await connect(redis_server.url)
     try:
@@ -217,8 +262,9 @@ async def test_a_generator_killed_after_a_partial_groups_first_publishes(redis_s
         keys = Keys(run)
         gens.wait_ready()
         await admit(broker, keys, [_prompt("g0", group_size=n)], 1)
-        entries = await _until("the group's first publish", lambda: broker.read(keys.rollouts, block_ms=1000),
-                               timeout=120, every=0)
+        entries = await _until(
+            "the group's first publish", lambda: broker.read(keys.rollouts, block_ms=1000), timeout=120, every=0
+        )
         victim = decode(entries[0].data).worker
         gens.sigkill(victim)  # a few ms after its first publish
         before = [r for r in (decode(e.data) for e in await broker.read(keys.rollouts, count=1000))]
