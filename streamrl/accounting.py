@@ -163,7 +163,8 @@ def summarize(url: str, run: str, episodes_per_group: int = 0) -> dict:
         trainer_version = int(r.get(keys.trainer_version) or 0)
         deadletters = int(r.xlen(keys.deadletter))
         starts = [int(v) for v in r.hvals(keys.prefix + "ledger:group_starts")] if episodes_per_group else []
-        episode_stats = {n: int(r.get(keys.stat(n)) or 0) for n in ("episodes_failed", "episodes_restarted")}
+        episode_stats = {n: int(r.get(keys.stat(n)) or 0)
+                         for n in ("episodes_failed", "episodes_restarted", "episodes_continued")}
     finally:
         r.close()
     admitted_ids = {f"g{i}" for i in range(admitted_feeder)}
@@ -214,14 +215,16 @@ def _episodes(groups: dict, per_group: int, starts: list[int], stats: dict) -> d
     """The invariant in episodes. A group is G episodes of one task item and ends as one outcome
     (one failed episode fails its group: its baseline needs all G), so each outcome counts G
     episodes; `episodes_failed` are the episodes that failed themselves (env error, timeout),
-    `episodes_restarted` those restarted after a non-replayable env lost its state, and
-    `groups_restarted` the extra attempts of groups whose generator died (all restarted whole)."""
+    `episodes_restarted` those restarted after a non-replayable env lost its state,
+    `groups_restarted` the extra attempts of groups whose generator died, and `episodes_continued`
+    the episodes of those attempts that went on from their last model turn (the rest restarted)."""
     out = {"unit": "episodes", "per_group": per_group}
     for k in ("admitted", "trained", "dropped_stale", "filtered", "failed", "requeued", "in_flight", "lost"):
         out[k] = groups[k] * per_group
     out["double_trained"] = groups["double_trained"]
     out["episodes_failed"] = stats["episodes_failed"]
     out["episodes_restarted"] = stats["episodes_restarted"]
+    out["episodes_continued"] = stats["episodes_continued"]
     out["groups_restarted"] = sum(n - 1 for n in starts if n > 1)
     out["invariant_holds"] = groups["invariant_holds"]
     return out

@@ -4,6 +4,7 @@
     s.add_model(ids, logprobs, version)      # a model turn, streamed in deltas (call once per delta)
     s.add_observation(obs_ids)               # the env's answer, tokenized alone and appended
     fields = s.rollout_fields()              # completion_ids, logprobs, version, version_switches, obs_spans
+    s = EpisodeSample.restore(prompt_ids, ...)  # from those fields (an episode checkpoint), to continue
 
 The sample is exactly the sequence the model was conditioned on: the prompt ids, then every
 sampled id and every observation id in order. History is never re-tokenized, so what the
@@ -36,6 +37,19 @@ class EpisodeSample:
         self.switches: list[list[int]] = []
         self.obs_spans: list[list[int]] = []
         self.model_tokens = 0
+
+    @classmethod
+    def restore(cls, prompt_ids: Sequence[int], token_ids: Sequence[int], logprobs: Sequence[float],
+                version: int, switches: Sequence[Sequence[int]], obs_spans: Sequence[Sequence[int]]) -> EpisodeSample:
+        """The sample as `rollout_fields()` described it (an episode checkpoint), ready to continue."""
+        s = cls(prompt_ids)
+        s.token_ids = [int(t) for t in token_ids]
+        s.logprobs = [float(x) for x in logprobs]
+        s.version = int(version) if s.token_ids else None
+        s.switches = [[int(i), int(v)] for i, v in switches]
+        s.obs_spans = [[int(a), int(b)] for a, b in obs_spans]
+        s.model_tokens = len(s.token_ids) - s.env_tokens
+        return s
 
     def __len__(self) -> int:
         """Prompt plus completion tokens: the context length the next turn starts from."""

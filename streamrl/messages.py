@@ -193,7 +193,38 @@ class Observation:
     """Numeric counters of this step (e.g. tool_calls, tool_errors), summed over the episode into metrics."""
 
 
-MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation)}
+@dataclass
+class EpisodeState:
+    """A multi-turn episode's checkpoint, written by its generator after each model turn (hash
+    `episode_state:{group_id}`, field = sample): what another generator needs to continue the
+    episode from that turn if this one dies (workers/episodes.py). Not a stream entry."""
+
+    kind: ClassVar[str] = "episode_state"
+    episode_id: str
+    """The attempt that wrote it; a continuation runs under a new nonce."""
+    group_id: str
+    sample: int
+    turn: int
+    """The model turn just sampled, whose env step is pending; equals len(actions) - 1."""
+    prompt_ids: np.ndarray
+    completion_ids: np.ndarray
+    """Every model and observation token so far, in order (the exact history)."""
+    logprobs: np.ndarray
+    version: int
+    version_switches: list = field(default_factory=list)
+    obs_spans: list = field(default_factory=list)
+    actions: list = field(default_factory=list)
+    """Text of each model turn so far (the step requests' actions)."""
+    texts: list = field(default_factory=list)
+    """Model turn and observation texts in order (the rollout's text)."""
+    step_s: list = field(default_factory=list)
+    env_reward: float = 0.0
+    writer: str = ""
+    """Generator id that wrote it (logs)."""
+
+
+MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation,
+                                                      EpisodeState)}
 _REQUIRED = {cls: [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
              for cls in MESSAGE_TYPES.values()}
 _KNOWN = {cls: {f.name for f in fields(cls)} for cls in MESSAGE_TYPES.values()}
@@ -325,20 +356,25 @@ def _validate(msg: Any) -> None:
         value = getattr(msg, name)
         if not isinstance(value, types) or isinstance(value, bool):
             raise DecodeError(why)
-    if isinstance(msg, Rollout):
-        _check(len(msg.completion_ids) == len(msg.logprobs), "rollout: completion_ids and logprobs differ in length")
-        _check(0 <= msg.sample < msg.group_size, "rollout: sample must be in [0, group_size)")
-        _check(_all_finite(msg.logprobs), "rollout: logprobs contain NaN or inf")
+    if isinstance(msg, EpisodeState):
+        _check(msg.turn == len(msg.actions) - 1 and all(isinstance(a, str) for a in msg.actions),
+               "episode_state: turn must equal len(actions) - 1, actions strings")
+    if isinstance(msg, (Rollout, EpisodeState)):
+        what = msg.kind
+        _check(len(msg.completion_ids) == len(msg.logprobs), f"{what}: completion_ids and logprobs differ in length")
+        _check(_all_finite(msg.logprobs), f"{what}: logprobs contain NaN or inf")
         for sw in msg.version_switches:
             _check(isinstance(sw, list) and len(sw) == 2 and all(type(x) is int for x in sw),
-                   "rollout: version_switches must be [[index, version], ...] of ints")
-            _check(0 <= sw[0] <= len(msg.completion_ids), "rollout: a version switch index is outside the completion")
+                   f"{what}: version_switches must be [[index, version], ...] of ints")
+            _check(0 <= sw[0] <= len(msg.completion_ids), f"{what}: a version switch index is outside the completion")
         last = 0
         for span in msg.obs_spans:
             _check(isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span)
                    and last <= span[0] <= span[1] <= len(msg.completion_ids),
-                   "rollout: obs_spans must be sorted, non-overlapping [[start, end], ...] inside the completion")
+                   f"{what}: obs_spans must be sorted, non-overlapping [[start, end], ...] inside the completion")
             last = span[1]
+    if isinstance(msg, Rollout):
+        _check(0 <= msg.sample < msg.group_size, "rollout: sample must be in [0, group_size)")
     if isinstance(msg, Prompt):
         _check(msg.group_size >= 1, "prompt: group_size must be >= 1")
         t = msg.temperature

@@ -215,7 +215,8 @@ class Supervisor:
         if e := s.get("episodes"):
             self.say(f"episodes: admitted {e['admitted']} = trained {e['trained']} + failed {e['failed']} + other outcomes "
                      f"+ in flight {e['in_flight']} + lost {e['lost']}; {e['episodes_failed']} failed themselves, "
-                     f"{e['episodes_restarted']} restarted, {e['groups_restarted']} group restarts")
+                     f"{e['episodes_restarted']} restarted, {e['groups_restarted']} group restarts "
+                     f"({e.get('episodes_continued', 0)} episodes continued from their last turn)")
 
     def _watch(self) -> int:
         trainer = next(c for c in self.children if c.role == "trainer")

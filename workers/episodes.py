@@ -16,10 +16,16 @@ Failures: an observation with `error` (the env raised, timed out, returned garba
 env.observation_timeout_s fails the episode, and with it its group (its advantage baseline needs
 all G): the group is closed as `failed` in the ledger, the prompt dead-lettered with the reason,
 and `stats:episodes_failed` counted. An observation with error_kind "replay" (a non-replayable
-env lost its state) restarts that episode from the prompt (`episodes_restarted`). A generator that
-dies leaves its prompt un-acked; another generator claims it and restarts the whole group (counted
-per group in `ledger:group_starts`); their observations would go to the dead generator's stream,
-so nothing of the old attempt is continued.
+env lost its state) restarts that episode from the prompt (`episodes_restarted`).
+
+Generator death: after each model turn the episode's state (token history, log-probs, versions,
+observation spans, actions, env rewards so far) is written to the hash `episode_state:{group_id}`
+before its step request goes out. A generator that dies leaves its prompt un-acked; the generator
+that claims it (each attempt counted in `ledger:group_starts`) continues every checkpointed episode
+from its last model turn under a new episode id (`episodes_continued`): it sends that turn's step
+again (a replayable env replays the earlier actions; a non-replayable one answers "replay" and the
+episode restarts from the prompt) and carries on. Episodes without a checkpoint start from the prompt.
+The hash is deleted once the group's rollouts are published or the group fails.
 """
 
 from __future__ import annotations
@@ -32,7 +38,8 @@ from streamrl.accounting import close_group
 from streamrl.broker import Entry
 from streamrl.chat import ChatBridge
 from streamrl.episode import EpisodeSample
-from streamrl.messages import Observation, Prompt, Rollout, StepRequest, encode
+from streamrl.errors import DecodeError
+from streamrl.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode
 from workers.vllm_engine import sample_seed
 
 READ_GROUP = "episodes"
@@ -157,7 +164,8 @@ class EpisodeRunner:
     async def run_group(self, entry: Entry, prompt: Prompt) -> bool:
         """Run the group's episodes; publish its rollouts (True) or close it as failed (False)."""
         await self.gen.broker.script(_COUNT_START, [self.keys.prefix + "ledger:group_starts"], [prompt.group_id])
-        tasks = [asyncio.create_task(self._episode(prompt, s)) for s in range(prompt.group_size)]
+        saved = await self._load_states(prompt)
+        tasks = [asyncio.create_task(self._episode(prompt, s, saved.get(s))) for s in range(prompt.group_size)]
         try:
             done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
         except asyncio.CancelledError:
@@ -179,48 +187,98 @@ class EpisodeRunner:
             self.gen.log.warning("episode_failed", group_id=prompt.group_id, reason=reason)
             await self.gen.dead_letter(self.keys.prompts, entry, reason)
             await close_group(self.gen.broker, self.keys, prompt.group_id, "failed")
+            await self.gen.broker.delete(self.state_key(prompt.group_id))
             return False
         rollouts = [t.result() for t in tasks]
         await self.gen.broker.add_many(self.keys.rollouts, [encode(r) for r in rollouts])
+        # A death between these two lines continues the episodes once more under new ids; the
+        # trainer trains the first copy of each sample (docs/protocol.md, "Rollout ids").
+        await self.gen.broker.delete(self.state_key(prompt.group_id))
         self.gen.count("rollouts", len(rollouts))
         self.gen.count("episodes", len(rollouts))
         return True
 
-    async def _episode(self, prompt: Prompt, sample: int) -> Rollout:
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_key(self, group_id: str) -> str:
+        return f"{self.keys.prefix}episode_state:{group_id}"
+
+    async def _load_states(self, prompt: Prompt) -> dict[int, EpisodeState]:
+        """The group's episode checkpoints a dead generator left (empty on a first attempt). One
+        that does not fit this prompt or config is skipped: that episode starts from the prompt."""
+        out = {}
+        for name, blob in (await self.gen.broker.hgetall(self.state_key(prompt.group_id))).items():
+            try:
+                st = decode(blob, expect=EpisodeState)
+                if st.group_id != prompt.group_id or str(st.sample) != name:
+                    raise DecodeError(f"it is for {st.group_id} sample {st.sample}")
+                if not 0 <= st.sample < prompt.group_size or st.turn >= self.cfg.env.max_turns:
+                    raise DecodeError(f"sample {st.sample} / turn {st.turn} is outside this job's group_size / "
+                                      f"env.max_turns")
+                if st.prompt_ids.tolist() != prompt.prompt_ids.tolist():
+                    raise DecodeError("its prompt ids differ from the prompt's")
+            except DecodeError as exc:
+                self.gen.count("episode_states_invalid")
+                self.gen.log.warning("episode_state_skipped", group_id=prompt.group_id, sample=name, reason=str(exc))
+                continue
+            out[st.sample] = st
+        return out
+
+    async def _save_state(self, prompt: Prompt, sample: int, episode_id: str, s: EpisodeSample, actions: list,
+                          texts: list, step_s: list, env_reward: float) -> None:
+        st = EpisodeState(episode_id=episode_id, group_id=prompt.group_id, sample=sample, turn=len(actions) - 1,
+                          actions=list(actions), texts=list(texts), step_s=list(step_s), env_reward=env_reward,
+                          writer=self.gen.worker_id, **s.rollout_fields())
+        await self.gen.broker.hset(self.state_key(prompt.group_id), {str(sample): encode(st)})
+
+    async def _episode(self, prompt: Prompt, sample: int, saved: EpisodeState | None = None) -> Rollout:
         for _ in range(MAX_RESTARTS + 1):
-            result = await self._attempt(prompt, sample)
+            result = await self._attempt(prompt, sample, saved)
+            saved = None  # a restart (the env lost its state) begins at the prompt
             if result is not None:
                 return result
             self.gen.count("episodes_restarted")
             await self.gen.broker.incr(self.keys.stat("episodes_restarted"))
         raise EpisodeFailed(f"the env lost the episode's state {MAX_RESTARTS + 1} times (not replayable)")
 
-    async def _attempt(self, prompt: Prompt, sample: int) -> Rollout | None:
+    async def _attempt(self, prompt: Prompt, sample: int, saved: EpisodeState | None) -> Rollout | None:
         episode_id = f"{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
         if self.lockstep is None:
-            return await self._run(prompt, sample, episode_id)
+            return await self._run(prompt, sample, episode_id, saved)
         await self.lockstep.join(episode_id)
         try:
-            return await self._run(prompt, sample, episode_id)
+            return await self._run(prompt, sample, episode_id, saved)
         finally:
             await self.lockstep.leave(episode_id)
 
-    async def _run(self, prompt: Prompt, sample: int, episode_id: str) -> Rollout | None:
-        """One try at the episode; None when the env lost its state and it must start over."""
+    async def _run(self, prompt: Prompt, sample: int, episode_id: str, saved: EpisodeState | None) -> Rollout | None:
+        """One try at the episode (from `saved`'s last model turn if given); None when the env lost
+        its state and it must start over."""
         gen, env = self.gen, self.cfg.env
         s = EpisodeSample(prompt.prompt_ids.tolist())
         item = {"text": prompt.text, "meta": prompt.meta}
         actions, texts, step_s = [], [], []
         env_reward, finish, counts = 0.0, "max_turns", {}
         max_len = self.cfg.generator.max_model_len
-        for turn in range(env.max_turns):
-            room = max_len - len(s)
-            if room < 1:
-                finish = "length"
-                break
-            action = await self._model_turn(s, prompt, sample, turn, room)
-            actions.append(action)
-            texts.append(action)
+        first = 0
+        if saved is not None:
+            s = EpisodeSample.restore(saved.prompt_ids, saved.completion_ids, saved.logprobs, saved.version,
+                                      saved.version_switches, saved.obs_spans)
+            actions, texts, step_s = list(saved.actions), list(saved.texts), list(saved.step_s)
+            env_reward, first = float(saved.env_reward), saved.turn
+            gen.count("episodes_continued")
+            await gen.broker.incr(self.keys.stat("episodes_continued"))
+            gen.log.info("episode_continued", episode_id=episode_id, previous=saved.episode_id, turns_kept=first + 1,
+                         tokens_kept=len(s.token_ids), written_by=saved.writer)
+        for turn in range(first, env.max_turns):
+            if saved is None or turn > first:  # a continued episode resends its last turn's step first
+                room = max_len - len(s)
+                if room < 1:
+                    finish = "length"
+                    break
+                action = await self._model_turn(s, prompt, sample, turn, room)
+                actions.append(action)
+                texts.append(action)
+                await self._save_state(prompt, sample, episode_id, s, actions, texts, step_s, env_reward)
             req = StepRequest(episode_id=episode_id, group_id=prompt.group_id, sample=sample, turn=turn,
                               item=item, actions=list(actions), reply_to=gen.worker_id)
             t0 = time.monotonic()

@@ -98,7 +98,9 @@ class GeneratorWorker(Worker):
         self.vocab_size = getattr(AutoConfig.from_pretrained(self.cfg.model.path), "vocab_size", None)
         t0 = time.monotonic()
         await self.engine.start()
-        self.log.info("engine_started", seconds=round(time.monotonic() - t0, 2), model=self.cfg.model.path)
+        self.log.info("engine_started", seconds=round(time.monotonic() - t0, 2), model=self.cfg.model.path,
+                      prefix_caching=self.engine.prefix_cache.get("enabled"),
+                      block_size=self.engine.prefix_cache.get("block_size"))
         if self.episodes is not None:
             await self.episodes.start()
         # A late joiner loads the newest version before its first request.
@@ -338,6 +340,10 @@ class GeneratorWorker(Worker):
         up = max(time.monotonic() - self._started_mono, 1e-9)
         busy = self._busy_s + (time.monotonic() - self._busy_since if self._active > 0 else 0.0)
         self.stats["busy_fraction"] = round(min(busy / up, 1.0), 4)
+        pc = self.engine.prefix_cache
+        if pc["queries"]:
+            self.stats.update(prefix_cache_queries=pc["queries"], prefix_cache_hits=pc["hits"],
+                              prefix_cache_hit_rate=round(pc["hits"] / pc["queries"], 4))
 
 
 async def _settle(tasks: set[asyncio.Task], log, what: str) -> None:

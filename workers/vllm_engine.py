@@ -47,6 +47,9 @@ class VLLMEngine:
         self.dtype = dtype
         self.seed = seed
         self.llm = None
+        self.prefix_cache = {"queries": 0, "hits": 0}
+        """Prompt tokens the engine looked up in its prefix cache, and those found (vLLM's scheduler
+        stats, summed): a continued multi-turn episode hits on the history it already computed."""
 
     async def start(self) -> None:
         if self.llm is not None:  # already started (a bench shares one engine between phases)
@@ -76,10 +79,13 @@ class VLLMEngine:
             # Behaviour log-probs must be those of the distribution actually sampled from
             # (temperature and top-p applied); vLLM's default reports the raw model's.
             logprobs_mode="processed_logprobs",
-            disable_log_stats=True,
+            disable_log_stats=True,  # no periodic log lines; the custom logger below still gets the stats
+            **({"block_size": self.gen.block_size} if self.gen.block_size else {}),
             **({"worker_extension_cls": self.extension} if self.extension else {}),
         )
-        self.llm = AsyncLLM.from_engine_args(args)
+        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_prefix_cache_logger(self.prefix_cache)])
+        cache = self.llm.vllm_config.cache_config
+        self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
 
     def sampling_params(self, seed: int | None, temperature: float | None = None, max_tokens: int | None = None):
         """Per-request parameters; `temperature` overrides generator.temperature (eval prompts),
@@ -129,3 +135,23 @@ def _sampled_logprobs(position_logprobs, token_ids: list[int]) -> list[float]:
     if position_logprobs is None:
         raise RuntimeError("vLLM returned no logprobs; the request must set SamplingParams(logprobs=0)")
     return [float(position_logprobs[i][tok].logprob) for i, tok in enumerate(token_ids)]
+
+
+def _prefix_cache_logger(totals: dict):
+    """A vLLM stat-logger class that adds each scheduler update's prefix-cache counts to `totals`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class PrefixCacheTotals(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if stats is not None:
+                totals["queries"] += int(stats.queries)
+                totals["hits"] += int(stats.hits)
+
+        def log_engine_initialized(self):
+            pass
+
+    return PrefixCacheTotals

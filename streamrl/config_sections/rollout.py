@@ -56,6 +56,10 @@ class GeneratorConfig(Section):
     sampling calls `Generator.set_offset` after a weight switch preempts requests and kills the
     engine ("CPU Generator does not use offset", seen in a 40-step tiny job). False: vLLM's CPU
     default (MultiprocExecutor)."""
+    block_size: int | None = Field(None, ge=1)
+    """vLLM's KV-cache block size in tokens; None: vLLM's default (128 on the CPU build). Prefix
+    caching reuses whole blocks only, so a multi-turn episode's next turn reuses its history's KV
+    only once that history spans a block (docs/performance.md, "Prefix cache")."""
 
 
 class EnvConfig(Section):

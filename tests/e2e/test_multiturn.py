@@ -46,6 +46,16 @@ def wait_step(proc: subprocess.Popen, out: Path, run_dir: Path, n: int, timeout:
         time.sleep(0.3)
 
 
+def wait_episodes_in_flight(run_dir: Path, timeout: float = 120) -> None:
+    """Until some episode is between turns (its checkpoint exists): a kill then interrupts episodes,
+    not only groups waiting for newer weights (which have not started and are simply run later)."""
+    deadline = time.time() + timeout
+    with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
+        while not r.keys(f"streamrl:{RUN}:episode_state:*"):
+            assert time.time() < deadline, "no episode in flight"
+            time.sleep(0.01)
+
+
 def kill_role(run_dir: Path, role: str) -> int:
     """SIGKILL `<role>-0` (this test's own child of `up`), its pid from its heartbeat."""
     with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
@@ -86,7 +96,8 @@ def test_multiturn_survives_env_and_generator_sigkill(tmp_path):
         wait_step(proc, out, run_dir, 3)
         kill_role(run_dir, "env")        # its in-flight steps are claimed by the restarted env-0 and replayed
         wait_step(proc, out, run_dir, 7)
-        kill_role(run_dir, "generator")  # its groups restart on the restarted generator-0
+        wait_episodes_in_flight(run_dir)
+        kill_role(run_dir, "generator")  # the restarted generator-0 continues its episodes from their last turn
         assert proc.wait(500) == 0, out.read_text()[-4000:]
     finally:
         if proc.poll() is None:
@@ -97,7 +108,7 @@ def test_multiturn_survives_env_and_generator_sigkill(tmp_path):
     assert s["invariant_holds"], s
     assert s["lost"] == 0 and s["double_trained"] == 0 and s["trained_steps"] == 16
     e = s["episodes"]
-    assert e["invariant_holds"] and e["lost"] == 0 and e["groups_restarted"] >= 1, e
+    assert e["invariant_holds"] and e["lost"] == 0 and e["groups_restarted"] >= 1 and e["episodes_continued"] >= 1, e
     assert [r["step"] for r in metrics(run_dir)] == list(range(1, 17))
 
 

@@ -69,3 +69,20 @@ class FlakyDialog(Env):
         elif self.first[:1].isdigit():
             raise RuntimeError("flaky tool crashed")
         return self.inner.step(action)
+
+
+class SlowAfterFirst(Env):
+    """Not replayable; its first step answers at once, later ones sleep meta["sleep_after_first"]
+    seconds (a long tool call, so the worker can be killed mid-step). Observations: "\\n<k>:"."""
+
+    replayable = False
+
+    def reset(self, item):
+        self.sleep = float(item["meta"].get("sleep_after_first", 0))
+        self.n = 0
+
+    def step(self, action):
+        self.n += 1
+        if self.n > 1:
+            time.sleep(self.sleep)
+        return f"\n{self.n}:", float(len(action)), False

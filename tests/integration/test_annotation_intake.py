@@ -115,7 +115,9 @@ def _copy(gid: str, sample: int, tokens: int) -> Rollout:
 async def test_a_regenerated_sample_trains_with_the_reward_of_its_own_tokens(config, broker):
     """Issue 12.3: a generator killed after publishing part of a group; the restarted one publishes
     the whole group again. The reward worker that scored the first copies died too, so the second
-    copies' rewards arrive first. Every trained sample must carry the reward of its own tokens."""
+    copies' rewards arrive first. Every trained sample must carry the reward of its own tokens.
+    (This fixes the arrival order; tests/integration/test_generator_kill.py does it with a real
+    SIGKILL of a vLLM generator and its EngineCore.)"""
     cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0)
     cfg.reward.fn = "tests.integration.reward_fns:misbehave"
     cfg.broker.claim_idle_ms = 2000

@@ -62,3 +62,22 @@ async def test_a_missing_observation_fails_the_episode_after_the_timeout(config,
         await r._observe(req(turn=1))
     assert 0.3 <= time.monotonic() - t0 < 2
     assert not r.waiting
+
+
+async def test_only_checkpoints_that_fit_the_prompt_are_continued(config, broker):
+    import numpy as np
+
+    from streamrl.messages import EpisodeState, Prompt
+
+    r = await runner(config, broker, max_turns=2)
+    prompt = Prompt(group_id="g0", prompt_ids=np.array([1, 40]), group_size=4, admitted_version=0)
+
+    def state(sample: int, turn: int = 0, prompt_ids=(1, 40)) -> bytes:
+        return encode(EpisodeState(episode_id=f"g0:{sample}:a", group_id="g0", sample=sample, turn=turn,
+                                   actions=["x"] * (turn + 1), prompt_ids=np.array(prompt_ids),
+                                   completion_ids=np.array([5, 6]), logprobs=np.array([-1.0, -2.0]), version=0))
+    await broker.hset(r.state_key("g0"), {"0": state(0), "1": state(1, prompt_ids=(1, 41)), "2": state(2, turn=2),
+                                          "3": b"\x00garbage", "9": state(0)})
+    saved = await r._load_states(prompt)
+    assert list(saved) == [0] and saved[0].completion_ids.tolist() == [5, 6]
+    assert r.gen.stats["episode_states_invalid"] == 4  # other prompt, turn past max_turns, garbage, wrong field

@@ -101,3 +101,24 @@ def test_episode_metrics_of_a_batch():
     single = Rollout(rollout_id="g0:0", group_id="g0", sample=0, group_size=1, prompt_ids=np.array([1]),
                      completion_ids=np.array([5]), logprobs=np.array([-1.0]), version=0)
     assert episode_metrics([single]) == {}
+
+
+def test_an_episode_checkpoint_round_trips_and_continues_where_it_stopped():
+    from streamrl.messages import EpisodeState
+
+    s = episode()
+    st = EpisodeState(episode_id="g0:0:a", group_id="g0", sample=0, turn=2, actions=["a", "b", "c"],
+                      texts=["a", "x", "b", "y", "c"], step_s=[0.1, 0.2], env_reward=1.5, **s.rollout_fields())
+    back = decode(encode(st), expect=EpisodeState)
+    r = EpisodeSample.restore(back.prompt_ids, back.completion_ids, back.logprobs, back.version,
+                              back.version_switches, back.obs_spans)
+    assert r.context == s.context and r.model_tokens == s.model_tokens
+    assert np.array_equal(np.float32(r.logprobs), np.float32(s.logprobs))  # float32 on the wire, as in a rollout
+    assert r.token_versions().tolist() == s.token_versions().tolist() and r.obs_spans == s.obs_spans
+    r.add_observation([74])
+    r.add_model([11], [-0.2], version=6)  # a generator on newer weights continues: one more switch
+    assert r.switches == [[6, 4], [9, 5], [11, 6]] and r.loss_mask().tolist()[-2:] == [0, 1]
+    assert back.actions == ["a", "b", "c"] and back.env_reward == 1.5
+    st.turn = 1
+    with pytest.raises(DecodeError, match="turn must equal"):
+        decode(encode(st))
