@@ -14,6 +14,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from streamrl import env_adapters
+from streamrl.gym_config import ReasoningGymConfig, check_task_source
+
 
 class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -117,11 +120,13 @@ class TaskFields(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["charclass", "charclass_dialog", "gsm8k", "dataset"] = "charclass"
+    name: Literal["charclass", "charclass_dialog", "gsm8k", "dataset", "env", "reasoning_gym"] = "charclass"
     """`charclass`: synthetic, no downloads. `charclass_dialog`: its multi-turn form (the prompt
     does not name the class; the env's first observation does; env.fn=charclass_dialog).
     `dataset`: records from task.dataset mapped by task.fields.
-    `gsm8k`: `dataset` preset for GSM8K-style records {question, answer "... #### 42"}."""
+    `gsm8k`: `dataset` preset for GSM8K-style records {question, answer "... #### 42"}.
+    `env`: the prompts are env.fn's own first observations (an adapter, docs/environments.md).
+    `reasoning_gym`: procedural items of the `reasoning_gym` section (streamrl/gym_tasks.py)."""
     path: str | None = None
     """Shorthand for task.dataset.path (a jsonl/parquet file, a folder or a dataset id)."""
     dataset: DatasetConfig = DatasetConfig()
@@ -153,7 +158,7 @@ class TaskConfig(Section):
             raise ValueError(f"task.path={self.path!r} and task.dataset.path={self.dataset.path!r} differ; set one")
         if self.path and not self.dataset.path:
             self.dataset.path = self.path
-        if self.name in ("charclass", "charclass_dialog"):  # synthetic: no records to read
+        if self.name in ("charclass", "charclass_dialog", "env", "reasoning_gym"):  # synthetic: no records to read
             return self
         if not self.dataset.path:
             raise ValueError(f"task.name={self.name} needs records: set task.path=/path/to/train.jsonl "
@@ -216,7 +221,7 @@ class GeneratorConfig(Section):
     default (MultiprocExecutor)."""
 
 
-REWARD_BUILTINS = ("charclass", "math", "math_regex", "think_format", "env")
+REWARD_BUILTINS = ("charclass", "math", "math_regex", "think_format", "env", "reasoning_gym")
 """Built-in reward names (streamrl.rewards.BUILTIN_REWARDS)."""
 _REWARD_FN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
@@ -312,10 +317,13 @@ class EnvConfig(Section):
     @field_validator("fn")
     @classmethod
     def _fn(cls, value: str | None) -> str | None:
-        if value is None or value == "charclass_dialog" or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+        if problem := env_adapters.check_spec(value or ""):
+            raise ValueError(problem)
+        if value is None or value == "charclass_dialog" or env_adapters.split_spec(value) or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
             return value
-        raise ValueError(f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class`; "
-                         "e.g. set env.fn=charclass_dialog or env.fn=my_envs:Calculator")
+        raise ValueError(f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class` "
+                         "nor an adapter (docs/environments.md); e.g. env.fn=charclass_dialog, env.fn=my_envs:Calculator "
+                         "or env.fn=textarena:GuessTheNumber-v0")
 
 
 class ReferenceConfig(Section):
@@ -688,9 +696,11 @@ class Config(Section):
 
 
     eval: EvalConfig = EvalConfig()
+    reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
+        check_task_source(self)
         if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
             raise ValueError(
                 f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "

@@ -12,6 +12,9 @@ task.fields (streamrl/datasets.py). `gsm8k` is its preset for {"question": str, 
 records whose answer ends with GSM8K's "#### 42": the prompt is `question + "\\nAnswer:"`
 (GSM8K_TEMPLATE) and meta["answer"] the final number with thousands separators removed.
 
+`env`: the first observations of env.fn's games (streamrl/env_adapters); `reasoning_gym`: items of a
+reasoning-gym procedural dataset (streamrl/gym_tasks.py).
+
 Every meta holds only str/int/float so it travels through msgpack unchanged.
 """
 
@@ -20,7 +23,9 @@ from __future__ import annotations
 import random
 import string
 
-from streamrl.config import TaskConfig
+from streamrl import env_adapters, gym_tasks
+from streamrl.config import Config, TaskConfig
+from streamrl.errors import ConfigError
 from streamrl.datasets import dataset_items, parse_gsm8k_answer  # noqa: F401  (parse_gsm8k_answer: re-exported)
 
 CHAR_CLASSES: dict[str, str] = {
@@ -55,9 +60,16 @@ def charclass_dialog_items(num_prompts: int, length: int, seed: int) -> list[dic
     return [{"text": "?", "meta": item["meta"]} for item in charclass_items(num_prompts, length, seed)]
 
 
-def load_task(cfg: TaskConfig, seed: int, tokenizer=None) -> list[dict]:
+def load_task(cfg: TaskConfig, seed: int, tokenizer=None, job: Config | None = None) -> list[dict]:
     """All prompts of the configured task as [{"text": str, "meta": dict}]. `tokenizer` renders chat
-    messages (task.fields.messages); the feeder passes the model's."""
+    messages (task.fields.messages); the feeder passes the model's. `job` (the whole config) is needed
+    by the task sources configured outside `task`: `env` (env.fn) and `reasoning_gym`."""
+    if cfg.name in ("env", "reasoning_gym") and job is None:
+        raise ConfigError(f"task.name={cfg.name} is configured outside the task section; pass the job's config")
+    if cfg.name == "env":
+        return env_adapters.prompts(job.env.fn, cfg.num_prompts, seed)
+    if cfg.name == "reasoning_gym":
+        return gym_tasks.gym_items(job.reasoning_gym, seed)
     if cfg.name == "charclass":
         return charclass_items(cfg.num_prompts, cfg.charclass_length, seed)
     if cfg.name == "charclass_dialog":

@@ -29,14 +29,14 @@ class FeederWorker(Worker):
 
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
-        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer)  # the tokenizer renders chat tasks
+        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg)  # the tokenizer renders chat tasks
         random.Random(self.cfg.run.seed).shuffle(self.items)
         r = self.cfg.rollout
         self.total = self.cfg.trainer.steps * r.groups_per_step
         self.evals = None
         if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval.py): outside admission and the ledger
             ev = self.cfg.eval
-            items = load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer)
+            items = load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg)
             self.evals = EvalIssuer(self.cfg, self.keys, items, self._eval_prompt)
         self.log.info("feeder_ready", prompts=len(self.items), groups_needed=self.total,
                       max_staleness=r.max_staleness, groups_per_step=r.groups_per_step)
