@@ -21,6 +21,7 @@ from __future__ import annotations
 import difflib
 import random
 import threading
+import zlib
 
 import numpy as np
 
@@ -69,7 +70,10 @@ class TextArenaEnv(Env):
         return self.seen
 
     def reset(self, item: dict) -> None:
-        self._start(int(item["meta"]["seed"]))
+        # task.name=env items carry their game seed; items of other tasks get one from their prompt,
+        # so that every worker still rebuilds the same game.
+        seed = (item.get("meta") or {}).get("seed")
+        self._start(int(seed) if seed is not None else zlib.crc32(item.get("text", "").encode()))
 
     def _delta(self, observation: str) -> str:
         new = observation[len(self.seen):] if observation.startswith(self.seen) else observation

@@ -79,3 +79,9 @@ def test_a_won_game_ends_with_the_games_reward():
     target = probe.env.game_number  # the number TextArena drew for seed 3
     out = play(factory, item, [f"[{target}]"])
     assert out[-1][1:] == (1.0, True)
+
+
+def test_items_of_other_tasks_get_a_seed_from_their_prompt():
+    factory = resolve_env(GAME)
+    item = {"text": "Guess a number", "meta": {}}
+    assert play(factory, item, ["[4]", "[9]"]) == play(factory, dict(item), ["[4]", "[9]"])
