@@ -86,7 +86,11 @@ class TextArenaEnv(Env):
         if not done:
             return observation, 0.0, False
         rewards, _game_info = self._call(self.game.close)
-        return observation, float((rewards or {}).get(0, 0.0)), True
+        reward = (rewards or {}).get(0, 0.0)
+        if not isinstance(reward, (int, float)):  # seen: ThreeCardMonte-v0 puts its message there
+            raise ValueError(f"TextArena game {self.game_id} ended with reward {reward!r:.80} for player 0, "
+                             "not a number; this game cannot be scored as an env")
+        return observation, float(reward), True
 
 
 def _lookup_reason(exc: LookupError) -> str:

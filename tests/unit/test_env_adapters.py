@@ -85,3 +85,11 @@ def test_items_of_other_tasks_get_a_seed_from_their_prompt():
     factory = resolve_env(GAME)
     item = {"text": "Guess a number", "meta": {}}
     assert play(factory, item, ["[4]", "[9]"]) == play(factory, dict(item), ["[4]", "[9]"])
+
+
+def test_a_game_ending_without_a_numeric_reward_fails_its_episode_with_the_reason():
+    env = resolve_env("textarena:ThreeCardMonte-v0")()
+    env.reset({"text": "", "meta": {"seed": 0}})
+    with pytest.raises(ValueError, match="ThreeCardMonte-v0 ended with reward .* not a number"):
+        for move in ["zz", "zz", "zz"]:
+            env.step(move)
