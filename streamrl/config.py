@@ -138,7 +138,7 @@ class TaskConfig(Section):
     max_items: int | None = Field(None, ge=1)
     """Read at most this many records (required with dataset.streaming)."""
     num_prompts: int = Field(512, ge=1)
-    """Synthetic prompts generated for `charclass` (the feeder cycles through them)."""
+    """Synthetic prompts generated for `charclass` and `env` (the feeder cycles through them)."""
     charclass_length: int = Field(16, ge=1)
     """Completion characters the `charclass` reward scores; keep it equal to generator.max_tokens."""
 
