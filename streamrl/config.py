@@ -25,6 +25,7 @@ from streamrl.config_sections.rollout import EnvConfig, GeneratorConfig, Rollout
 from streamrl.config_sections.sft import SFTConfig
 from streamrl.config_sections.task import DatasetConfig, TaskConfig, TaskFields
 from streamrl.config_sections.trainer import ParallelismConfig, TrainerConfig
+from streamrl.gym_config import ReasoningGymConfig, check_task_source
 from streamrl.tools_config import ToolsConfig
 
 __all__ = [
@@ -81,9 +82,11 @@ class Config(Section):
 
 
     eval: EvalConfig = EvalConfig()
+    reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()  # task.name=reasoning_gym (streamrl/gym_config.py)
 
     @model_validator(mode="after")
     def _cross(self) -> "Config":
+        check_task_source(self)
         if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
             raise ValueError(
                 f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "

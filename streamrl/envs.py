@@ -27,6 +27,7 @@ import re
 import time
 from typing import Any
 
+from streamrl import env_adapters
 from streamrl.errors import ConfigError
 from streamrl.imports import import_spec
 from streamrl.rewards import charclass_reward
@@ -72,10 +73,13 @@ BUILTIN_ENVS = {"charclass_dialog": CharclassDialog}
 
 
 def resolve_env(spec: str, latency_ms: tuple[float, float] = (20.0, 200.0)):
-    """A factory `() -> Env` for a built-in name or `package.module:Class`; ConfigError names the fix."""
+    """A factory `() -> Env` for a built-in name, an adapter spec (`textarena:<game>`) or
+    `package.module:Class`; ConfigError names the fix."""
     if spec in BUILTIN_ENVS:
         cls = BUILTIN_ENVS[spec]
         return lambda: cls(latency_ms=tuple(latency_ms))
+    if env_adapters.split_spec(spec):  # another library's env, run unchanged (streamrl/env_adapters)
+        return env_adapters.make_factory(spec)
     if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec):
         raise ConfigError(f"env {spec!r} is neither a built-in env ({', '.join(BUILTIN_ENVS)}) nor "
                           "`package.module:Class`, e.g. --fn my_envs:Calculator")

@@ -17,6 +17,7 @@ import re
 from typing import Callable
 
 from streamrl.errors import ConfigError
+from streamrl.gym_tasks import reasoning_gym_reward
 from streamrl.rewards_math import math_verify_reward, think_format_reward
 
 RewardFn = Callable[[str, str, dict], float]
@@ -80,6 +81,7 @@ BUILTIN_REWARDS: dict[str, RewardFn] = {
     "math_regex": math_reward,
     "think_format": think_format_reward,
     "env": env_reward,
+    "reasoning_gym": reasoning_gym_reward,
 }
 """Names usable as reward.fn (streamrl.config.REWARD_BUILTINS lists the same names)."""
 

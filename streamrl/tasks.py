@@ -20,7 +20,9 @@ from __future__ import annotations
 import random
 import string
 
-from streamrl.config import TaskConfig
+from streamrl import env_adapters, gym_tasks
+from streamrl.config import Config, TaskConfig
+from streamrl.errors import ConfigError
 from streamrl.datasets import dataset_items, parse_gsm8k_answer  # noqa: F401  (parse_gsm8k_answer: re-exported)
 
 CHAR_CLASSES: dict[str, str] = {
@@ -55,10 +57,18 @@ def charclass_dialog_items(num_prompts: int, length: int, seed: int) -> list[dic
     return [{"text": "?", "meta": item["meta"]} for item in charclass_items(num_prompts, length, seed)]
 
 
-def load_task(cfg: TaskConfig, seed: int, tokenizer=None, max_tokens: int | None = None) -> list[dict]:
+def load_task(cfg: TaskConfig, seed: int, tokenizer=None, max_tokens: int | None = None,
+              job: Config | None = None) -> list[dict]:
     """All prompts of the configured task as [{"text": str, "meta": dict}]. `tokenizer` renders chat
     messages (task.fields.messages); the feeder passes the model's. `max_tokens` (generator.max_tokens)
-    is the charclass length when task.charclass_length is unset."""
+    is the charclass length when task.charclass_length is unset. `job` (the whole config) is needed
+    by the task sources configured outside `task`: `env` (env.fn) and `reasoning_gym`."""
+    if cfg.name in ("env", "reasoning_gym") and job is None:
+        raise ConfigError(f"task.name={cfg.name} is configured outside the task section; pass the job's config")
+    if cfg.name == "env":
+        return env_adapters.prompts(job.env.fn, cfg.num_prompts, seed)
+    if cfg.name == "reasoning_gym":
+        return gym_tasks.gym_items(job.reasoning_gym, seed)
     if cfg.name == "charclass":
         return charclass_items(cfg.num_prompts, cfg.charclass_chars(max_tokens), seed)
     if cfg.name == "charclass_dialog":

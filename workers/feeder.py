@@ -31,7 +31,7 @@ class FeederWorker(Worker):
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
         # The tokenizer renders chat tasks; tools.chat renders with the model's chat template.
-        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens)
+        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens, self.cfg)
         self.items = task_items(self.items, self.tokenizer, self.cfg)
         random.Random(self.cfg.run.seed).shuffle(self.items)
         r = self.cfg.rollout
@@ -39,7 +39,8 @@ class FeederWorker(Worker):
         self.evals = None
         if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval.py): outside admission and the ledger
             ev = self.cfg.eval
-            items = load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens)
+            items = load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens,
+                              self.cfg)
             items = task_items(items, self.tokenizer, self.cfg)
             self.evals = EvalIssuer(self.cfg, self.keys, items, self._eval_prompt)
         self.log.info("feeder_ready", prompts=len(self.items), groups_needed=self.total,

@@ -21,7 +21,8 @@ DESCRIPTION = ("Read env_steps with the consumer group 'env', run each step with
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--fn", required=True, metavar="package.module:Class", help="env class (streamrl.envs.Env)")
+    p.add_argument("--fn", required=True, metavar="package.module:Class",
+                   help="env class (streamrl.envs.Env), or an adapter: textarena:<game> (docs/environments.md)")
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
     p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
     p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")

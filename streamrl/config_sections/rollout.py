@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from streamrl import env_adapters
 from streamrl.config_sections.base import Section
 
 
@@ -90,7 +91,10 @@ class EnvConfig(Section):
     @field_validator("fn")
     @classmethod
     def _fn(cls, value: str | None) -> str | None:
-        if value is None or value == "charclass_dialog" or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+        if problem := env_adapters.check_spec(value or ""):
+            raise ValueError(problem)
+        if value is None or value == "charclass_dialog" or env_adapters.split_spec(value) or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
             return value
-        raise ValueError(f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class`; "
-                         "e.g. set env.fn=charclass_dialog or env.fn=my_envs:Calculator")
+        raise ValueError(f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class` "
+                         "nor an adapter (docs/environments.md); e.g. env.fn=charclass_dialog, env.fn=my_envs:Calculator "
+                         "or env.fn=textarena:GuessTheNumber-v0")

@@ -44,11 +44,13 @@ class TaskFields(Section):
 
 
 class TaskConfig(Section):
-    name: Literal["charclass", "charclass_dialog", "gsm8k", "dataset"] = "charclass"
+    name: Literal["charclass", "charclass_dialog", "gsm8k", "dataset", "env", "reasoning_gym"] = "charclass"
     """`charclass`: synthetic, no downloads. `charclass_dialog`: its multi-turn form (the prompt
     does not name the class; the env's first observation does; env.fn=charclass_dialog).
     `dataset`: records from task.dataset mapped by task.fields.
-    `gsm8k`: `dataset` preset for GSM8K-style records {question, answer "... #### 42"}."""
+    `gsm8k`: `dataset` preset for GSM8K-style records {question, answer "... #### 42"}.
+    `env`: the prompts are env.fn's own first observations (an adapter, docs/environments.md).
+    `reasoning_gym`: procedural items of the `reasoning_gym` section (streamrl/gym_tasks.py)."""
     path: str | None = None
     """Shorthand for task.dataset.path (a jsonl/parquet file, a folder or a dataset id)."""
     dataset: DatasetConfig = DatasetConfig()
@@ -60,7 +62,7 @@ class TaskConfig(Section):
     max_items: int | None = Field(None, ge=1)
     """Read at most this many records (required with dataset.streaming)."""
     num_prompts: int = Field(512, ge=1)
-    """Synthetic prompts generated for `charclass` (the feeder cycles through them)."""
+    """Synthetic prompts generated for `charclass` and `env` (the feeder cycles through them)."""
     charclass_length: int | None = Field(None, ge=1)
     """Completion characters the `charclass` reward scores. None: generator.max_tokens (one
     character per token, so the whole completion is scored); see `charclass_chars`."""
@@ -100,7 +102,7 @@ class TaskConfig(Section):
 
     @model_validator(mode="after")
     def _dataset(self) -> "TaskConfig":
-        if self.name in ("charclass", "charclass_dialog"):  # synthetic: no records to read
+        if self.name in ("charclass", "charclass_dialog", "env", "reasoning_gym"):  # synthetic: no records to read
             return self
         if not self.dataset.path:
             raise ValueError(f"task.name={self.name} needs records: set task.path=/path/to/train.jsonl "
