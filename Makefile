@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.streamrl-setup
 
-.PHONY: setup run test test-fast clean
+.PHONY: setup run lint test test-fast clean
 
 $(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
@@ -27,7 +27,11 @@ setup: $(STAMP)
 run: setup
 	$(BIN)/streamrl up
 
-test: setup
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
 	$(BIN)/python -m pytest -q --durations=25 tests
 
 test-fast: setup

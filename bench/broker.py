@@ -20,8 +20,21 @@ import time
 
 import numpy as np
 
-from bench.common import (Servers, machine, percentiles_ms, print_table, pyplot, queue, quiet_logging, run_async,
-                          scratch_servers, serve_worker, spawn, stop_all, write_result)
+from bench.common import (
+    Servers,
+    machine,
+    percentiles_ms,
+    print_table,
+    pyplot,
+    queue,
+    quiet_logging,
+    run_async,
+    scratch_servers,
+    serve_worker,
+    spawn,
+    stop_all,
+    write_result,
+)
 from brokers.sharded import parse_placement
 from streamrl.broker import Keys
 from streamrl.config import BrokerConfig, Config, LossConfig, ReferenceConfig, RewardConfig, RolloutConfig, RunConfig
@@ -41,17 +54,33 @@ def add_arguments(p) -> None:
     p.add_argument("--group-size", type=int, default=8)
     p.add_argument("--groups-per-step", type=int, default=1, help="groups per assembled batch (default 1)")
     p.add_argument("--consumers", type=int, default=0, help="external annotators besides reward + reference")
-    p.add_argument("--window", type=int, default=1024,
-                   help="rollouts published but not yet batched, at most (a job's feeder bounds this; default 1024)")
+    p.add_argument(
+        "--window",
+        type=int,
+        default=1024,
+        help="rollouts published but not yet batched, at most (a job's feeder bounds this; default 1024)",
+    )
     p.add_argument("--rate", type=float, default=1000.0, help="rollouts/s of the rate-limited latency run (0: skip)")
     p.add_argument("--no-baseline", action="store_true", help="skip the plain reader/writer baseline")
-    p.add_argument("--block-ms", type=int, default=None, help="broker.block_ms of the consumers (default: the config's)")
-    p.add_argument("--url", action="append", help="an existing redis:// server (repeat for several; default: "
-                   "private embedded ones)")
-    p.add_argument("--shards", type=int, default=1, help="embedded redis-servers to spread the streams over "
-                   "(brokers/sharded.py; default 1)")
-    p.add_argument("--placement", default="rollouts=0,annotations=1",
-                   help="stream name -> server index with several servers (default rollouts=0,annotations=1)")
+    p.add_argument(
+        "--block-ms", type=int, default=None, help="broker.block_ms of the consumers (default: the config's)"
+    )
+    p.add_argument(
+        "--url",
+        action="append",
+        help="an existing redis:// server (repeat for several; default: private embedded ones)",
+    )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=1,
+        help="embedded redis-servers to spread the streams over (brokers/sharded.py; default 1)",
+    )
+    p.add_argument(
+        "--placement",
+        default="rollouts=0,annotations=1",
+        help="stream name -> server index with several servers (default rollouts=0,annotations=1)",
+    )
 
 
 def bench_reward(prompt: str, completion: str, meta: dict) -> float:
@@ -62,10 +91,14 @@ def bench_reward(prompt: str, completion: str, meta: dict) -> float:
 def _config(url: str, run: str, args) -> Config:
     # Roles get their broker from `Servers`; broker.url only has to be valid.
     broker = BrokerConfig(url=url) if args.block_ms is None else BrokerConfig(url=url, block_ms=args.block_ms)
-    return Config(run=RunConfig(name=run), broker=broker,
-                  rollout=RolloutConfig(group_size=args.group_size, groups_per_step=args.groups_per_step),
-                  reward=RewardConfig(fn="bench.broker:bench_reward"), reference=ReferenceConfig(),
-                  loss=LossConfig(kl_beta=0.001))  # kl_beta > 0: the assembler waits for ref_logprobs too
+    return Config(
+        run=RunConfig(name=run),
+        broker=broker,
+        rollout=RolloutConfig(group_size=args.group_size, groups_per_step=args.groups_per_step),
+        reward=RewardConfig(fn="bench.broker:bench_reward"),
+        reference=ReferenceConfig(),
+        loss=LossConfig(kl_beta=0.001),
+    )  # kl_beta > 0: the assembler waits for ref_logprobs too
 
 
 # -- roles -------------------------------------------------------------------------------------
@@ -91,9 +124,23 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
                 delay = t0 + g * gs / rate - time.perf_counter()
                 if delay > 0:
                     time.sleep(delay)  # the loop has nothing else to do; sleep() is the precise wait
-            blobs = [encode(Rollout(rollout_id=new_rollout_id(f"g{g}", s), group_id=f"g{g}", sample=s, group_size=gs,
-                                    prompt_ids=prompt, completion_ids=completion, logprobs=logprobs, version=0,
-                                    worker="generator-0", finished_at=time.time())) for s in range(gs)]
+            blobs = [
+                encode(
+                    Rollout(
+                        rollout_id=new_rollout_id(f"g{g}", s),
+                        group_id=f"g{g}",
+                        sample=s,
+                        group_size=gs,
+                        prompt_ids=prompt,
+                        completion_ids=completion,
+                        logprobs=logprobs,
+                        version=0,
+                        worker="generator-0",
+                        finished_at=time.time(),
+                    )
+                )
+                for s in range(gs)
+            ]
             nbytes += sum(map(len, blobs))
             await broker.add_many(stream, blobs, maxlen=ROLLOUTS_MAXLEN)
         report.put(("generator", {"bytes": nbytes, "cpu_s": time.process_time()}))
@@ -114,8 +161,10 @@ class BenchReference(Worker):
         items = await self.read(self.keys.rollouts, "reference", count=self.cfg.reference.batch_size, expect=Rollout)
         if not items:
             return False
-        out = [encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=r.logprobs, producer=self.worker_id))
-               for _, r in items]
+        out = [
+            encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=r.logprobs, producer=self.worker_id))
+            for _, r in items
+        ]
         await self.broker.add_many(self.keys.annotations, out)
         await self.broker.ack(self.keys.rollouts, "reference", [e.id for e, _ in items])
         return True
@@ -133,8 +182,17 @@ class ExternalAnnotator(Worker):
         items = await self.read(self.keys.rollouts, self.worker_id, count=64, expect=Rollout)
         if not items:
             return False
-        out = [encode(Annotation(rollout_id=r.rollout_id, key=self.worker_id, value=float(len(r.completion_ids)),
-                                 producer=self.worker_id)) for _, r in items]
+        out = [
+            encode(
+                Annotation(
+                    rollout_id=r.rollout_id,
+                    key=self.worker_id,
+                    value=float(len(r.completion_ids)),
+                    producer=self.worker_id,
+                )
+            )
+            for _, r in items
+        ]
         await self.broker.add_many(self.keys.annotations, out)
         await self.broker.ack(self.keys.rollouts, self.worker_id, [e.id for e, _ in items])
         return True
@@ -173,9 +231,20 @@ class BenchTrainer(Worker):
         await self.broker.incr(self.keys.stat("bench_batched"), len(batch))
         if len(self.batched) >= self.total:
             self.done = True
-            self.report.put(("trainer", {"n": len(self.batched), "first": self.first, "last": time.time(),
-                                         "joined": self.joined, "batched": self.batched,
-                                         "counters": dict(self.assembler.counters), "cpu_s": time.process_time()}))
+            self.report.put(
+                (
+                    "trainer",
+                    {
+                        "n": len(self.batched),
+                        "first": self.first,
+                        "last": time.time(),
+                        "joined": self.joined,
+                        "batched": self.batched,
+                        "counters": dict(self.assembler.counters),
+                        "cpu_s": time.process_time(),
+                    },
+                )
+            )
         return True
 
 
@@ -183,10 +252,11 @@ def _role(name: str, cfg: Config, servers: Servers, report, total: int = 0) -> N
     quiet_logging(name)
     from workers.reward import RewardWorker
 
-    make = {"reward": lambda b: RewardWorker(cfg, b, "reward-0"),
-            "reference": lambda b: BenchReference(cfg, b, "reference-0"),
-            "trainer": lambda b: BenchTrainer(cfg, b, total, report)}.get(name) or (
-        lambda b: ExternalAnnotator(cfg, b, name))
+    make = {
+        "reward": lambda b: RewardWorker(cfg, b, "reward-0"),
+        "reference": lambda b: BenchReference(cfg, b, "reference-0"),
+        "trainer": lambda b: BenchTrainer(cfg, b, total, report),
+    }.get(name) or (lambda b: ExternalAnnotator(cfg, b, name))
     serve_worker(make, servers)
     if name != "trainer":
         report.put((name, {"cpu_s": time.process_time()}))
@@ -209,8 +279,20 @@ def _plain_reader(servers: Servers, run: str, total: int, report) -> None:
             if entries:
                 last = entries[-1].id
                 await broker.incr(Keys(run).stat("bench_batched"), len(entries))
-        report.put(("trainer", {"n": len(lat), "first": first, "last": time.time(), "joined": lat, "batched": lat,
-                                "counters": {}, "cpu_s": time.process_time()}))
+        report.put(
+            (
+                "trainer",
+                {
+                    "n": len(lat),
+                    "first": first,
+                    "last": time.time(),
+                    "joined": lat,
+                    "batched": lat,
+                    "counters": {},
+                    "cpu_s": time.process_time(),
+                },
+            )
+        )
         await broker.close()
 
     run_async(main())
@@ -275,12 +357,20 @@ def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
     elapsed = t["last"] - t["first"]
     cpu = {name: round(d["cpu_s"], 2) for name, d in got.items()}
     cpu["redis-server"] = round(_server_cpu_s(servers) - redis_cpu0, 2)
-    row = {"run": "plain XADD/XREAD pair" if mode == "plain" else "full path" + (f" @ {rate:,.0f}/s" if rate else ""),
-           "mode": mode, "target_rate": rate, "rollouts": t["n"], "seconds": round(elapsed, 3),
-           "rollouts_per_s": round(t["n"] / elapsed, 1),
-           "mb_per_s": round(got["generator"]["bytes"] / elapsed / 1e6, 1),
-           **percentiles_ms(t["joined"]), "batch_p99_ms": percentiles_ms(t["batched"])["p99_ms"],
-           "cpu_s": cpu, "assembler": t["counters"], "load_avg_after": list(np.round(__import__("os").getloadavg(), 2))}
+    row = {
+        "run": "plain XADD/XREAD pair" if mode == "plain" else "full path" + (f" @ {rate:,.0f}/s" if rate else ""),
+        "mode": mode,
+        "target_rate": rate,
+        "rollouts": t["n"],
+        "seconds": round(elapsed, 3),
+        "rollouts_per_s": round(t["n"] / elapsed, 1),
+        "mb_per_s": round(got["generator"]["bytes"] / elapsed / 1e6, 1),
+        **percentiles_ms(t["joined"]),
+        "batch_p99_ms": percentiles_ms(t["batched"])["p99_ms"],
+        "cpu_s": cpu,
+        "assembler": t["counters"],
+        "load_avg_after": list(np.round(__import__("os").getloadavg(), 2)),
+    }
     row["_latency_ms"] = (np.asarray(t["joined"]) * 1000).tolist()
     return row
 
@@ -315,20 +405,29 @@ def run(args) -> int:
         rows.append(run_path(servers, args, "full", 0.0))
         if args.rate:
             rows.append(run_path(servers, args, "full", args.rate))
-    print(f"{args.rollouts} rollouts of {args.prompt_tokens}+{args.completion_tokens} tokens (with logprobs), "
-          f"group size {args.group_size}, consumers: reward + reference + assembler"
-          f"{f' + {args.consumers} external' if args.consumers else ''}; {len(urls)} redis-server(s), {info['cpus']} CPUs, "
-          f"load average before {info['load_avg']}")
+    print(
+        f"{args.rollouts} rollouts of {args.prompt_tokens}+{args.completion_tokens} tokens (with logprobs), "
+        f"group size {args.group_size}, consumers: reward + reference + assembler"
+        f"{f' + {args.consumers} external' if args.consumers else ''}; {len(urls)} redis-server(s), {info['cpus']} CPUs, "
+        f"load average before {info['load_avg']}"
+    )
     print_table(rows, ["run", "rollouts_per_s", "mb_per_s", "p50_ms", "p99_ms", "batch_p99_ms", "seconds"])
     for r in rows:
         print(f"  cpu seconds, {r['run']}: {r['cpu_s']}")
     full = next(r for r in rows if r["mode"] == "full" and not r["target_rate"])
     limited = next((r for r in rows if r["target_rate"]), full)
-    result = {"bench": "broker", "rollouts_per_s": full["rollouts_per_s"], "mb_per_s": full["mb_per_s"],
-              "p50_ms": limited["p50_ms"], "p99_ms": limited["p99_ms"], "latency_rate": limited["target_rate"],
-              "baseline_rollouts_per_s": next((r["rollouts_per_s"] for r in rows if r["mode"] == "plain"), None),
-              "settings": {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)},
-              "machine": info, "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows]}
+    result = {
+        "bench": "broker",
+        "rollouts_per_s": full["rollouts_per_s"],
+        "mb_per_s": full["mb_per_s"],
+        "p50_ms": limited["p50_ms"],
+        "p99_ms": limited["p99_ms"],
+        "latency_rate": limited["target_rate"],
+        "baseline_rollouts_per_s": next((r["rollouts_per_s"] for r in rows if r["mode"] == "plain"), None),
+        "settings": {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)},
+        "machine": info,
+        "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+    }
     if write_result(args.out, result):
         _plot(rows, args.out)
         print(f"wrote {args.out}/result.json and {args.out}/broker.png")

@@ -17,8 +17,8 @@ import os
 import signal
 import tempfile
 import time
-from pathlib import Path
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -124,8 +124,11 @@ def percentiles_ms(seconds: list[float] | np.ndarray) -> dict[str, float]:
     a = np.asarray(seconds, dtype=np.float64) * 1000
     if a.size == 0:
         return {"p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
-    return {"p50_ms": round(float(np.percentile(a, 50)), 3), "p99_ms": round(float(np.percentile(a, 99)), 3),
-            "max_ms": round(float(a.max()), 3)}
+    return {
+        "p50_ms": round(float(np.percentile(a, 50)), 3),
+        "p99_ms": round(float(np.percentile(a, 99)), 3),
+        "max_ms": round(float(a.max()), 3),
+    }
 
 
 def load_average() -> list[float]:
@@ -164,5 +167,3 @@ def write_result(out: str | None, result: dict) -> Path | None:
     path.mkdir(parents=True, exist_ok=True)
     (path / "result.json").write_text(json.dumps(result, indent=2, default=float) + "\n")
     return path / "result.json"
-
-

@@ -39,8 +39,18 @@ def run_job(args, mode: str, run_dir: Path) -> dict:
     """One `streamrl up`; returns its summary (raises with the log tail if the job fails)."""
     from streamrl.commands.report import summarize
 
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--run-dir", str(run_dir),
-           "--set", f"trainer.steps={args.steps}", "--set", f"run.name=e2e-{mode}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"trainer.steps={args.steps}",
+        "--set",
+        f"run.name=e2e-{mode}",
+    ]
     if args.config:
         cmd += ["--config", args.config]
     for item in args.overrides:
@@ -63,10 +73,18 @@ def run_job(args, mode: str, run_dir: Path) -> dict:
 def _row(s: dict) -> dict:
     gen = [v for k, v in s["busy"].items() if k.startswith("generator")]
     lat = s["weight_sync_latency_s"] or {}
-    return {"job": s["mode"], "max_staleness": s["max_staleness"], "trained_tok_s": s["trained_tokens_per_s"],
-            "generated_tok_s": s["generated_tokens_per_s"], "steps_per_s": s["steps_per_s"],
-            "trainer_busy": s["busy"].get("trainer"), "generator_busy": round(sum(gen) / len(gen), 3) if gen else None,
-            "sync_p50_s": lat.get("p50"), "staleness_hist": s["staleness_hist_tokens"], "wall_s": s["wall_s"]}
+    return {
+        "job": s["mode"],
+        "max_staleness": s["max_staleness"],
+        "trained_tok_s": s["trained_tokens_per_s"],
+        "generated_tok_s": s["generated_tokens_per_s"],
+        "steps_per_s": s["steps_per_s"],
+        "trainer_busy": s["busy"].get("trainer"),
+        "generator_busy": round(sum(gen) / len(gen), 3) if gen else None,
+        "sync_p50_s": lat.get("p50"),
+        "staleness_hist": s["staleness_hist_tokens"],
+        "wall_s": s["wall_s"],
+    }
 
 
 def _plot(runs: list[dict], out: Path) -> None:
@@ -79,8 +97,12 @@ def _plot(runs: list[dict], out: Path) -> None:
     for i, r in enumerate(runs):
         keys = [int(k) for k in r["staleness_hist_tokens"]]
         total = max(sum(r["staleness_hist_tokens"].values()), 1)
-        b.bar([k + i * width for k in keys], [v / total for v in r["staleness_hist_tokens"].values()], width,
-              label=names[i])
+        b.bar(
+            [k + i * width for k in keys],
+            [v / total for v in r["staleness_hist_tokens"].values()],
+            width,
+            label=names[i],
+        )
     b.set(xlabel="staleness", ylabel="share of trained tokens", title="staleness")
     b.legend()
     fig.tight_layout()
@@ -102,14 +124,23 @@ def run(args) -> int:
         runs.append(run_job(args, mode, run_dir))
     rows = [_row(r) for r in runs]
     speedup = round(runs[0]["trained_tokens_per_s"] / runs[1]["trained_tokens_per_s"], 3) if len(runs) > 1 else None
-    print(f"config {args.config or 'configs/tiny-cpu.yaml'} {' '.join(args.overrides)}; {info['cpus']} CPUs, "
-          f"load average {info['load_avg']}")
+    print(
+        f"config {args.config or 'configs/tiny-cpu.yaml'} {' '.join(args.overrides)}; {info['cpus']} CPUs, "
+        f"load average {info['load_avg']}"
+    )
     print_table(rows, list(rows[0]))
     if speedup is not None:
         print(f"async/sync speedup (trained tokens/s): {speedup:.2f}x")
-    result = {"bench": "e2e", "config": args.config or "configs/tiny-cpu.yaml", "overrides": args.overrides,
-              "steps": args.steps, "speedup": speedup, "runs": runs, "rows": rows,
-              "machine": {**info, "load_avg_after": machine()["load_avg"]}}
+    result = {
+        "bench": "e2e",
+        "config": args.config or "configs/tiny-cpu.yaml",
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "speedup": speedup,
+        "runs": runs,
+        "rows": rows,
+        "machine": {**info, "load_avg_after": machine()["load_avg"]},
+    }
     if write_result(args.out, result):
         try:
             for r in runs:

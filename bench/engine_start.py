@@ -33,8 +33,13 @@ async def measure(overrides: list[str]) -> dict:
     t2 = time.monotonic()
     shm = sorted(os.path.basename(p) for p in glob.glob("/dev/shm/psm_*"))
     engine.shutdown()
-    return {"engine_start_s": round(t1 - t0, 2), "first_request_s": round(t2 - t1, 2), "tokens": tokens,
-            "psm_segments_while_running": shm, "overrides": overrides}
+    return {
+        "engine_start_s": round(t1 - t0, 2),
+        "first_request_s": round(t2 - t1, 2),
+        "tokens": tokens,
+        "psm_segments_while_running": shm,
+        "overrides": overrides,
+    }
 
 
 if __name__ == "__main__":

@@ -51,8 +51,11 @@ def _job(args, mode: str, latency: float, root: Path) -> dict:
     cfg = load_config(args.config or CONFIG, list(args.overrides))
     sets = [*BOTH_SETS, f"env.latency_ms=[{latency:g},{latency:g}]"]
     if mode == "sync":
-        sets += ["env.lockstep=true", "rollout.max_staleness=0",
-                 f"generator.max_inflight_groups={cfg.rollout.groups_per_step}"]
+        sets += [
+            "env.lockstep=true",
+            "rollout.max_staleness=0",
+            f"generator.max_inflight_groups={cfg.rollout.groups_per_step}",
+        ]
     else:
         sets += STREAM_SETS
     sets += list(args.overrides)  # the user's --set wins
@@ -67,10 +70,17 @@ def _job(args, mode: str, latency: float, root: Path) -> dict:
     rows = read_metrics(run_dir)[1:] or read_metrics(run_dir)
     gen = [v for k, v in s["busy"].items() if k.startswith("generator")]
     p50 = sorted(r.get("env_step_s_p50", 0.0) for r in rows)[len(rows) // 2]
-    return {"job": mode, "env_latency_ms": latency, "trained_tok_s": s["trained_tokens_per_s"],
-            "generator_busy": round(sum(gen) / len(gen), 3) if gen else None,
-            "env_step_p50_ms": round(p50 * 1000, 1), "turns_mean": rows[-1].get("turns_mean"),
-            "steps_per_s": s["steps_per_s"], "wall_s": s["wall_s"], "summary": s}
+    return {
+        "job": mode,
+        "env_latency_ms": latency,
+        "trained_tok_s": s["trained_tokens_per_s"],
+        "generator_busy": round(sum(gen) / len(gen), 3) if gen else None,
+        "env_step_p50_ms": round(p50 * 1000, 1),
+        "turns_mean": rows[-1].get("turns_mean"),
+        "steps_per_s": s["steps_per_s"],
+        "wall_s": s["wall_s"],
+        "summary": s,
+    }
 
 
 def run(args) -> int:
@@ -84,16 +94,27 @@ def run(args) -> int:
     rows = [{k: v for k, v in j.items() if k != "summary"} for j in jobs]
     ratios = {}
     for lat in latencies:
-        stream, sync = (next(j for j in jobs if j["job"] == m and j["env_latency_ms"] == lat) for m in ("stream", "sync"))
+        stream, sync = (
+            next(j for j in jobs if j["job"] == m and j["env_latency_ms"] == lat) for m in ("stream", "sync")
+        )
         ratios[f"{lat:g}ms"] = round(stream["trained_tok_s"] / max(sync["trained_tok_s"], 1e-9), 2)
-    print(f"config {args.config or CONFIG} {' '.join(args.overrides)}; {args.steps} steps per job; "
-          f"{info['cpus']} CPUs, load average {info['load_avg']}; OMP_NUM_THREADS="
-          f"{os.environ.get('OMP_NUM_THREADS', 'unset')}")
+    print(
+        f"config {args.config or CONFIG} {' '.join(args.overrides)}; {args.steps} steps per job; "
+        f"{info['cpus']} CPUs, load average {info['load_avg']}; OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS', 'unset')}"
+    )
     print_table(rows, list(rows[0]))
     print("stream/sync trained tokens/s: " + ", ".join(f"{k}: {v:.2f}x" for k, v in ratios.items()))
-    result = {"bench": "env", "config": args.config or CONFIG, "overrides": args.overrides, "steps": args.steps,
-              "ratios": ratios, "rows": rows, "runs": [j["summary"] for j in jobs],
-              "machine": {**info, "load_avg_after": machine()["load_avg"]}}
+    result = {
+        "bench": "env",
+        "config": args.config or CONFIG,
+        "overrides": args.overrides,
+        "steps": args.steps,
+        "ratios": ratios,
+        "rows": rows,
+        "runs": [j["summary"] for j in jobs],
+        "machine": {**info, "load_avg_after": machine()["load_avg"]},
+    }
     if write_result(args.out, result):
         print(f"wrote {root}/result.json")
     return 0

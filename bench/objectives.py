@@ -35,7 +35,9 @@ def summarize(rows: list[dict]) -> dict:
     r = np.asarray([m["reward_mean"] for m in rows])
     return {
         "steps": len(rows),
-        "first10": float(r[:10].mean()), "last10": float(r[-10:].mean()), "gain": float(r[-10:].mean() - r[:10].mean()),
+        "first10": float(r[:10].mean()),
+        "last10": float(r[-10:].mean()),
+        "gain": float(r[-10:].mean() - r[:10].mean()),
         "min_last20": float(r[-20:].min()),
         "staleness_mean": float(np.mean([m["staleness_mean"] for m in rows])),
         "staleness_max": int(max(m["staleness_max"] for m in rows)),
@@ -47,9 +49,22 @@ def summarize(rows: list[dict]) -> dict:
 def run_one(name: str, args, base: Path) -> dict:
     run_dir = base / f"{name}-s{args.staleness}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh measurement: `up` refuses a used run dir
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--run-dir", str(run_dir),
-           "--set", f"loss.name={name}", "--set", f"rollout.max_staleness={args.staleness}",
-           "--set", f"trainer.steps={args.steps}", "--set", f"run.name=obj-{name}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"loss.name={name}",
+        "--set",
+        f"rollout.max_staleness={args.staleness}",
+        "--set",
+        f"trainer.steps={args.steps}",
+        "--set",
+        f"run.name=obj-{name}",
+    ]
     for o in args.overrides:
         cmd += ["--set", o]
     t0 = time.time()
@@ -64,15 +79,19 @@ def run(args) -> int:
     base = Path(args.out or "runs/bench-objectives").resolve()
     base.mkdir(parents=True, exist_ok=True)
     results = []
-    print(f"{'objective':<16}{'stale':>6}{'first10':>9}{'last10':>8}{'gain':>7}{'min20':>7}{'stale':>7}{'|lr|':>7}{'wall':>7}")
+    print(
+        f"{'objective':<16}{'stale':>6}{'first10':>9}{'last10':>8}{'gain':>7}{'min20':>7}{'stale':>7}{'|lr|':>7}{'wall':>7}"
+    )
     for name in args.objectives:
         r = run_one(name, args, base)
         results.append(r)
         if "error" in r:
             print(f"{name:<16} FAILED: {r['error'][-300:]}")
             continue
-        print(f"{name:<16}{args.staleness:>6}{r['first10']:>9.3f}{r['last10']:>8.3f}{r['gain']:>7.3f}"
-              f"{r['min_last20']:>7.3f}{r['staleness_mean']:>7.2f}{r['abs_log_ratio']:>7.3f}{r['wall_s']:>6.0f}s",
-              flush=True)
+        print(
+            f"{name:<16}{args.staleness:>6}{r['first10']:>9.3f}{r['last10']:>8.3f}{r['gain']:>7.3f}"
+            f"{r['min_last20']:>7.3f}{r['staleness_mean']:>7.2f}{r['abs_log_ratio']:>7.3f}{r['wall_s']:>6.0f}s",
+            flush=True,
+        )
     (base / "result.json").write_text(json.dumps({"runs": results}, indent=2))
     return 0 if all("error" not in r for r in results) else 1

@@ -21,8 +21,18 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.common import (Servers, machine, print_table, pyplot, quiet_logging, scratch_servers,
-                          serve_worker, spawn, stop_all, write_result)
+from bench.common import (
+    Servers,
+    machine,
+    print_table,
+    pyplot,
+    quiet_logging,
+    scratch_servers,
+    serve_worker,
+    spawn,
+    stop_all,
+    write_result,
+)
 from streamrl.config import Config
 
 HELP = "throughput vs max_staleness with simulated generator/trainer (no GPU)"
@@ -46,22 +56,38 @@ def rates(args) -> dict:
     wave = args.groups_per_step * args.group_size  # generator.max_inflight_groups = groups_per_step
     g = wave / (args.tokens * args.token_ms / 1000)
     t = args.groups_per_step * args.group_size / args.train_s
-    return {"gen_rate": g, "train_rate": t, "ideal": min(g, t), "sync_ideal": 1 / (1 / g + 1 / t),
-            "speedup_theory": (1 / g + 1 / t) / max(1 / g, 1 / t)}
+    return {
+        "gen_rate": g,
+        "train_rate": t,
+        "ideal": min(g, t),
+        "sync_ideal": 1 / (1 / g + 1 / t),
+        "speedup_theory": (1 / g + 1 / t) / max(1 / g, 1 / t),
+    }
 
 
 def _config(url: str, run: str, model_path: str, args, staleness: int) -> Config:
     from streamrl.config_files import load_config
 
-    return load_config(None, [
-        f"run.name={run}", f"broker.url={url}", f"model.path={model_path}",
-        f"rollout.group_size={args.group_size}", f"rollout.groups_per_step={args.groups_per_step}",
-        f"rollout.max_staleness={staleness}", f"generator.max_inflight_groups={args.groups_per_step}",
-        # The feeder admits for staleness + 1 steps past the trainer's last, so the generator stays
-        # in its steady state to the end instead of draining (SimTrainer stops at args.steps).
-        f"generator.max_tokens={args.tokens}", "generator.weights_poll_s=0.01",
-        f"trainer.steps={args.steps + staleness + 1}",
-        "loss.kl_beta=0", "reward.fn=bench.broker:bench_reward", f"task.charclass_length={args.tokens}"])
+    return load_config(
+        None,
+        [
+            f"run.name={run}",
+            f"broker.url={url}",
+            f"model.path={model_path}",
+            f"rollout.group_size={args.group_size}",
+            f"rollout.groups_per_step={args.groups_per_step}",
+            f"rollout.max_staleness={staleness}",
+            f"generator.max_inflight_groups={args.groups_per_step}",
+            # The feeder admits for staleness + 1 steps past the trainer's last, so the generator stays
+            # in its steady state to the end instead of draining (SimTrainer stops at args.steps).
+            f"generator.max_tokens={args.tokens}",
+            "generator.weights_poll_s=0.01",
+            f"trainer.steps={args.steps + staleness + 1}",
+            "loss.kl_beta=0",
+            "reward.fn=bench.broker:bench_reward",
+            f"task.charclass_length={args.tokens}",
+        ],
+    )
 
 
 def _role(name: str, cfg: Config, servers: Servers, run_dir: str, args) -> None:
@@ -71,11 +97,14 @@ def _role(name: str, cfg: Config, servers: Servers, run_dir: str, args) -> None:
     from workers.reward import RewardWorker
 
     def make(broker):
-        return {"feeder": lambda: FeederWorker(cfg, broker, "feeder-0"),
-                "reward": lambda: RewardWorker(cfg, broker, "reward-0"),
-                "generator": lambda: SimGenerator(cfg, broker, "generator-0", args.token_ms / 1000, args.tokens,
-                                                  Path(run_dir)),
-                "trainer": lambda: SimTrainer(cfg, broker, "trainer-0", Path(run_dir), args.train_s, args.steps)}[name]()
+        return {
+            "feeder": lambda: FeederWorker(cfg, broker, "feeder-0"),
+            "reward": lambda: RewardWorker(cfg, broker, "reward-0"),
+            "generator": lambda: SimGenerator(
+                cfg, broker, "generator-0", args.token_ms / 1000, args.tokens, Path(run_dir)
+            ),
+            "trainer": lambda: SimTrainer(cfg, broker, "trainer-0", Path(run_dir), args.train_s, args.steps),
+        }[name]()
 
     serve_worker(make, servers)
 
@@ -85,8 +114,7 @@ def run_one(servers: Servers, model_path: str, args, staleness: int, run_dir: Pa
 
     run = f"pipe-s{staleness}-{time.time_ns() % 10**9}"
     cfg = _config(servers.urls[0], run, model_path, args, staleness)
-    procs = {n: spawn(_role, n, cfg, servers, str(run_dir), args)
-             for n in ("trainer", "reward", "generator", "feeder")}
+    procs = {n: spawn(_role, n, cfg, servers, str(run_dir), args) for n in ("trainer", "reward", "generator", "feeder")}
     deadline = time.monotonic() + 120 + args.steps * (args.train_s + args.tokens * args.token_ms / 1000) * 3
     try:
         while procs["trainer"].is_alive() and time.monotonic() < deadline:
@@ -101,20 +129,26 @@ def run_one(servers: Servers, model_path: str, args, staleness: int, run_dir: Pa
     busy = {n: json.loads((run_dir / f"busy-{n}.json").read_text()) for n in ("generator", "trainer")}
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     t0, t1 = rows[args.warmup - 1]["ts"] if args.warmup else rows[0]["ts"] - rows[0]["train_s"], rows[-1]["ts"]
-    counted = rows[args.warmup:]
+    counted = rows[args.warmup :]
     hist: dict[str, int] = {}
     for r in rows:
         for k, v in r["staleness_hist"].items():
             hist[k] = hist.get(k, 0) + v
     r = rates(args)
     throughput = sum(x["samples"] for x in counted) / (t1 - t0)
-    return {"max_staleness": staleness, "throughput": round(throughput, 3), "ideal": round(r["ideal"], 3),
-            "ratio": round(throughput / r["ideal"], 3),
-            "gen_busy": round(busy_fraction(busy.get("generator", []), t0, t1), 3),
-            "train_busy": round(busy_fraction(busy.get("trainer", []), t0, t1), 3),
-            "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-            "dropped_stale": rows[-1].get("dropped_stale", 0), "steps": len(rows), "seconds": round(t1 - t0, 3),
-            "wait_s": round(float(np.mean([x["wait_s"] for x in counted])), 4)}
+    return {
+        "max_staleness": staleness,
+        "throughput": round(throughput, 3),
+        "ideal": round(r["ideal"], 3),
+        "ratio": round(throughput / r["ideal"], 3),
+        "gen_busy": round(busy_fraction(busy.get("generator", []), t0, t1), 3),
+        "train_busy": round(busy_fraction(busy.get("trainer", []), t0, t1), 3),
+        "staleness_hist": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
+        "dropped_stale": rows[-1].get("dropped_stale", 0),
+        "steps": len(rows),
+        "seconds": round(t1 - t0, 3),
+        "wait_s": round(float(np.mean([x["wait_s"] for x in counted])), 4),
+    }
 
 
 def _plot(rows: list[dict], r: dict, out: str) -> None:
@@ -161,14 +195,33 @@ def run(args) -> int:
     sync = next((row for row in rows if row["max_staleness"] == 0), None)
     for row in rows:
         row["speedup"] = round(row["throughput"] / sync["throughput"], 3) if sync else None
-    print(f"generation {r['gen_rate']:.2f} rollouts/s, training {r['train_rate']:.2f} rollouts/s, ideal "
-          f"{r['ideal']:.2f}; theoretical async/sync speedup {r['speedup_theory']:.3f}; {info['cpus']} CPUs, "
-          f"load average {info['load_avg']}")
-    print_table(rows, ["max_staleness", "throughput", "ideal", "ratio", "gen_busy", "train_busy", "speedup",
-                       "wait_s", "dropped_stale", "staleness_hist"])
-    result = {"bench": "pipeline", "rows": rows, **{k: round(v, 4) for k, v in r.items()},
-              "settings": {k: v for k, v in vars(args).items() if not isinstance(v, Namespace) and not callable(v)},
-              "machine": {**info, "load_avg_after": machine()["load_avg"]}}
+    print(
+        f"generation {r['gen_rate']:.2f} rollouts/s, training {r['train_rate']:.2f} rollouts/s, ideal "
+        f"{r['ideal']:.2f}; theoretical async/sync speedup {r['speedup_theory']:.3f}; {info['cpus']} CPUs, "
+        f"load average {info['load_avg']}"
+    )
+    print_table(
+        rows,
+        [
+            "max_staleness",
+            "throughput",
+            "ideal",
+            "ratio",
+            "gen_busy",
+            "train_busy",
+            "speedup",
+            "wait_s",
+            "dropped_stale",
+            "staleness_hist",
+        ],
+    )
+    result = {
+        "bench": "pipeline",
+        "rows": rows,
+        **{k: round(v, 4) for k, v in r.items()},
+        "settings": {k: v for k, v in vars(args).items() if not isinstance(v, Namespace) and not callable(v)},
+        "machine": {**info, "load_avg_after": machine()["load_avg"]},
+    }
     if write_result(args.out, result):
         _plot(rows, r, args.out)
         print(f"wrote {args.out}/result.json and {args.out}/pipeline.png")

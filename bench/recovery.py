@@ -64,12 +64,23 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="recovery-"))
     run_dir = out_dir / "run"
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--run-dir", str(run_dir), "--set", "run.name=recovery",
-           "--set", f"trainer.steps={args.steps}"] + [x for s in args.overrides for x in ("--set", s)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "run.name=recovery",
+        "--set",
+        f"trainer.steps={args.steps}",
+    ] + [x for s in args.overrides for x in ("--set", s)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[tuple[float, str]] = []
-    reader = threading.Thread(target=lambda: [lines.append((time.time(), ln.rstrip())) for ln in proc.stdout],
-                              daemon=True)
+    reader = threading.Thread(
+        target=lambda: [lines.append((time.time(), ln.rstrip())) for ln in proc.stdout], daemon=True
+    )
     reader.start()
     deadline = time.time() + args.timeout
     while not (_metrics(run_dir) and _metrics(run_dir)[-1]["step"] >= args.kill_at):
@@ -94,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 for entry_id, fields in r.xrange("streamrl:recovery:rollouts", min=b"(" + last_id, count=500):
                     last_id = entry_id
-                    if b'generator-0' in fields.get(b"d", b"") and first_rollout is None:
+                    if b"generator-0" in fields.get(b"d", b"") and first_rollout is None:
                         first_rollout = time.time()
             except redis.RedisError:
                 pass
@@ -112,11 +123,12 @@ def main(argv: list[str] | None = None) -> int:
     rows = _metrics(run_dir)
     times = [m["time_s"] for m in rows]
     gaps = [b - a for a, b in zip(times, times[1:])]
-    before = gaps[1:args.kill_at - 1] or gaps[:1]
+    before = gaps[1 : args.kill_at - 1] or gaps[:1]
     after = [m for m in rows if m["step"] > args.kill_at]
     result = {
-        "command": " ".join(cmd[3:]), "exit_code": code, "generators": next(
-            (int(s.split("=")[1]) for s in args.overrides if s.startswith("generator.count=")), 1),
+        "command": " ".join(cmd[3:]),
+        "exit_code": code,
+        "generators": next((int(s.split("=")[1]) for s in args.overrides if s.startswith("generator.count=")), 1),
         "groups_held_at_kill": held,
         "supervisor_noticed_s": round(restart_line - t_kill, 2) if restart_line else None,
         "engine_started_after_kill_s": round(engine["t"] - t_kill, 2) if engine else None,
@@ -124,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
         "worker_started_after_kill_s": round(started["t"] - t_kill, 2) if started else None,
         "first_rollout_after_kill_s": round(first_rollout - t_kill, 2) if first_rollout else None,
         "median_step_gap_before_s": round(statistics.median(before), 2) if before else None,
-        "longest_step_gap_after_s": round(max(gaps[args.kill_at - 1:]), 2) if len(gaps) >= args.kill_at else None,
+        "longest_step_gap_after_s": round(max(gaps[args.kill_at - 1 :]), 2) if len(gaps) >= args.kill_at else None,
         "wait_s_after_kill": round(sum(m["wait_s"] for m in after), 2),
         "max_wait_s_after_kill": round(max((m["wait_s"] for m in after), default=0), 2),
         "groups_offered_by_restart": offered,

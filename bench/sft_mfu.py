@@ -91,17 +91,24 @@ def run(args) -> int:
     if (args.device or cfg.trainer.device) == "cpu":
         cfg.model.dtype = "float32"
     model = Path(cfg.model.path or f"runs/models/{args.shape}-random")
-    cfg.model.path = str(build_random_model(args.shape, model, cfg.model.dtype) if not (model / "config.json").exists() else model)
+    cfg.model.path = str(
+        build_random_model(args.shape, model, cfg.model.dtype) if not (model / "config.json").exists() else model
+    )
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     s = cfg.sft
-    print(f"{gpu}: {Path(cfg.model.path).name} {cfg.model.dtype}, {s.batch_size} documents/step of {args.min_len}-"
-          f"{args.max_len} tokens, packed into {s.micro_batch_tokens}-token rows, {cfg.trainer.world_size} rank(s)", flush=True)
+    print(
+        f"{gpu}: {Path(cfg.model.path).name} {cfg.model.dtype}, {s.batch_size} documents/step of {args.min_len}-"
+        f"{args.max_len} tokens, packed into {s.micro_batch_tokens}-token rows, {cfg.trainer.world_size} rank(s)",
+        flush=True,
+    )
     results = {}
     ctx = mp.get_context("spawn")
     for variant in args.variants.split(","):
         out = out_dir / f"sft_mfu_{variant.replace('+', '_')}.json"
         out.unlink(missing_ok=True)
-        proc = ctx.Process(target=_variant_main, args=(cfg.model_copy(deep=True), variant, args.warmup, args.steps, str(out)))
+        proc = ctx.Process(
+            target=_variant_main, args=(cfg.model_copy(deep=True), variant, args.warmup, args.steps, str(out))
+        )
         proc.start()
         proc.join()
         if proc.exitcode != 0 or not out.exists():
@@ -110,19 +117,26 @@ def run(args) -> int:
             continue
         r = json.loads(out.read_text())
         rows = r["rows"]
-        summary = {"tokens_per_s": _median([x["tokens_per_s"] for x in rows]),
-                   "step_s": _median([x["train_s"] for x in rows]),
-                   "mfu": _median([x["mfu"] for x in rows]) if all("mfu" in x for x in rows) else None,
-                   "tokens_per_step": _median([x["seq_tokens"] for x in rows]),
-                   "padding_frac": max(x["padding_frac"] for x in rows), "peak_gb": r["peak_gb"],
-                   "loss": [x["loss"] for x in rows]}
+        summary = {
+            "tokens_per_s": _median([x["tokens_per_s"] for x in rows]),
+            "step_s": _median([x["train_s"] for x in rows]),
+            "mfu": _median([x["mfu"] for x in rows]) if all("mfu" in x for x in rows) else None,
+            "tokens_per_step": _median([x["seq_tokens"] for x in rows]),
+            "padding_frac": max(x["padding_frac"] for x in rows),
+            "peak_gb": r["peak_gb"],
+            "loss": [x["loss"] for x in rows],
+        }
         results[variant] = summary
         mfu = f"{100 * summary['mfu']:.1f}%" if summary["mfu"] is not None else "n/a"
-        print(f"{variant:>22}: step {summary['step_s']:.3f}s  {summary['tokens_per_s']:,.0f} tok/s  MFU {mfu}  "
-              f"{summary['tokens_per_step']:,.0f} tokens/step  padding {summary['padding_frac']:.1%}  "
-              f"peak mem {summary['peak_gb']:.1f} GiB", flush=True)
-    (out_dir / "result.json").write_text(json.dumps({"gpu": gpu, "config": cfg.model_dump(mode="json"),
-                                                     "results": results}, indent=2))
+        print(
+            f"{variant:>22}: step {summary['step_s']:.3f}s  {summary['tokens_per_s']:,.0f} tok/s  MFU {mfu}  "
+            f"{summary['tokens_per_step']:,.0f} tokens/step  padding {summary['padding_frac']:.1%}  "
+            f"peak mem {summary['peak_gb']:.1f} GiB",
+            flush=True,
+        )
+    (out_dir / "result.json").write_text(
+        json.dumps({"gpu": gpu, "config": cfg.model_dump(mode="json"), "results": results}, indent=2)
+    )
     return 0 if all("error" not in r for r in results.values()) else 1
 
 

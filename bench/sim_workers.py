@@ -107,8 +107,11 @@ class SimGenerator(Worker):
     async def step(self) -> bool:
         free = self.cfg.generator.max_inflight_groups - len(self._groups)
         if free <= 0:
-            await asyncio.wait(list(self._groups.values()), timeout=self.cfg.broker.block_ms / 1000,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                list(self._groups.values()),
+                timeout=self.cfg.broker.block_ms / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             return False
         items = await self.read(self.keys.prompts, "generator", count=free, expect=Prompt)
         for entry, prompt in items:
@@ -131,11 +134,27 @@ class SimGenerator(Worker):
         finally:
             self.busy.add(-1)
         ids = np.arange(self.tokens, dtype=np.int32) % 50
-        blobs = [encode(Rollout(rollout_id=new_rollout_id(p.group_id, s), group_id=p.group_id, sample=s, group_size=p.group_size,
-                                prompt_ids=p.prompt_ids, completion_ids=ids, logprobs=np.full(self.tokens, -1.0, np.float32),
-                                version=first, version_switches=switches, text="a" * self.tokens, prompt_text=p.text,
-                                meta=p.meta, worker=self.worker_id, finished_at=time.time()))
-                 for s in range(p.group_size)]
+        blobs = [
+            encode(
+                Rollout(
+                    rollout_id=new_rollout_id(p.group_id, s),
+                    group_id=p.group_id,
+                    sample=s,
+                    group_size=p.group_size,
+                    prompt_ids=p.prompt_ids,
+                    completion_ids=ids,
+                    logprobs=np.full(self.tokens, -1.0, np.float32),
+                    version=first,
+                    version_switches=switches,
+                    text="a" * self.tokens,
+                    prompt_text=p.text,
+                    meta=p.meta,
+                    worker=self.worker_id,
+                    finished_at=time.time(),
+                )
+            )
+            for s in range(p.group_size)
+        ]
         await self.broker.add_many(self.keys.rollouts, blobs)
         await self.broker.ack(self.keys.prompts, "generator", [entry_id])
 
@@ -149,8 +168,9 @@ class SimGenerator(Worker):
 class SimTrainer(Worker):
     role = "trainer"
 
-    def __init__(self, cfg: Config, broker, worker_id: str, run_dir: Path | None, train_s: float,
-                 steps: int | None = None):
+    def __init__(
+        self, cfg: Config, broker, worker_id: str, run_dir: Path | None, train_s: float, steps: int | None = None
+    ):
         super().__init__(cfg, broker, worker_id, run_dir)
         self.train_s = train_s
         self.steps = steps or cfg.trainer.steps
@@ -185,15 +205,24 @@ class SimTrainer(Worker):
         await self.broker.set(self.keys.trainer_version, self.version)
         await self.assembler.commit(batch)
         tokens = [len(r.completion_ids) for r in batch.rollouts]
-        self.metrics.write({
-            "step": self.version, "policy_version": self.version, "ts": t1, "time_s": round(t1 - self.t_start, 4),
-            "reward_mean": float(np.mean(batch.rewards)), "samples": len(batch), "tokens": int(sum(tokens)),
-            "staleness_max": int(batch.staleness.max()), "staleness_mean": float(batch.staleness.mean()),
-            "staleness_hist": staleness_histogram(batch.staleness),
-            "staleness_hist_tokens": staleness_histogram(batch.staleness, tokens),
-            "wait_s": round(batch.stats.get("wait_s", 0.0), 4), "train_s": round(t1 - t0, 4),
-            **{k: v for k, v in batch.stats.items() if k != "wait_s"},
-        })
+        self.metrics.write(
+            {
+                "step": self.version,
+                "policy_version": self.version,
+                "ts": t1,
+                "time_s": round(t1 - self.t_start, 4),
+                "reward_mean": float(np.mean(batch.rewards)),
+                "samples": len(batch),
+                "tokens": int(sum(tokens)),
+                "staleness_max": int(batch.staleness.max()),
+                "staleness_mean": float(batch.staleness.mean()),
+                "staleness_hist": staleness_histogram(batch.staleness),
+                "staleness_hist_tokens": staleness_histogram(batch.staleness, tokens),
+                "wait_s": round(batch.stats.get("wait_s", 0.0), 4),
+                "train_s": round(t1 - t0, 4),
+                **{k: v for k, v in batch.stats.items() if k != "wait_s"},
+            }
+        )
         return True
 
     async def close(self) -> None:

@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parents[1]
 def add_arguments(p) -> None:
     p.add_argument("--minutes", type=float, default=20.0, help="how long the job runs")
     p.add_argument("--every-s", type=float, default=15.0, help="sampling period")
-    p.add_argument("--warmup-s", type=float, default=120.0, help="samples before this (after the first step) are ignored")
+    p.add_argument(
+        "--warmup-s", type=float, default=120.0, help="samples before this (after the first step) are ignored"
+    )
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override (repeatable)")
 
 
@@ -59,12 +61,20 @@ def _sample(r: redis.Redis, run: str) -> dict:
     for key in r.scan_iter(match=prefix + "workers:*"):
         info = json.loads(r.get(key) or "{}")
         if "pid" in info:
-            roles[key.decode().rsplit(":", 1)[1]] = _group_rss_mb(os.getpgid(info["pid"]) if _alive(info["pid"]) else -1)
+            roles[key.decode().rsplit(":", 1)[1]] = _group_rss_mb(
+                os.getpgid(info["pid"]) if _alive(info["pid"]) else -1
+            )
     mem = r.info("memory")
     streams = {s: r.xlen(prefix + s) for s in ("prompts", "rollouts", "annotations", "deadletter", "metrics")}
     step = int(r.get(prefix + "trainer:version") or 0)
-    return {"t": time.time(), "step": step, "rss_mb": roles, "broker_used_mb": mem["used_memory"] / 2**20,
-            "broker_rss_mb": mem["used_memory_rss"] / 2**20, "streams": streams}
+    return {
+        "t": time.time(),
+        "step": step,
+        "rss_mb": roles,
+        "broker_used_mb": mem["used_memory"] / 2**20,
+        "broker_rss_mb": mem["used_memory_rss"] / 2**20,
+        "streams": streams,
+    }
 
 
 def _alive(pid: int) -> bool:
@@ -78,9 +88,22 @@ def _alive(pid: int) -> bool:
 def run(args) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="soak-"))
     name = f"soak{int(time.time())}"
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
-           "--run-dir", str(run_dir), "--set", f"run.name={name}", "--set", "trainer.steps=1000000",
-           "--set", "trainer.checkpoint_every=50"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        f"run.name={name}",
+        "--set",
+        "trainer.steps=1000000",
+        "--set",
+        "trainer.checkpoint_every=50",
+    ]
     for o in args.overrides:
         cmd += ["--set", o]
     out = open(run_dir / "up.out", "wb")
@@ -97,9 +120,12 @@ def run(args) -> int:
             if s["step"] > 0:
                 t_first = t_first or s["t"]
                 samples.append(s)
-                print(f"t={s['t'] - t_first:7.0f}s step {s['step']:5d} broker {s['broker_used_mb']:.1f} MB "
-                      f"rollouts {s['streams']['rollouts']} " + " ".join(f"{k} {v:.0f}" for k, v in sorted(s["rss_mb"].items())),
-                      flush=True)
+                print(
+                    f"t={s['t'] - t_first:7.0f}s step {s['step']:5d} broker {s['broker_used_mb']:.1f} MB "
+                    f"rollouts {s['streams']['rollouts']} "
+                    + " ".join(f"{k} {v:.0f}" for k, v in sorted(s["rss_mb"].items())),
+                    flush=True,
+                )
     finally:
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
@@ -114,16 +140,35 @@ def run(args) -> int:
     rows = []
     for role in sorted(set(first["rss_mb"]) & set(last["rss_mb"])):
         a, b = first["rss_mb"][role], last["rss_mb"][role]
-        rows.append({"role": role, "rss_first_mb": round(a, 1), "rss_last_mb": round(b, 1),
-                     "growth_mb": round(b - a, 1), "growth_mb_per_h": round((b - a) / hours, 1)})
+        rows.append(
+            {
+                "role": role,
+                "rss_first_mb": round(a, 1),
+                "rss_last_mb": round(b, 1),
+                "growth_mb": round(b - a, 1),
+                "growth_mb_per_h": round((b - a) / hours, 1),
+            }
+        )
     for key in ("broker_used_mb", "broker_rss_mb"):
-        rows.append({"role": key, "rss_first_mb": round(first[key], 1), "rss_last_mb": round(last[key], 1),
-                     "growth_mb": round(last[key] - first[key], 1), "growth_mb_per_h": round((last[key] - first[key]) / hours, 1)})
-    print_table(rows, ["role", "rss_first_mb", "rss_last_mb", "growth_mb", "growth_mb_per_h"],
-                title=f"soak: {last['step'] - first['step']} steps over {hours * 60:.1f} min after warm-up "
-                      f"(steps {first['step']}..{last['step']}); stream lengths at the end: {last['streams']}")
+        rows.append(
+            {
+                "role": key,
+                "rss_first_mb": round(first[key], 1),
+                "rss_last_mb": round(last[key], 1),
+                "growth_mb": round(last[key] - first[key], 1),
+                "growth_mb_per_h": round((last[key] - first[key]) / hours, 1),
+            }
+        )
+    print_table(
+        rows,
+        ["role", "rss_first_mb", "rss_last_mb", "growth_mb", "growth_mb_per_h"],
+        title=f"soak: {last['step'] - first['step']} steps over {hours * 60:.1f} min after warm-up "
+        f"(steps {first['step']}..{last['step']}); stream lengths at the end: {last['streams']}",
+    )
     summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
-    print(f"accounting: {json.dumps({k: summary.get(k) for k in ('admitted', 'trained', 'in_flight', 'lost', 'double_trained')})}")
+    print(
+        f"accounting: {json.dumps({k: summary.get(k) for k in ('admitted', 'trained', 'in_flight', 'lost', 'double_trained')})}"
+    )
     write_result(args.out, {"rows": rows, "samples": samples, "summary": summary, "exit_code": code})
     return 0 if summary.get("invariant_holds") else 1
 

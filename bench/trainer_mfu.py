@@ -44,9 +44,12 @@ def add_arguments(p) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override a.b=c")
     p.add_argument("--shape", default="qwen3-1.7b", help="streamrl.shapes shape built when model.path is missing")
     p.add_argument("--device", default=None, help="trainer.device override (cpu for the smoke run)")
-    p.add_argument("--variants", default="hf,torchtitan",
-                   help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N], "
-                        "e.g. hf+nochunk,hf,torchtitan+compile+mbs=64")
+    p.add_argument(
+        "--variants",
+        default="hf,torchtitan",
+        help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N], "
+        "e.g. hf+nochunk,hf,torchtitan+compile+mbs=64",
+    )
     p.add_argument("--rows", type=int, default=32, help="rollouts per batch (groups of 8)")
     p.add_argument("--prompt-len", type=int, default=512)
     p.add_argument("--completion-len", type=int, default=1536)
@@ -54,8 +57,9 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=None, help="default: by GPU name (H100/H200 989)")
     p.add_argument("--ragged", action="store_true", help="completion lengths uniform in 1..completion-len")
-    p.add_argument("--checkpoint", action="store_true",
-                   help="also time a blocking and two background checkpoint saves per variant")
+    p.add_argument(
+        "--checkpoint", action="store_true", help="also time a blocking and two background checkpoint saves per variant"
+    )
     p.add_argument("--checkpoint-dir", default=None, help="where the timed checkpoints go (default: a temp dir)")
 
 
@@ -79,14 +83,28 @@ def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed
     rng = np.random.default_rng(seed)
     group = 8 if rows % 8 == 0 else rows
     lengths = rng.integers(1, completion_len + 1, rows) if ragged else np.full(rows, completion_len)
-    rollouts = [Rollout(rollout_id=f"g{i // group}:{i % group}", group_id=f"g{i // group}", sample=i % group,
-                        group_size=group, prompt_ids=rng.integers(4, vocab, prompt_len).astype(np.int32),
-                        completion_ids=rng.integers(4, vocab, int(n)).astype(np.int32),
-                        logprobs=np.full(int(n), -12.0, np.float32), version=0)
-                for i, n in enumerate(lengths)]
+    rollouts = [
+        Rollout(
+            rollout_id=f"g{i // group}:{i % group}",
+            group_id=f"g{i // group}",
+            sample=i % group,
+            group_size=group,
+            prompt_ids=rng.integers(4, vocab, prompt_len).astype(np.int32),
+            completion_ids=rng.integers(4, vocab, int(n)).astype(np.int32),
+            logprobs=np.full(int(n), -12.0, np.float32),
+            version=0,
+        )
+        for i, n in enumerate(lengths)
+    ]
     adv = np.where(np.arange(rows) % 2 == 0, 1.0, -1.0).astype(np.float32)
-    return Batch(rollouts=rollouts, group_index=np.arange(rows) // group, rewards=np.zeros(rows, np.float32),
-                 advantages=adv, ref_logprobs=None, staleness=np.zeros(rows, np.int64))
+    return Batch(
+        rollouts=rollouts,
+        group_index=np.arange(rows) // group,
+        rewards=np.zeros(rows, np.float32),
+        advantages=adv,
+        ref_logprobs=None,
+        staleness=np.zeros(rows, np.int64),
+    )
 
 
 def _sync(device) -> None:
@@ -151,13 +169,20 @@ def _rank_main(cfg, batch, warmup: int, steps: int, out: str, ckpt_dir: str | No
             if i >= warmup:
                 times.append(time.perf_counter() - t)
     except torch.OutOfMemoryError as exc:
-        Path(out).write_text(json.dumps({"oom": str(exc).splitlines()[0], "peak_gb": _peak_gb(engine.device),
-                                         "load_s": load_s}))
+        Path(out).write_text(
+            json.dumps({"oom": str(exc).splitlines()[0], "peak_gb": _peak_gb(engine.device), "load_s": load_s})
+        )
         return
-    result = {"step_s": times, "load_s": load_s, "peak_gb": _peak_gb(engine.device),
-              "grad_norm": m["grad_norm"], "skipped": m["skipped_step"],
-              "input_tokens": m["input_tokens"], "padded_tokens": m["padded_tokens"],
-              **{k: getattr(cfg.trainer, k) for k in ("micro_batch_size", "micro_batch_tokens", "logprob_chunk_tokens")}}
+    result = {
+        "step_s": times,
+        "load_s": load_s,
+        "peak_gb": _peak_gb(engine.device),
+        "grad_norm": m["grad_norm"],
+        "skipped": m["skipped_step"],
+        "input_tokens": m["input_tokens"],
+        "padded_tokens": m["padded_tokens"],
+        **{k: getattr(cfg.trainer, k) for k in ("micro_batch_size", "micro_batch_tokens", "logprob_chunk_tokens")},
+    }
     if ckpt_dir is not None:
         result.update(time_checkpoints(engine, Path(ckpt_dir)))
     Path(out).write_text(json.dumps(result))
@@ -182,8 +207,9 @@ def apply_variant(cfg, variant: str) -> None:
         elif key == "mbs" and value.isdigit() and int(value) > 0:
             cfg.trainer.micro_batch_size = int(value)
         elif key not in ("compile", "ac"):
-            raise ConfigError(f"variant {variant!r}: unknown option {part!r}; "
-                              "use compile, ac, nochunk, chunk=N, mbt=N, mbs=N")
+            raise ConfigError(
+                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N"
+            )
 
 
 def _variant_main(cfg, variant: str, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None) -> None:
@@ -214,7 +240,9 @@ def _measure(args, out_dir: Path) -> int:
     dtype = cfg.model.dtype if (args.device or cfg.trainer.device) != "cpu" else "float32"
     cfg.model.dtype = dtype
     model = Path(cfg.model.path or f"runs/models/{args.shape}-random")
-    cfg.model.path = str(build_random_model(args.shape, model, dtype) if not (model / "config.json").exists() else model)
+    cfg.model.path = str(
+        build_random_model(args.shape, model, dtype) if not (model / "config.json").exists() else model
+    )
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
     batch = make_batch(args.rows, args.prompt_len, args.completion_len, hf["vocab_size"], ragged=args.ragged)
     tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts)
@@ -222,8 +250,11 @@ def _measure(args, out_dir: Path) -> int:
     fpt = flops_per_token(hf, seq)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
-    print(f"{gpu}: {Path(cfg.model.path).name} {dtype}, {args.rows} rows x {seq:.0f} tokens{' (ragged)' * args.ragged},"
-          f" micro-batch {cfg.trainer.micro_batch_size}, {fpt / 1e9:.2f} GFLOP/token, peak {peak} TFLOP/s", flush=True)
+    print(
+        f"{gpu}: {Path(cfg.model.path).name} {dtype}, {args.rows} rows x {seq:.0f} tokens{' (ragged)' * args.ragged},"
+        f" micro-batch {cfg.trainer.micro_batch_size}, {fpt / 1e9:.2f} GFLOP/token, peak {peak} TFLOP/s",
+        flush=True,
+    )
     results = {}
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -234,16 +265,29 @@ def _measure(args, out_dir: Path) -> int:
             out = out_dir / f"trainer_mfu_{name}.json"
             out.unlink(missing_ok=True)  # a failed variant must not report an earlier run's file
             ckpt_dir = str(Path(tmp) / name) if args.checkpoint else None
-            proc = ctx.Process(target=_variant_main, args=(cfg.model_copy(deep=True), variant, batch, args.warmup,
-                                                            args.steps, str(out), ckpt_dir))
+            proc = ctx.Process(
+                target=_variant_main,
+                args=(cfg.model_copy(deep=True), variant, batch, args.warmup, args.steps, str(out), ckpt_dir),
+            )
             proc.start()
             proc.join()
             results[variant] = _report(variant, proc.exitcode, out, tokens, fpt, peak)
     if args.out:
-        Path(args.out, "result.json").write_text(json.dumps(
-            {"gpu": gpu, "tokens_per_step": tokens, "flops_per_token": fpt, "peak_tflops": peak,
-             "micro_batch_size": cfg.trainer.micro_batch_size, "rows": args.rows, "ragged": args.ragged,
-             "results": results}, indent=2))
+        Path(args.out, "result.json").write_text(
+            json.dumps(
+                {
+                    "gpu": gpu,
+                    "tokens_per_step": tokens,
+                    "flops_per_token": fpt,
+                    "peak_tflops": peak,
+                    "micro_batch_size": cfg.trainer.micro_batch_size,
+                    "rows": args.rows,
+                    "ragged": args.ragged,
+                    "results": results,
+                },
+                indent=2,
+            )
+        )
     return 0 if all("error" not in r for r in results.values()) else 1
 
 
@@ -258,15 +302,27 @@ def _report(variant: str, exitcode: int | None, out: Path, tokens: int, fpt: flo
         return r
     step = sorted(r["step_s"])[len(r["step_s"]) // 2]  # median
     tps = tokens / step
-    r.update(median_step_s=step, tokens_per_s=tps, mfu=(tps * fpt / (peak * 1e12)) if peak else None,
-             pad_frac=1.0 - r["input_tokens"] / r["padded_tokens"])
+    r.update(
+        median_step_s=step,
+        tokens_per_s=tps,
+        mfu=(tps * fpt / (peak * 1e12)) if peak else None,
+        pad_frac=1.0 - r["input_tokens"] / r["padded_tokens"],
+    )
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
-    print(f"{variant:>22}: step {step:.3f}s  {tps:,.0f} tok/s  MFU {mfu}  peak mem {r['peak_gb']:.1f} GiB  "
-          f"padding {100 * r['pad_frac']:.0f}%  (load {r['load_s']:.0f}s, grad_norm {r['grad_norm']:.3g})", flush=True)
+    print(
+        f"{variant:>22}: step {step:.3f}s  {tps:,.0f} tok/s  MFU {mfu}  peak mem {r['peak_gb']:.1f} GiB  "
+        f"padding {100 * r['pad_frac']:.0f}%  (load {r['load_s']:.0f}s, grad_norm {r['grad_norm']:.3g})",
+        flush=True,
+    )
     if "checkpoint_sync_stall_s" in r:
-        print(f"{'':>22}  checkpoint: blocking save {r['checkpoint_sync_stall_s']:.2f}s; background save stalls "
-              + ", ".join(f"{s:.2f}s" for s in r["checkpoint_async_stall_s"]) + " (writes "
-              + ", ".join(f"{w:.2f}s" for w in r["checkpoint_async_write_s"]) + ")", flush=True)
+        print(
+            f"{'':>22}  checkpoint: blocking save {r['checkpoint_sync_stall_s']:.2f}s; background save stalls "
+            + ", ".join(f"{s:.2f}s" for s in r["checkpoint_async_stall_s"])
+            + " (writes "
+            + ", ".join(f"{w:.2f}s" for w in r["checkpoint_async_write_s"])
+            + ")",
+            flush=True,
+        )
     return r
 
 

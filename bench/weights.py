@@ -44,19 +44,32 @@ def add_arguments(p) -> None:
 
 
 def _config(args, url: str, model: str, dtype: str, backend: str):
-    from streamrl.config import (BrokerConfig, Config, GeneratorConfig, ModelConfig, RolloutConfig, RunConfig,
-                                 TrainerConfig, WeightsConfig)
+    from streamrl.config import (
+        BrokerConfig,
+        Config,
+        GeneratorConfig,
+        ModelConfig,
+        RolloutConfig,
+        RunConfig,
+        TrainerConfig,
+        WeightsConfig,
+    )
 
     return Config(
         run=RunConfig(name=f"benchw-{uuid.uuid4().hex[:6]}"),
         broker=BrokerConfig(url=url, block_ms=20, claim_idle_ms=600_000),
         model=ModelConfig(path=model, dtype=dtype),
         rollout=RolloutConfig(group_size=8),
-        generator=GeneratorConfig(max_tokens=args.max_tokens, ignore_eos=True, temperature=1.0,
-                                  max_inflight_groups=max(1, args.requests // 8),
-                                  gpu_memory_utilization=args.gpu_memory_utilization,
-                                  enforce_eager=not args.cuda_graphs, drain_timeout_s=2.0,
-                                  max_model_len=args.prompt_len + args.max_tokens + 16),
+        generator=GeneratorConfig(
+            max_tokens=args.max_tokens,
+            ignore_eos=True,
+            temperature=1.0,
+            max_inflight_groups=max(1, args.requests // 8),
+            gpu_memory_utilization=args.gpu_memory_utilization,
+            enforce_eager=not args.cuda_graphs,
+            drain_timeout_s=2.0,
+            max_model_len=args.prompt_len + args.max_tokens + 16,
+        ),
         trainer=TrainerConfig(lr=1e-6),
         weights=WeightsConfig(backend=backend, keep=3),
     )
@@ -69,8 +82,9 @@ async def _plain(engine, prompts: list[list[int]], seed0: int) -> tuple[int, flo
 
     async def one(i: int, ids: list[int]) -> int:
         n = 0
-        async for out in engine.llm.generate({"prompt_token_ids": ids}, engine.sampling_params(seed0 + i),
-                                             f"plain-{seed0}-{i}"):
+        async for out in engine.llm.generate(
+            {"prompt_token_ids": ids}, engine.sampling_params(seed0 + i), f"plain-{seed0}-{i}"
+        ):
             n += len(out.outputs[0].token_ids)  # DELTA outputs: the new tokens only
         done.append(time.perf_counter() - t0)
         return n
@@ -85,8 +99,10 @@ async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, 
 
     t0 = time.perf_counter()
     for g, ids in enumerate(prompts):
-        await broker.add(worker.keys.prompts, encode(Prompt(group_id=f"{tag}-{g}", prompt_ids=ids, group_size=8,
-                                                            admitted_version=worker.version)))
+        await broker.add(
+            worker.keys.prompts,
+            encode(Prompt(group_id=f"{tag}-{g}", prompt_ids=ids, group_size=8, admitted_version=worker.version)),
+        )
     want, tokens, first = 8 * len(prompts), 0, None
     while want:
         for e in await broker.read(worker.keys.rollouts, last_id, count=512, block_ms=100):
@@ -136,8 +152,18 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     for r in range(args.rounds):
         pt, ps, pfirst = await _plain(worker.engine, prompts, 1000 * r)
         st, ss, sfirst, last_id = await _through_streamrl(worker, broker, prompts, f"tp{r}", last_id)
-        rounds.append({"round": r, "plain_tok_s": pt / ps, "streamrl_tok_s": st / ss, "tokens": st,
-                       "plain_s": ps, "streamrl_s": ss, "plain_first_done_s": pfirst, "streamrl_first_done_s": sfirst})
+        rounds.append(
+            {
+                "round": r,
+                "plain_tok_s": pt / ps,
+                "streamrl_tok_s": st / ss,
+                "tokens": st,
+                "plain_s": ps,
+                "streamrl_s": ss,
+                "plain_first_done_s": pfirst,
+                "streamrl_first_done_s": sfirst,
+            }
+        )
 
     engine = _train_engine(cfg, model)
     writer = make_publisher(cfg, broker, tmp / "run")
@@ -164,9 +190,17 @@ async def _bench(args, url: str, tmp: Path) -> dict:
         published = time.time() - t_pub
         while worker.stats.get("policy_version", 0) < v:  # set once the engine has resumed with v
             await asyncio.sleep(0.001)
-        publishes.append({"version": v, "stall_s": stall, "stall_gpu_done_s": stall_sync,
-                          "publish_s": published, "ready_s": time.time() - t_pub,
-                          "paused_s": worker.stats.get("last_switch_paused_s"), "active_requests": worker._active})
+        publishes.append(
+            {
+                "version": v,
+                "stall_s": stall,
+                "stall_gpu_done_s": stall_sync,
+                "publish_s": published,
+                "ready_s": time.time() - t_pub,
+                "paused_s": worker.stats.get("last_switch_paused_s"),
+                "active_requests": worker._active,
+            }
+        )
         await asyncio.sleep(0.5)  # generation runs on between publishes
     background.cancel()
     worker.stop()
@@ -180,13 +214,24 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     ready = [p["ready_s"] for p in publishes]
     stall = [p["stall_s"] for p in publishes]
     return {
-        "settings": {**{k: v for k, v in vars(args).items() if k not in ("func",)}, "dtype": dtype,
-                     "backend": backend, "model": model, "device": torch.cuda.get_device_name() if gpu else "cpu",
-                     "params": sum(p.numel() for p in engine.model.parameters())},
-        "rounds": rounds, "publishes": publishes,
-        "plain_tok_s": plain, "streamrl_tok_s": ours, "throughput_ratio": ours / plain,
-        "ready_s_median": statistics.median(ready), "ready_s_max": max(ready),
-        "stall_s_median": statistics.median(stall), "stall_s_max": max(stall), "first_stall_s": first_stall,
+        "settings": {
+            **{k: v for k, v in vars(args).items() if k not in ("func",)},
+            "dtype": dtype,
+            "backend": backend,
+            "model": model,
+            "device": torch.cuda.get_device_name() if gpu else "cpu",
+            "params": sum(p.numel() for p in engine.model.parameters()),
+        },
+        "rounds": rounds,
+        "publishes": publishes,
+        "plain_tok_s": plain,
+        "streamrl_tok_s": ours,
+        "throughput_ratio": ours / plain,
+        "ready_s_median": statistics.median(ready),
+        "ready_s_max": max(ready),
+        "stall_s_median": statistics.median(stall),
+        "stall_s_max": max(stall),
+        "first_stall_s": first_stall,
         "targets": TARGETS,
     }
 
@@ -214,8 +259,12 @@ async def _keep_busy(worker, broker, prompts) -> None:
     while True:
         if len(worker._groups) < worker.cfg.generator.max_inflight_groups:
             i += 1
-            await broker.add(worker.keys.prompts, encode(Prompt(group_id=f"busy-{i}", prompt_ids=prompts[i % len(prompts)],
-                                                                group_size=8, admitted_version=0)))
+            await broker.add(
+                worker.keys.prompts,
+                encode(
+                    Prompt(group_id=f"busy-{i}", prompt_ids=prompts[i % len(prompts)], group_size=8, admitted_version=0)
+                ),
+            )
         await asyncio.sleep(0.05)
 
 
@@ -241,14 +290,22 @@ def run(args) -> int:
             with EmbeddedRedis(Path(tmp) / "broker") as server:
                 result = asyncio.run(_bench(args, server.url, Path(tmp)))
     s = result["settings"]
-    print(f"weights bench: {s['model']} ({s['params'] / 1e6:.1f}M params, {s['dtype']}, {s['device']}), "
-          f"backend {s['backend']}, {args.requests} requests x {args.max_tokens} tokens")
-    print_table([{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()} for p in result["publishes"]],
-                ["version", "stall_s", "stall_gpu_done_s", "publish_s", "ready_s", "paused_s", "active_requests"])
-    print(f"plain vLLM {result['plain_tok_s']:.0f} tok/s | streamrl {result['streamrl_tok_s']:.0f} tok/s | "
-          f"ratio {result['throughput_ratio']:.3f} (target >= {TARGETS['throughput_ratio']})")
-    print(f"stall median {result['stall_s_median'] * 1e3:.1f} ms (target <= 50) | ready median "
-          f"{result['ready_s_median']:.3f} s, max {result['ready_s_max']:.3f} s (target <= 0.5)")
+    print(
+        f"weights bench: {s['model']} ({s['params'] / 1e6:.1f}M params, {s['dtype']}, {s['device']}), "
+        f"backend {s['backend']}, {args.requests} requests x {args.max_tokens} tokens"
+    )
+    print_table(
+        [{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()} for p in result["publishes"]],
+        ["version", "stall_s", "stall_gpu_done_s", "publish_s", "ready_s", "paused_s", "active_requests"],
+    )
+    print(
+        f"plain vLLM {result['plain_tok_s']:.0f} tok/s | streamrl {result['streamrl_tok_s']:.0f} tok/s | "
+        f"ratio {result['throughput_ratio']:.3f} (target >= {TARGETS['throughput_ratio']})"
+    )
+    print(
+        f"stall median {result['stall_s_median'] * 1e3:.1f} ms (target <= 50) | ready median "
+        f"{result['ready_s_median']:.3f} s, max {result['ready_s_max']:.3f} s (target <= 0.5)"
+    )
     path = write_result(args.out, result)
     if path:
         print(f"wrote {path}")

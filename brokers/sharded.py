@@ -55,8 +55,10 @@ class ShardedBroker:
             raise ConfigError("ShardedBroker needs at least one broker URL")
         bad = {k: v for k, v in (placement or {}).items() if not 0 <= v < len(brokers)}
         if bad:
-            raise ConfigError(f"placement {bad} names servers outside 0..{len(brokers) - 1}; "
-                              f"list {max(bad.values()) + 1} URLs or fix the placement")
+            raise ConfigError(
+                f"placement {bad} names servers outside 0..{len(brokers) - 1}; "
+                f"list {max(bad.values()) + 1} URLs or fix the placement"
+            )
         self.shards = brokers
         self.placement = dict(placement or {})
 
@@ -73,17 +75,19 @@ class ShardedBroker:
     async def ensure_group(self, stream: str, group: str, start: str = "0") -> None:
         await self.of(stream).ensure_group(stream, group, start)
 
-    async def read_group(self, stream: str, group: str, consumer: str, count: int = 64,
-                         block_ms: int | None = 200, start: str = ">") -> list[Entry]:
+    async def read_group(
+        self, stream: str, group: str, consumer: str, count: int = 64, block_ms: int | None = 200, start: str = ">"
+    ) -> list[Entry]:
         return await self.of(stream).read_group(stream, group, consumer, count, block_ms, start)
 
-    async def read_groups(self, streams: list[str], group: str, consumer: str, count: int = 64,
-                          block_ms: int | None = 200) -> dict[str, list[Entry]]:
+    async def read_groups(
+        self, streams: list[str], group: str, consumer: str, count: int = 64, block_ms: int | None = 200
+    ) -> dict[str, list[Entry]]:
         by_shard: dict[int, list[str]] = defaultdict(list)
         for s in streams:
             by_shard[shard_of(s, len(self.shards), self.placement)].append(s)
         if len(by_shard) == 1:
-            (i, names), = by_shard.items()
+            ((i, names),) = by_shard.items()
             return await self.shards[i].read_groups(names, group, consumer, count, block_ms)
         # Several servers: a blocking read on one cannot be woken by an entry on another, and a
         # blocked XREADGROUP must not be cancelled (its delivered entries would sit pending until
@@ -92,8 +96,9 @@ class ShardedBroker:
         while True:
             left_ms = int((deadline - time.monotonic()) * 1000)
             slice_ms = None if block_ms is None or left_ms <= 0 else min(SHARD_POLL_MS, left_ms)
-            parts = await asyncio.gather(*(self.shards[i].read_groups(names, group, consumer, count, slice_ms)
-                                           for i, names in by_shard.items()))
+            parts = await asyncio.gather(
+                *(self.shards[i].read_groups(names, group, consumer, count, slice_ms) for i, names in by_shard.items())
+            )
             out = {s: e for part in parts for s, e in part.items() if e}
             if out or slice_ms is None:
                 return out
@@ -104,7 +109,9 @@ class ShardedBroker:
     async def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
         await self.of(stream).touch(stream, group, consumer, ids)
 
-    async def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64) -> list[Entry]:
+    async def claim_idle(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64
+    ) -> list[Entry]:
         return await self.of(stream).claim_idle(stream, group, consumer, min_idle_ms, count)
 
     async def offer(self, stream: str, group: str, consumer: str, idle_ms: int) -> int:
@@ -148,8 +155,10 @@ class ShardedBroker:
     async def script(self, source: str, keys: list[str], args: list) -> object:
         where = {shard_of(k, len(self.shards), self.placement) for k in keys}
         if len(where) > 1:
-            raise ConfigError(f"a broker script updates {keys} atomically, but the placement puts them on servers "
-                              f"{sorted(where)}; place these keys on one server (or leave them out of the placement)")
+            raise ConfigError(
+                f"a broker script updates {keys} atomically, but the placement puts them on servers "
+                f"{sorted(where)}; place these keys on one server (or leave them out of the placement)"
+            )
         return await self.shards[where.pop() if where else 0].script(source, keys, args)
 
     async def close(self) -> None:
@@ -167,7 +176,9 @@ def parse_placement(text: str) -> dict[str, int]:
     return out
 
 
-async def connect_sharded(urls: list[str], placement: dict[str, int] | None = None, **kwargs) -> ShardedBroker | RedisBroker:
+async def connect_sharded(
+    urls: list[str], placement: dict[str, int] | None = None, **kwargs
+) -> ShardedBroker | RedisBroker:
     """Connect to every server (one URL: a plain RedisBroker, nothing routed)."""
     brokers = []
     try:

@@ -25,8 +25,8 @@ from pathlib import Path
 import redis
 
 from streamrl.broker import Broker, Keys
-from streamrl.messages import sample_key
 from streamrl.eval import is_eval_group
+from streamrl.messages import sample_key
 
 FINAL = ("dropped_stale", "filtered", "failed", "requeued")
 
@@ -79,7 +79,9 @@ async def close_group(broker: Broker, keys: Keys, group_id: str, outcome: str, r
     return bool(await broker.script(_CLOSE, [lk.groups, keys.groups_released], [group_id, outcome, int(release)]))
 
 
-async def log_step(broker: Broker, keys: Keys, step: int, group_ids: list[str], rollout_ids: list[str]) -> tuple[bool, dict]:
+async def log_step(
+    broker: Broker, keys: Keys, step: int, group_ids: list[str], rollout_ids: list[str]
+) -> tuple[bool, dict]:
     """Write-ahead record of step `step` -> (new, record). new=False: the step was logged before
     (replay after a resume) and `record` is the logged one."""
     lk = LedgerKeys(keys)
@@ -163,8 +165,9 @@ def summarize(url: str, run: str, episodes_per_group: int = 0) -> dict:
         trainer_version = int(r.get(keys.trainer_version) or 0)
         deadletters = int(r.xlen(keys.deadletter))
         starts = [int(v) for v in r.hvals(keys.prefix + "ledger:group_starts")] if episodes_per_group else []
-        episode_stats = {n: int(r.get(keys.stat(n)) or 0)
-                         for n in ("episodes_failed", "episodes_restarted", "episodes_continued")}
+        episode_stats = {
+            n: int(r.get(keys.stat(n)) or 0) for n in ("episodes_failed", "episodes_restarted", "episodes_continued")
+        }
     finally:
         r.close()
     admitted_ids = {f"g{i}" for i in range(admitted_feeder)}

@@ -185,8 +185,18 @@ class Annotator(Worker):
         for (entry, r), (value, error, *parts) in zip(items, results, strict=True):
             if error:
                 await self.dead_letter(self.keys.rollouts, entry, self.dead_letter_reason(error))
-            out.append(encode(Annotation(rollout_id=r.rollout_id, key=self.key, value=value,
-                                         producer=self.worker_id, error=error, parts=parts[0] if parts else {})))
+            out.append(
+                encode(
+                    Annotation(
+                        rollout_id=r.rollout_id,
+                        key=self.key,
+                        value=value,
+                        producer=self.worker_id,
+                        error=error,
+                        parts=parts[0] if parts else {},
+                    )
+                )
+            )
         await self.broker.add_many(self.keys.annotations, out)
         await self.broker.ack(self.keys.rollouts, self.group, [e.id for e, _ in items])
         self.count("scored", len(items))

@@ -1,7 +1,7 @@
 """What the assembler hands the trainer: complete groups, with rewards, advantages, staleness.
 
-    batch = await assembler.next_batch(version)     # workers/assembler.py
-    batch.rollouts[i].completion_ids, batch.advantages[i], batch.ref_logprobs[i]
+batch = await assembler.next_batch(version)     # workers/assembler.py
+batch.rollouts[i].completion_ids, batch.advantages[i], batch.ref_logprobs[i]
 """
 
 from __future__ import annotations

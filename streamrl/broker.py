@@ -50,7 +50,9 @@ class Broker(Protocol):
     async def ack(self, stream: str, group: str, ids: list[str]) -> int:
         """Acknowledge entries (only after their effect is durable)."""
 
-    async def claim_idle(self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64) -> list[Entry]:
+    async def claim_idle(
+        self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64
+    ) -> list[Entry]:
         """Take over entries pending longer than `min_idle_ms` on any consumer (XAUTOCLAIM)."""
 
     async def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:

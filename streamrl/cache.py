@@ -1,6 +1,6 @@
 """Where streamrl keeps what it can rebuild: tiny models, preflight's remembered checks.
 
-    cache_dir() / "models"      # STREAMRL_CACHE, default ~/.cache/streamrl
+cache_dir() / "models"      # STREAMRL_CACHE, default ~/.cache/streamrl
 """
 
 from __future__ import annotations

@@ -123,8 +123,13 @@ class PendingCheckpoint:
 
 def _publish(p: PendingCheckpoint) -> None:
     """meta.json last (fsynced), then the atomic rename: list_checkpoints never sees a torn one."""
-    record = {"version": p.version, "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-              "saved_at": time.time(), "save_s": round(time.time() - p.started, 3), **p.meta}
+    record = {
+        "version": p.version,
+        "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+        "saved_at": time.time(),
+        "save_s": round(time.time() - p.started, 3),
+        **p.meta,
+    }
     with open(p.tmp / "meta.json", "w") as fh:
         json.dump(record, fh, indent=1)
         fh.flush()
@@ -132,7 +137,7 @@ def _publish(p: PendingCheckpoint) -> None:
     if p.path.exists():  # the same version saved again after a replay: replace it whole
         shutil.rmtree(p.path)
     os.rename(p.tmp, p.path)
-    for old in sorted(list_checkpoints(p.root.parent))[:-p.keep]:
+    for old in sorted(list_checkpoints(p.root.parent))[: -p.keep]:
         shutil.rmtree(p.root / f"step-{old:08d}", ignore_errors=True)
 
 
@@ -184,14 +189,22 @@ class Checkpointer:
         model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
         # Small per-rank state, written before the DCP write starts: its completion (a collective)
         # then implies every rank's extra file is on disk.
-        extra = {"scheduler": engine.scheduler.state_dict(), "rng": _rng_state(),
-                 "steps_done": getattr(engine, "steps_done", version)}
+        extra = {
+            "scheduler": engine.scheduler.state_dict(),
+            "rng": _rng_state(),
+            "steps_done": getattr(engine, "steps_done", version),
+        }
         torch.save(extra, tmp / f"extra-rank{rank}.pt")
         state = {"model": model_sd, "optim": optim_sd}
         writer = self.storage_writer(str(tmp)) if self.storage_writer else None
         if self.background:
-            future = dcp.async_save(state, checkpoint_id=str(tmp), storage_writer=writer,
-                                    process_group=self._group, async_stager=self._stager)
+            future = dcp.async_save(
+                state,
+                checkpoint_id=str(tmp),
+                storage_writer=writer,
+                process_group=self._group,
+                async_stager=self._stager,
+            )
         else:
             future = Future()
             future.set_result(dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer))
@@ -259,4 +272,3 @@ def truncate_metrics(run_dir: Path | None, version: int) -> None:
             fh.seek(0)
             fh.writelines(keep)
             fh.truncate()
-

@@ -1,9 +1,9 @@
 """The `streamrl` command line. Each subcommand lives in streamrl/commands/<name>.py.
 
-    streamrl up                                   # the tiny CPU job on an embedded broker
-    streamrl up --config configs/X.yaml --set trainer.steps=20 --run-dir runs/demo
-    streamrl worker generator --broker redis://:pw@host:6379/0 --run tiny --config X.yaml
-    streamrl config --config X.yaml --set loss.name=gspo      # validate and print the resolved config
+streamrl up                                   # the tiny CPU job on an embedded broker
+streamrl up --config configs/X.yaml --set trainer.steps=20 --run-dir runs/demo
+streamrl worker generator --broker redis://:pw@host:6379/0 --run tiny --config X.yaml
+streamrl config --config X.yaml --set loss.name=gspo      # validate and print the resolved config
 """
 
 from __future__ import annotations
@@ -14,7 +14,20 @@ import sys
 from streamrl.commands import load_modules
 from streamrl.errors import ConfigError, StreamRLError
 
-COMMANDS = ["up", "sft", "export", "worker", "config", "scale", "status", "producer", "reward", "env", "bench", "report"]
+COMMANDS = [
+    "up",
+    "sft",
+    "export",
+    "worker",
+    "config",
+    "scale",
+    "status",
+    "producer",
+    "reward",
+    "env",
+    "bench",
+    "report",
+]
 """Subcommand modules under streamrl.commands, in --help order (a module not present is skipped)."""
 
 EPILOG = """Every role can also run alone: `streamrl worker ROLE` joins a running job through its broker
@@ -26,9 +39,12 @@ def _modules() -> dict:
 
 
 def build_parser() -> tuple[argparse.ArgumentParser, dict]:
-    parser = argparse.ArgumentParser(prog="streamrl", description="Asynchronous streaming RL post-training "
-                                     "of LLMs: every role is a process connected through Redis Streams.",
-                                     epilog=EPILOG)
+    parser = argparse.ArgumentParser(
+        prog="streamrl",
+        description="Asynchronous streaming RL post-training "
+        "of LLMs: every role is a process connected through Redis Streams.",
+        epilog=EPILOG,
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     modules = _modules()
     for name, mod in modules.items():

@@ -19,7 +19,12 @@ from streamrl.config_sections.job import BrokerConfig, MetricsConfig, RunConfig,
 from streamrl.config_sections.loss import Advantage, Aggregation, LossConfig
 from streamrl.config_sections.model import ModelConfig, TinyModelConfig
 from streamrl.config_sections.reward import (
-    AnnotationsConfig, ExternalAnnotation, REWARD_BUILTINS, ReferenceConfig, RewardComponent, RewardConfig,
+    REWARD_BUILTINS,
+    AnnotationsConfig,
+    ExternalAnnotation,
+    ReferenceConfig,
+    RewardComponent,
+    RewardConfig,
 )
 from streamrl.config_sections.rollout import EnvConfig, GeneratorConfig, RolloutConfig
 from streamrl.config_sections.sft import SFTConfig
@@ -80,7 +85,6 @@ class Config(Section):
     sft: SFTConfig = SFTConfig()
     """`streamrl sft` only: supervised fine-tuning data, loss tokens, packing, eval."""
 
-
     eval: EvalConfig = EvalConfig()
     reasoning_gym: ReasoningGymConfig = ReasoningGymConfig()  # task.name=reasoning_gym (streamrl/gym_config.py)
 
@@ -103,7 +107,7 @@ class Config(Section):
         if trainer_gpus and self.trainer.device == "cuda" and len(trainer_gpus[0].split(",")) < self.trainer.world_size:
             raise ValueError(
                 f"trainer.world_size={self.trainer.world_size} needs that many GPUs, but supervisor.devices."
-                f"trainer gives {trainer_gpus[0]!r}; list one GPU per rank (e.g. \"0,1\") or lower world_size"
+                f'trainer gives {trainer_gpus[0]!r}; list one GPU per rank (e.g. "0,1") or lower world_size'
             )
         if self.loss.overlong_buffer > self.generator.max_tokens:
             raise ValueError(

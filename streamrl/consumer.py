@@ -22,8 +22,9 @@ from streamrl.messages import decode_with_extras
 
 
 class StreamConsumer:
-    def __init__(self, broker: Broker, cfg: BrokerConfig, name: str, keys: Keys, log,
-                 count: Callable[..., None] | None = None):
+    def __init__(
+        self, broker: Broker, cfg: BrokerConfig, name: str, keys: Keys, log, count: Callable[..., None] | None = None
+    ):
         """`name` is the consumer name within each group; `count(name, by)` receives `dead_lettered`."""
         self.broker = broker
         self.cfg = cfg
@@ -77,22 +78,31 @@ class StreamConsumer:
         payload = json.dumps(record).encode() + b"\n" + (entry.data or b"")
         await self.broker.add(self.keys.deadletter, payload, maxlen=100_000)
 
-    async def decode_entries(self, stream: str, group: str, entries: list[Entry],
-                             expect: type | None = None) -> list[tuple[Entry, Any]]:
+    async def decode_entries(
+        self, stream: str, group: str, entries: list[Entry], expect: type | None = None
+    ) -> list[tuple[Entry, Any]]:
         """Decode entries; bad ones (or not of type `expect`) are dead-lettered and acked."""
         good, bad = [], []
         for entry in entries:
             try:
                 if entry.data is None:
-                    raise DecodeError(f"entry has no 'd' field (it has {sorted(entry.fields) or 'none'}); every "
-                                      "entry carries its msgpack payload in one field named d")
+                    raise DecodeError(
+                        f"entry has no 'd' field (it has {sorted(entry.fields) or 'none'}); every "
+                        "entry carries its msgpack payload in one field named d"
+                    )
                 msg, extras = decode_with_extras(entry.data, expect)
                 good.append((entry, msg))
                 for name in extras:  # ignored by the schema's rule; said once, it may be a typo
                     if (msg.kind, name) not in self._extras_seen:
                         self._extras_seen.add((msg.kind, name))
-                        self.log.warning("unknown_field_ignored", kind=msg.kind, field=name, stream=stream,
-                                         entry_id=entry.id, hint="written by a newer writer, or misspelt")
+                        self.log.warning(
+                            "unknown_field_ignored",
+                            kind=msg.kind,
+                            field=name,
+                            stream=stream,
+                            entry_id=entry.id,
+                            hint="written by a newer writer, or misspelt",
+                        )
             except DecodeError as exc:
                 await self.dead_letter(stream, entry, str(exc))
                 bad.append(entry.id)
@@ -101,8 +111,9 @@ class StreamConsumer:
         return good
 
     # -- reading -------------------------------------------------------------------------------
-    async def read(self, stream: str, group: str, count: int, expect: type | None = None,
-                   claim: bool = True) -> list[tuple[Entry, Any]]:
+    async def read(
+        self, stream: str, group: str, count: int, expect: type | None = None, claim: bool = True
+    ) -> list[tuple[Entry, Any]]:
         """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones.
         `claim=False` skips the idle takeover (a group with a single consumer, e.g. the trainer's).
 

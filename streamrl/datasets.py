@@ -43,7 +43,9 @@ def _parquet(path: Path) -> Iterator[tuple[str, Any]]:
     try:
         table = pq.ParquetFile(path)
     except Exception as exc:  # pyarrow raises its own ArrowInvalid and OSError variants
-        raise ConfigError(f"{path}: not a readable parquet file ({exc}); check the file or convert it to jsonl") from None
+        raise ConfigError(
+            f"{path}: not a readable parquet file ({exc}); check the file or convert it to jsonl"
+        ) from None
     row = 0
     for batch in table.iter_batches():
         for record in batch.to_pylist():
@@ -57,13 +59,15 @@ def _hf(task: TaskConfig) -> Iterator[tuple[str, Any]]:
     ds = task.dataset
     shown = f"{ds.path}" + (f" ({ds.name})" if ds.name else "") + f" split {ds.split}"
     try:
-        data = datasets.load_dataset(ds.path, ds.name, split=ds.split, data_files=ds.data_files,
-                                     streaming=ds.streaming, revision=ds.revision)
+        data = datasets.load_dataset(
+            ds.path, ds.name, split=ds.split, data_files=ds.data_files, streaming=ds.streaming, revision=ds.revision
+        )
     except Exception as exc:  # datasets raises many types (FileNotFoundError, DatasetNotFoundError, ValueError)
         raise ConfigError(
             f"task.dataset: load_dataset({shown}) failed: {type(exc).__name__}: {str(exc)[:300]}; set task.path "
             "to a local jsonl/parquet file or folder, or a dataset id in the local Hugging Face cache "
-            "(with task.dataset.name/split as the dataset defines them)") from None
+            "(with task.dataset.name/split as the dataset defines them)"
+        ) from None
     for i, record in enumerate(data):
         yield f"{shown}: row {i}", record
 
@@ -72,8 +76,10 @@ def missing_file(task: TaskConfig) -> str | None:
     """The error for a task.path that names a local data file (by its suffix) that is not there."""
     path = Path(task.dataset.path or "").expanduser()
     if task.name != "charclass" and path.suffix in (*LOCAL_JSON, ".parquet") and not path.is_file():
-        return (f"task.path={task.dataset.path!r} does not exist; set task.path to a jsonl or parquet file "
-                "(GSM8K-style for task.name=gsm8k), a folder of data files or a dataset id")
+        return (
+            f"task.path={task.dataset.path!r} does not exist; set task.path to a jsonl or parquet file "
+            "(GSM8K-style for task.name=gsm8k), a folder of data files or a dataset id"
+        )
     return None
 
 
@@ -109,19 +115,30 @@ def _prompt_text(task: TaskConfig, record: dict, where: str, tokenizer) -> str:
     f = task.fields
     if f.messages is not None:
         messages = record.get(f.messages)
-        if not (isinstance(messages, list) and messages and all(
+        if not (
+            isinstance(messages, list)
+            and messages
+            and all(
                 isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                for m in messages)):
-            raise ConfigError(f"{where}: field {f.messages!r} must be chat messages [{{role, content}}, ...]; "
-                              "check task.fields.messages")
+                for m in messages
+            )
+        ):
+            raise ConfigError(
+                f"{where}: field {f.messages!r} must be chat messages [{{role, content}}, ...]; "
+                "check task.fields.messages"
+            )
         if tokenizer is None or not getattr(tokenizer, "chat_template", None):
-            raise ConfigError("task.fields.messages needs a tokenizer with a chat template, but model.path's has "
-                              "none; use task.fields.prompt with a text field, or a chat model")
+            raise ConfigError(
+                "task.fields.messages needs a tokenizer with a chat template, but model.path's has "
+                "none; use task.fields.prompt with a text field, or a chat model"
+            )
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt = record.get(f.prompt)
     if not isinstance(prompt, str):
-        raise ConfigError(f"{where}: expected a text field {f.prompt!r}, got fields {sorted(record)[:10]}; "
-                          "set task.fields.prompt to the prompt's field name")
+        raise ConfigError(
+            f"{where}: expected a text field {f.prompt!r}, got fields {sorted(record)[:10]}; "
+            "set task.fields.prompt to the prompt's field name"
+        )
     return task.template.replace("{prompt}", prompt.strip())
 
 
@@ -134,8 +151,10 @@ def record_item(task: TaskConfig, record: Any, where: str, tokenizer=None) -> di
     if f.answer is not None:
         answer = record.get(f.answer)
         if not _plain(answer):
-            raise ConfigError(f"{where}: expected a field {f.answer!r} (str or number) with the answer, got fields "
-                              f"{sorted(record)[:10]}; set task.fields.answer (or null for no answer)")
+            raise ConfigError(
+                f"{where}: expected a field {f.answer!r} (str or number) with the answer, got fields "
+                f"{sorted(record)[:10]}; set task.fields.answer (or null for no answer)"
+            )
         if task.answer_format == "gsm8k":
             try:
                 answer = parse_gsm8k_answer(str(answer))

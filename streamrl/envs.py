@@ -81,12 +81,16 @@ def resolve_env(spec: str, latency_ms: tuple[float, float] = (20.0, 200.0)):
     if env_adapters.split_spec(spec):  # another library's env, run unchanged (streamrl/env_adapters)
         return env_adapters.make_factory(spec)
     if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec):
-        raise ConfigError(f"env {spec!r} is neither a built-in env ({', '.join(BUILTIN_ENVS)}) nor "
-                          "`package.module:Class`, e.g. --fn my_envs:Calculator")
+        raise ConfigError(
+            f"env {spec!r} is neither a built-in env ({', '.join(BUILTIN_ENVS)}) nor "
+            "`package.module:Class`, e.g. --fn my_envs:Calculator"
+        )
     module_name, attr, cls = import_spec(spec, f"env {spec!r}", "install it or add its folder to PYTHONPATH")
     if not (inspect.isclass(cls) and callable(getattr(cls, "step", None))):
-        raise ConfigError(f"env {spec!r}: {module_name!r} has no class {attr!r} with reset(item) and step(action); "
-                          "subclass streamrl.envs.Env")
+        raise ConfigError(
+            f"env {spec!r}: {module_name!r} has no class {attr!r} with reset(item) and step(action); "
+            "subclass streamrl.envs.Env"
+        )
     return cls
 
 
@@ -107,7 +111,9 @@ def check_step(out: Any) -> tuple[str, float, bool, dict]:
     generator renders with the chat template, streamrl/chat.py) and numeric counters (e.g.
     tool_calls) summed per episode into metrics."""
     if not (isinstance(out, tuple) and len(out) in (3, 4)):
-        raise ValueError(f"step() must return (observation: str, reward: float, done: bool[, info: dict]), got {out!r:.100}")
+        raise ValueError(
+            f"step() must return (observation: str, reward: float, done: bool[, info: dict]), got {out!r:.100}"
+        )
     obs, reward, done = out[:3]
     info = out[3] if len(out) == 4 else {}
     if not isinstance(obs, str):
@@ -123,12 +129,24 @@ def check_step(out: Any) -> tuple[str, float, bool, dict]:
     if not isinstance(info, dict):
         raise ValueError(f"step() returned info {info!r:.60}, not a dict")
     messages = info.get("messages", [])
-    if not (isinstance(messages, list) and all(isinstance(m, dict) and isinstance(m.get("role"), str)
-                                               and isinstance(m.get("content"), str) for m in messages)):
+    if not (
+        isinstance(messages, list)
+        and all(
+            isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+            for m in messages
+        )
+    ):
         raise ValueError(f"step() info['messages'] must be [{{role: str, content: str}}, ...], got {messages!r:.80}")
     counts = {k: v for k, v in info.items() if k != "messages"}
     for key, value in counts.items():
-        if not (isinstance(key, str) and isinstance(value, (int, float)) and not isinstance(value, bool)
-                and value == value and abs(value) != float("inf")):
-            raise ValueError(f"step() info[{key!r}]={value!r:.40}: info holds `messages` and finite numeric counters only")
+        if not (
+            isinstance(key, str)
+            and isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and value == value
+            and abs(value) != float("inf")
+        ):
+            raise ValueError(
+                f"step() info[{key!r}]={value!r:.40}: info holds `messages` and finite numeric counters only"
+            )
     return obs, reward, done, {"messages": messages, "counts": counts}

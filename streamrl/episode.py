@@ -39,8 +39,15 @@ class EpisodeSample:
         self.model_tokens = 0
 
     @classmethod
-    def restore(cls, prompt_ids: Sequence[int], token_ids: Sequence[int], logprobs: Sequence[float],
-                version: int, switches: Sequence[Sequence[int]], obs_spans: Sequence[Sequence[int]]) -> EpisodeSample:
+    def restore(
+        cls,
+        prompt_ids: Sequence[int],
+        token_ids: Sequence[int],
+        logprobs: Sequence[float],
+        version: int,
+        switches: Sequence[Sequence[int]],
+        obs_spans: Sequence[Sequence[int]],
+    ) -> EpisodeSample:
         """The sample as `rollout_fields()` described it (an episode checkpoint), ready to continue."""
         s = cls(prompt_ids)
         s.token_ids = [int(t) for t in token_ids]
@@ -129,7 +136,6 @@ def split_extension(history: Sequence[int], new_context: Sequence[int]) -> list[
     return list(new_context[n:])
 
 
-
 def episode_metrics(rollouts: list) -> dict:
     """Per-step metrics of a batch's multi-turn episodes (empty for single-turn rollouts):
     mean model turns, env step latency p50/p99 (as the generator waited for it), observation tokens,
@@ -144,6 +150,8 @@ def episode_metrics(rollouts: list) -> dict:
         "env_step_s_p99": float(np.percentile(steps, 99)),
         "env_tokens": int(sum(int(m.get("env_tokens", 0)) for m in eps)),
         # The env's counters (ToolEnv: tool_calls, tool_errors), summed over the batch's episodes.
-        **{key: sum(m.get("env_counts", {}).get(key, 0) for m in eps)
-           for key in sorted({k for m in eps for k in m.get("env_counts", {})})},
+        **{
+            key: sum(m.get("env_counts", {}).get(key, 0) for m in eps)
+            for key in sorted({k for m in eps for k in m.get("env_counts", {})})
+        },
     }

@@ -102,8 +102,10 @@ def round_metrics(rewards: np.ndarray, answers: list[list[str]], threshold: floa
     rewards = np.asarray(rewards, dtype=np.float64)
     n = rewards.shape[1]
     correct = rewards >= threshold
-    out = {f"eval/pass@{k}": float(np.mean([pass_at_k(n, int(row.sum()), k) for row in correct]))
-           for k in sorted({k for k in ks if 1 <= k <= n})}
+    out = {
+        f"eval/pass@{k}": float(np.mean([pass_at_k(n, int(row.sum()), k) for row in correct]))
+        for k in sorted({k for k in ks if 1 <= k <= n})
+    }
     out[f"eval/mean@{n}"] = float(rewards.mean())
     out[f"eval/maj@{n}"] = float(np.mean([majority_correct(a, list(c)) for a, c in zip(answers, correct)]))
     out["eval/correct_frac"] = float(correct.mean())
@@ -144,8 +146,10 @@ class EvalIssuer:
         if not due_version(version, self.last, ev.every_steps, ev.at_start, self.cfg.trainer.steps, ev.at_end):
             return 0
         n = len(self.items)
-        payloads = [encode(self.make_prompt(item, eval_group_id(version, n, i), ev.samples, version))
-                    for i, item in enumerate(self.items)]
+        payloads = [
+            encode(self.make_prompt(item, eval_group_id(version, n, i), ev.samples, version))
+            for i, item in enumerate(self.items)
+        ]
         added = int(await broker.script(_ISSUE, [self.keys.prompts, self.issued_key], [version, *payloads]))
         self.last = version
         return added

@@ -37,12 +37,16 @@ def checkpoint_model_state(path: Path) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
     metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
-    model = {key[len("model."):]: torch.empty(meta.size, dtype=meta.properties.dtype)
-             for key, meta in metadata.items()
-             if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+    model = {
+        key[len("model.") :]: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
     if not model:
-        raise ConfigError(f"{path} holds no model weights; pass a checkpoint directory written by streamrl "
-                          "(RUN_DIR/checkpoints/step-N)")
+        raise ConfigError(
+            f"{path} holds no model weights; pass a checkpoint directory written by streamrl "
+            "(RUN_DIR/checkpoints/step-N)"
+        )
     state = {"model": model}
     with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
         warnings.filterwarnings("ignore", message="torch.distributed is disabled")
@@ -82,8 +86,10 @@ def save_hf_folder(state: dict[str, torch.Tensor], model_path: str, dtype: str, 
     if split.is_sharded:
         import json
 
-        index = {"metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
-                 "weight_map": split.tensor_to_filename}
+        index = {
+            "metadata": {"total_size": sum(v.numel() * v.element_size() for v in state.values())},
+            "weight_map": split.tensor_to_filename,
+        }
         (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=1))
     try:
         GenerationConfig.from_pretrained(model_path).save_pretrained(out)
@@ -99,18 +105,24 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
         raise ConfigError(f"{run_dir} has no config.yaml; pass the run directory of a `streamrl up` or `streamrl sft`")
     found = list_checkpoints(run_dir)
     if not found:
-        raise ConfigError(f"{run_dir / 'checkpoints'} holds no complete checkpoint; train at least "
-                          "trainer.checkpoint_every steps (or stop the run gracefully) first")
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} holds no complete checkpoint; train at least "
+            "trainer.checkpoint_every steps (or stop the run gracefully) first"
+        )
     if step is not None and step not in found:
         raise ConfigError(f"no checkpoint of step {step} in {run_dir / 'checkpoints'}; there are steps {sorted(found)}")
     if out_dir.is_dir() and any(out_dir.iterdir()) and not (out_dir / "config.json").is_file():
-        raise ConfigError(f"--out {out_dir} holds something other than a model folder; choose an empty or new directory")
+        raise ConfigError(
+            f"--out {out_dir} holds something other than a model folder; choose an empty or new directory"
+        )
     cfg = load_config(run_dir / "config.yaml")
     if not cfg.model.path:
-        raise ConfigError(f"{run_dir / 'config.yaml'} names no model.path, so the base model's config and "
-                          "tokenizer cannot be found")
-    state = to_hf_names(checkpoint_model_state(found[step if step is not None else max(found)]),
-                        cfg.trainer.backend, cfg.model.path)
+        raise ConfigError(
+            f"{run_dir / 'config.yaml'} names no model.path, so the base model's config and tokenizer cannot be found"
+        )
+    state = to_hf_names(
+        checkpoint_model_state(found[step if step is not None else max(found)]), cfg.trainer.backend, cfg.model.path
+    )
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:

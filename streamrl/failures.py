@@ -44,13 +44,21 @@ class FailureStreak:
             raise FatalError(self.message())
 
     def message(self) -> str:
-        fix = (f"fix the reward function (reward.fn={self.reward_fn})" if self.first.startswith("reward")
-               else "fix what the error names")
-        alt = ("" if self.on_error == "score" else
-               "; or set reward.on_error=score to train failing rollouts with reward.error_value")
-        return (f"nothing can be trained: {self.count} groups in a row failed "
-                f"(rollout.max_consecutive_failed_groups={self.bound}); the first one: {self.first}. "
-                f"To go on, {fix}{alt}")
+        fix = (
+            f"fix the reward function (reward.fn={self.reward_fn})"
+            if self.first.startswith("reward")
+            else "fix what the error names"
+        )
+        alt = (
+            ""
+            if self.on_error == "score"
+            else "; or set reward.on_error=score to train failing rollouts with reward.error_value"
+        )
+        return (
+            f"nothing can be trained: {self.count} groups in a row failed "
+            f"(rollout.max_consecutive_failed_groups={self.bound}); the first one: {self.first}. "
+            f"To go on, {fix}{alt}"
+        )
 
 
 def cause(reason: str) -> str:
@@ -87,8 +95,10 @@ class FailureCounts:
         causes = ", ".join(f"{c}: {n:,}" for c, n in self.by_cause.most_common(5))
         more = f", {len(self.by_cause) - 5} more causes" if len(self.by_cause) > 5 else ""
         first = self.first or {}
-        return (f"failures: {self.total:,} entries dead-lettered ({causes}{more}); first: {first.get('reason')} "
-                f"[{first.get('worker', '?')}, {first.get('stream', '?')}]")
+        return (
+            f"failures: {self.total:,} entries dead-lettered ({causes}{more}); first: {first.get('reason')} "
+            f"[{first.get('worker', '?')}, {first.get('stream', '?')}]"
+        )
 
 
 class DeadLetterWatch:

@@ -42,12 +42,18 @@ def check_task_source(cfg) -> None:
     """ValueError (naming what to set) when task.name, env.fn and reward.fn do not fit together."""
     name = cfg.task.name
     if name == "env" and not (cfg.env.fn and env_adapters.split_spec(cfg.env.fn)):
-        raise ValueError(f"task.name=env takes its prompts from an env adapter's own games, but env.fn={cfg.env.fn!r} "
-                         "is not one; set env.fn=textarena:<game id> (docs/environments.md), or another task.name")
+        raise ValueError(
+            f"task.name=env takes its prompts from an env adapter's own games, but env.fn={cfg.env.fn!r} "
+            "is not one; set env.fn=textarena:<game id> (docs/environments.md), or another task.name"
+        )
     if name == "reasoning_gym" and "{question}" not in cfg.reasoning_gym.template:
-        raise ValueError(f"reasoning_gym.template={cfg.reasoning_gym.template!r} has no {{question}}; "
-                         "e.g. reasoning_gym.template='{question}\\nAnswer:'")
+        raise ValueError(
+            f"reasoning_gym.template={cfg.reasoning_gym.template!r} has no {{question}}; "
+            "e.g. reasoning_gym.template='{question}\\nAnswer:'"
+        )
     fns = [cfg.reward.fn] if not cfg.reward.components else [c.fn for c in cfg.reward.components]
     if "reasoning_gym" in fns and name != "reasoning_gym":
-        raise ValueError(f"reward.fn=reasoning_gym scores reasoning-gym items with their dataset's scorer, but "
-                         f"task.name={name}; set task.name=reasoning_gym or another reward.fn")
+        raise ValueError(
+            f"reward.fn=reasoning_gym scores reasoning-gym items with their dataset's scorer, but "
+            f"task.name={name}; set task.name=reasoning_gym or another reward.fn"
+        )

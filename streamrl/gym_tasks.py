@@ -22,8 +22,15 @@ from streamrl.errors import ConfigError
 
 
 def _spec(cfg, seed: int) -> str:
-    return json.dumps({"dataset": cfg.dataset, "config": cfg.config, "size": cfg.size,
-                       "seed": cfg.seed if cfg.seed is not None else seed}, sort_keys=True)
+    return json.dumps(
+        {
+            "dataset": cfg.dataset,
+            "config": cfg.config,
+            "size": cfg.size,
+            "seed": cfg.seed if cfg.seed is not None else seed,
+        },
+        sort_keys=True,
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -32,8 +39,10 @@ def dataset(spec: str):
     try:
         import reasoning_gym
     except ImportError as exc:
-        raise ConfigError(f"task.name=reasoning_gym needs the reasoning-gym package ({exc}); install it with "
-                          "`pip install -e '.[envs]'` (or `pip install reasoning-gym`)") from exc
+        raise ConfigError(
+            f"task.name=reasoning_gym needs the reasoning-gym package ({exc}); install it with "
+            "`pip install -e '.[envs]'` (or `pip install reasoning-gym`)"
+        ) from exc
     s = json.loads(spec)
     try:
         return reasoning_gym.create_dataset(s["dataset"], size=s["size"], seed=s["seed"], **s["config"])
@@ -43,8 +52,12 @@ def dataset(spec: str):
         known = s["dataset"] in DATASETS
         raise ConfigError(
             f"reasoning_gym: create_dataset({s['dataset']!r}, config={s['config']}) failed: {type(exc).__name__}: "
-            f"{str(exc)[:200]}; " + ("check reasoning_gym.config against that dataset's config class" if known else
-                                     f"set reasoning_gym.dataset to one of {', '.join(sorted(DATASETS)[:12])}, ...")
+            f"{str(exc)[:200]}; "
+            + (
+                "check reasoning_gym.config against that dataset's config class"
+                if known
+                else f"set reasoning_gym.dataset to one of {', '.join(sorted(DATASETS)[:12])}, ..."
+            )
         ) from None
 
 
@@ -55,9 +68,18 @@ def gym_items(cfg, seed: int) -> list[dict]:
     items = []
     for i in range(len(data)):
         entry = data[i]
-        items.append({"text": cfg.template.replace("{question}", entry["question"]),
-                      "meta": {"task": "reasoning_gym", "rg_spec": spec, "rg_index": i,
-                               "rg_answer_tag": cfg.answer_tag, "answer": str(entry["answer"])}})
+        items.append(
+            {
+                "text": cfg.template.replace("{question}", entry["question"]),
+                "meta": {
+                    "task": "reasoning_gym",
+                    "rg_spec": spec,
+                    "rg_index": i,
+                    "rg_answer_tag": cfg.answer_tag,
+                    "answer": str(entry["answer"]),
+                },
+            }
+        )
     return items
 
 

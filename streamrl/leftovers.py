@@ -38,7 +38,7 @@ def _shm_in_use(pid: int, shm_dir: Path = SHM_DIR) -> set[Path]:
             for line in f:
                 if b"/dev/shm/" in line:
                     path = line.split(None, 5)[-1].strip().decode(errors="replace").removesuffix(" (deleted)")
-                    if path.startswith(prefix) and "/" not in path[len(prefix):]:
+                    if path.startswith(prefix) and "/" not in path[len(prefix) :]:
                         found.add(Path(path))
         fd_dir = f"/proc/{pid}/fd"
         for fd in os.listdir(fd_dir):
@@ -46,7 +46,7 @@ def _shm_in_use(pid: int, shm_dir: Path = SHM_DIR) -> set[Path]:
                 target = os.readlink(f"{fd_dir}/{fd}")
             except OSError:
                 continue  # closed meanwhile
-            if target.startswith(prefix) and "/" not in target[len(prefix):]:
+            if target.startswith(prefix) and "/" not in target[len(prefix) :]:
                 found.add(Path(target))
     except OSError:  # gone, or another user's process
         pass

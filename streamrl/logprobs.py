@@ -37,13 +37,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
         lse = torch.empty_like(logp)
         ent = torch.empty_like(logp) if with_entropy else logp.new_empty(0)
         for s in range(0, n, chunk):
-            z = _logits(hidden[s: s + chunk], weight, bias, temperature)
+            z = _logits(hidden[s : s + chunk], weight, bias, temperature)
             lz = torch.logsumexp(z, dim=-1)
-            lse[s: s + chunk] = lz
-            logp[s: s + chunk] = z.gather(-1, targets[s: s + chunk, None])[:, 0] - lz
+            lse[s : s + chunk] = lz
+            logp[s : s + chunk] = z.gather(-1, targets[s : s + chunk, None])[:, 0] - lz
             if with_entropy:
                 p = torch.exp(z - lz[:, None])
-                ent[s: s + chunk] = lz - (p * z).sum(-1)
+                ent[s : s + chunk] = lz - (p * z).sum(-1)
             del z
         ctx.save_for_backward(hidden, weight, bias, targets, lse)
         ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
@@ -63,20 +63,20 @@ class _ChunkedLogprobs(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
         for s in range(0, hidden.shape[0], chunk):
-            h = hidden[s: s + chunk]
+            h = hidden[s : s + chunk]
             z = _logits(h, weight, bias, t)
-            p = torch.exp(z - lse[s: s + chunk, None])
+            p = torch.exp(z - lse[s : s + chunk, None])
             # d logp / dz = onehot(target) - p;  d entropy / dz = -p (z - E_p[z])
-            gl = g_logp[s: s + chunk, None] if g_logp is not None else z.new_zeros(z.shape[0], 1)
+            gl = g_logp[s : s + chunk, None] if g_logp is not None else z.new_zeros(z.shape[0], 1)
             gz = p * -gl
-            gz.scatter_add_(-1, targets[s: s + chunk, None], gl)
+            gz.scatter_add_(-1, targets[s : s + chunk, None], gl)
             if use_ent:
                 ez = (p * z).sum(-1, keepdim=True)
-                gz -= g_ent[s: s + chunk, None] * p * (z - ez)
+                gz -= g_ent[s : s + chunk, None] * p * (z - ez)
             del p, z
             gz = (gz / t).to(weight.dtype)
             if need_h:
-                grad_h[s: s + chunk] = gz @ weight
+                grad_h[s : s + chunk] = gz @ weight
             if need_w:
                 grad_w += (gz.t() @ h).to(acc)
             if need_b:
@@ -88,27 +88,46 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return grad_h, grad_w, grad_b, None, None, None, None
 
 
-def chunked_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, targets: Tensor, temperature: float,
-                     chunk_tokens: int, with_entropy: bool | str = False) -> tuple[Tensor, Tensor | None]:
+def chunked_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    targets: Tensor,
+    temperature: float,
+    chunk_tokens: int,
+    with_entropy: bool | str = False,
+) -> tuple[Tensor, Tensor | None]:
     """log softmax(h W^T + b) / T)[target] per row of hidden [N, D] (float32 [N]), and the entropy
     (with_entropy=True: differentiable; "metric": detached; False: None)."""
     if chunk_tokens < 1:
         raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
-    logp, ent = _ChunkedLogprobs.apply(hidden, weight, bias, targets, float(temperature), int(chunk_tokens),
-                                       bool(with_entropy))
+    logp, ent = _ChunkedLogprobs.apply(
+        hidden, weight, bias, targets, float(temperature), int(chunk_tokens), bool(with_entropy)
+    )
     if not with_entropy:
         return logp, None
     return logp, (ent.detach() if with_entropy == "metric" else ent)
 
 
-def gathered_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, positions: Tensor, targets: Tensor,
-                      lengths: Tensor | None, temperature: float, chunk_tokens: int,
-                      with_entropy: bool | str = False) -> tuple[Tensor, Tensor | None]:
+def gathered_logprobs(
+    hidden: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    positions: Tensor,
+    targets: Tensor,
+    lengths: Tensor | None,
+    temperature: float,
+    chunk_tokens: int,
+    with_entropy: bool | str = False,
+) -> tuple[Tensor, Tensor | None]:
     """[B, T] log-probs of targets[b, t] predicted at hidden[b, positions[b, t]], for t < lengths[b]
     (None: every t); entries past a row's length are 0 and get no gradient."""
     B, T = positions.shape
-    valid = torch.ones((B, T), dtype=torch.bool, device=positions.device) if lengths is None else (
-        torch.arange(T, device=positions.device)[None, :] < lengths.to(positions.device)[:, None])
+    valid = (
+        torch.ones((B, T), dtype=torch.bool, device=positions.device)
+        if lengths is None
+        else (torch.arange(T, device=positions.device)[None, :] < lengths.to(positions.device)[:, None])
+    )
     rows, cols = valid.nonzero(as_tuple=True)
     h = hidden[rows, positions[rows, cols]]
     logp, ent = chunked_logprobs(h, weight, bias, targets[rows, cols], temperature, chunk_tokens, with_entropy)
@@ -116,8 +135,9 @@ def gathered_logprobs(hidden: Tensor, weight: Tensor, bias: Tensor | None, posit
     return zeros.index_put((rows, cols), logp), (None if ent is None else zeros.index_put((rows, cols), ent))
 
 
-def token_logprobs(logits: Tensor, positions: Tensor, targets: Tensor, temperature: float,
-                   with_entropy: bool | str) -> tuple[Tensor, Tensor | None]:
+def token_logprobs(
+    logits: Tensor, positions: Tensor, targets: Tensor, temperature: float, with_entropy: bool | str
+) -> tuple[Tensor, Tensor | None]:
     """Log-prob of each target under softmax(logits / temperature) at `positions`, and the entropy
     (with_entropy=True: differentiable, for an entropy bonus; "metric": detached, for logging only)."""
     picked = logits.gather(1, positions.unsqueeze(-1).expand(-1, -1, logits.shape[-1]))

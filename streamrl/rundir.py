@@ -49,8 +49,10 @@ def claim(run_dir: Path):
         fh.seek(0)
         pid = fh.read().strip() or "?"
         fh.close()
-        raise ConfigError(f"another `streamrl up` (pid {pid}) is running in {run_dir}; stop it first (Ctrl-C), "
-                          "or pass another --run-dir") from None
+        raise ConfigError(
+            f"another `streamrl up` (pid {pid}) is running in {run_dir}; stop it first (Ctrl-C), "
+            "or pass another --run-dir"
+        ) from None
     fh.truncate(0)
     fh.write(f"{os.getpid()}\n")
     fh.flush()
@@ -94,8 +96,10 @@ def describe_finished(run_dir: Path, s: dict) -> str:
     parts = ("trained", "dropped_stale", "filtered", "failed", "requeued", "in_flight", "lost")
     line = " + ".join(f"{k} {s.get(k, '?')}" for k in parts)
     holds = "holds" if s.get("invariant_holds") else "VIOLATED"
-    return (f"the run in {run_dir} has finished (no `streamrl up` is running there): {s.get('trained_steps', '?')} "
-            f"steps trained, checkpointed version {s.get('checkpointed_version', '?')}.\n"
-            f"summary ({Path(run_dir) / SUMMARY_FILE}): groups admitted {s.get('admitted', '?')} = {line}; "
-            f"double-trained rollouts {s.get('double_trained', '?')}; invariant {holds}. "
-            f"`streamrl up --resume {run_dir}` continues it.")
+    return (
+        f"the run in {run_dir} has finished (no `streamrl up` is running there): {s.get('trained_steps', '?')} "
+        f"steps trained, checkpointed version {s.get('checkpointed_version', '?')}.\n"
+        f"summary ({Path(run_dir) / SUMMARY_FILE}): groups admitted {s.get('admitted', '?')} = {line}; "
+        f"double-trained rollouts {s.get('double_trained', '?')}; invariant {holds}. "
+        f"`streamrl up --resume {run_dir}` continues it."
+    )

@@ -59,8 +59,10 @@ async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
         worker.stop(reason=signal.Signals(signum).name)
         # A quick stop is one line (`stopped reason=SIGTERM`); a slower one says it is draining.
         loop.call_later(STOPPING_NOTICE_S, lambda: worker.log.info("stopping", signal=signal.Signals(signum).name))
-        loop.call_later(worker.stop_budget_s(), lambda: worker.log.warning(
-            "stop_slow", budget_s=worker.stop_budget_s(), tasks=task_stacks()))
+        loop.call_later(
+            worker.stop_budget_s(),
+            lambda: worker.log.warning("stop_slow", budget_s=worker.stop_budget_s(), tasks=task_stacks()),
+        )
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, on_signal, sig)

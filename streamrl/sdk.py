@@ -65,14 +65,19 @@ class ProducerSpec:
     """A call taking longer fails its batch (error annotations). None: no limit."""
 
 
-def producer(key: str, *, name: str | None = None, batch_size: int = 16, concurrency: int = 4,
-             timeout_s: float | None = None) -> Callable:
+def producer(
+    key: str, *, name: str | None = None, batch_size: int = 16, concurrency: int = 4, timeout_s: float | None = None
+) -> Callable:
     """Decorator: mark `fn(rollouts: list[Rollout]) -> list[float]` (sync or async) as a producer."""
+
     def wrap(fn: Callable) -> Callable:
         fn.streamrl_producer = ProducerSpec(key, name or key, batch_size, concurrency, timeout_s)
         return fn
+
     if batch_size < 1 or concurrency < 1:
-        raise ConfigError(f"producer {key!r}: batch_size and concurrency must be >= 1 (got {batch_size}, {concurrency})")
+        raise ConfigError(
+            f"producer {key!r}: batch_size and concurrency must be >= 1 (got {batch_size}, {concurrency})"
+        )
     return wrap
 
 
@@ -94,8 +99,16 @@ class ProducerWorker(Annotator):
 
     role = "producer"
 
-    def __init__(self, fn: Callable, spec: ProducerSpec, broker: Broker, run: str, worker_id: str,
-                 claim_idle_ms: int = 30_000, block_ms: int = 200):
+    def __init__(
+        self,
+        fn: Callable,
+        spec: ProducerSpec,
+        broker: Broker,
+        run: str,
+        worker_id: str,
+        claim_idle_ms: int = 30_000,
+        block_ms: int = 200,
+    ):
         cfg = Config(run=RunConfig(name=run), broker=BrokerConfig(claim_idle_ms=claim_idle_ms, block_ms=block_ms))
         super().__init__(cfg, broker, worker_id)
         self.fn, self.spec = fn, spec
@@ -140,8 +153,11 @@ class ProducerWorker(Annotator):
             try:
                 info = await run_end.ended(self.broker, self.keys)
             except NoPermissionError:
-                self.log.warning("run_end_not_permitted", fix="this user predates the run:end grant; run "
-                                 "`streamrl producer add` again to reset it (or stop the producer by hand)")
+                self.log.warning(
+                    "run_end_not_permitted",
+                    fix="this user predates the run:end grant; run "
+                    "`streamrl producer add` again to reset it (or stop the producer by hand)",
+                )
                 return
             except BROKER_LOST:
                 info = None  # the read loop reports a lost broker
@@ -254,8 +270,12 @@ class ProducerWorker(Annotator):
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
         if late and not self.exit_code:
-            self.log.warning("batches_abandoned", batches=len(late), drain_s=DRAIN_S,
-                             reason="still running at the stop; their rollouts stay pending and are redelivered")
+            self.log.warning(
+                "batches_abandoned",
+                batches=len(late),
+                drain_s=DRAIN_S,
+                reason="still running at the stop; their rollouts stay pending and are redelivered",
+            )
 
 
 def _check(value: Any, failure: str) -> tuple[Any, str]:
@@ -276,8 +296,15 @@ def _check(value: Any, failure: str) -> tuple[Any, str]:
     return number, ""
 
 
-def serve_producer(fn: Callable, spec: ProducerSpec, broker_url: str, run: str, worker_id: str,
-                   claim_idle_ms: int = 30_000, retries: int = 20) -> int:
+def serve_producer(
+    fn: Callable,
+    spec: ProducerSpec,
+    broker_url: str,
+    run: str,
+    worker_id: str,
+    claim_idle_ms: int = 30_000,
+    retries: int = 20,
+) -> int:
     """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
     in-flight batches and exit); return the exit code (ProducerWorker.exit_code)."""
     from streamrl.runtime import serve

@@ -49,9 +49,13 @@ class Sample:
 def charclass_demos(n: int, length: int, seed: int) -> list[dict]:
     """`n` prompt/completion demonstrations of the charclass task: `length` characters of the class."""
     rng = random.Random(seed + 1)
-    return [{"prompt": item["text"], "completion": "".join(rng.choice(CHAR_CLASSES[item["meta"]["cls"]])
-                                                           for _ in range(length))}
-            for item in charclass_items(n, length, seed)]
+    return [
+        {
+            "prompt": item["text"],
+            "completion": "".join(rng.choice(CHAR_CLASSES[item["meta"]["cls"]]) for _ in range(length)),
+        }
+        for item in charclass_items(n, length, seed)
+    ]
 
 
 def _read_jsonl(path: Path) -> list[dict]:
@@ -63,7 +67,9 @@ def _read_jsonl(path: Path) -> list[dict]:
             try:
                 rows.append(json.loads(line))
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object") from None
+                raise ConfigError(
+                    f"{path}:{lineno}: not valid JSON ({exc.msg}); each line must be one JSON object"
+                ) from None
     return rows
 
 
@@ -71,21 +77,27 @@ def _load_datasets(sft: SFTConfig, split: str):
     try:
         import datasets
     except ImportError as exc:
-        raise ConfigError(f"sft.data={sft.data!r} needs the `datasets` package ({exc}); pip install datasets, "
-                          "or point sft.data at a .jsonl or .parquet file") from exc
+        raise ConfigError(
+            f"sft.data={sft.data!r} needs the `datasets` package ({exc}); pip install datasets, "
+            "or point sft.data at a .jsonl or .parquet file"
+        ) from exc
     path = Path(sft.data).expanduser()
     if path.is_dir() and ((path / "dataset_info.json").is_file() or (path / "dataset_dict.json").is_file()):
         loaded = datasets.load_from_disk(str(path))
         if isinstance(loaded, datasets.DatasetDict):
             if split not in loaded:
-                raise ConfigError(f"{path} has splits {sorted(loaded)}, not {split!r}; set sft.data_split / sft.eval_split")
+                raise ConfigError(
+                    f"{path} has splits {sorted(loaded)}, not {split!r}; set sft.data_split / sft.eval_split"
+                )
             return loaded[split]
         return loaded
     try:
         return datasets.load_dataset(sft.data, sft.data_name, split=split, data_files=sft.data_files)
     except Exception as exc:  # the library raises many types; all mean the same to the user
-        raise ConfigError(f"datasets.load_dataset({sft.data!r}, name={sft.data_name!r}, split={split!r}) failed: "
-                          f"{type(exc).__name__}: {exc}; check sft.data, sft.data_name, sft.data_split, sft.data_files") from exc
+        raise ConfigError(
+            f"datasets.load_dataset({sft.data!r}, name={sft.data_name!r}, split={split!r}) failed: "
+            f"{type(exc).__name__}: {exc}; check sft.data, sft.data_name, sft.data_split, sft.data_files"
+        ) from exc
 
 
 def load_rows(sft: SFTConfig, task: TaskConfig, seed: int, split: str, max_tokens: int | None = None):
@@ -108,8 +120,10 @@ def load_rows(sft: SFTConfig, task: TaskConfig, seed: int, split: str, max_token
 def load_splits(sft: SFTConfig, task: TaskConfig, seed: int, max_tokens: int | None = None):
     """(train rows, held-out rows): eval_split if set, else eval_fraction of the rows held out (seeded)."""
     if sft.eval_split is not None and (sft.data == "charclass" or Path(sft.data).suffix in (".jsonl", ".parquet")):
-        raise ConfigError(f"sft.eval_split={sft.eval_split!r} needs a `datasets` source with splits; for a file "
-                          "unset sft.eval_split and use sft.eval_fraction")
+        raise ConfigError(
+            f"sft.eval_split={sft.eval_split!r} needs a `datasets` source with splits; for a file "
+            "unset sft.eval_split and use sft.eval_fraction"
+        )
     rows = load_rows(sft, task, seed, sft.data_split, max_tokens)
     if len(rows) == 0:
         raise ConfigError(f"sft.data={sft.data!r} (split {sft.data_split!r}) holds no rows")
@@ -150,8 +164,9 @@ def _clean_messages(messages: Any) -> list[dict]:
 
 def _render(tokenizer, messages: list[dict], tools, generation_prompt: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False,
-                                             add_generation_prompt=generation_prompt)
+        return tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
     except Exception as exc:  # jinja errors, raise_exception() in the template, missing keys: all one bad row
         raise SampleError(f"the chat template failed on this conversation ({type(exc).__name__}: {exc})") from exc
 
@@ -159,8 +174,10 @@ def _render(tokenizer, messages: list[dict], tools, generation_prompt: bool) -> 
 def chat_sample(tokenizer, messages: list[dict], tools, turns: str) -> Sample:
     """Render `messages` with the chat template; mask = the tokens of the assistant turns chosen."""
     if not getattr(tokenizer, "chat_template", None):
-        raise SampleError("the tokenizer has no chat template, so `messages` rows cannot be rendered; give the model "
-                          "folder a chat_template (tokenizer_config.json) or use prompt/completion rows")
+        raise SampleError(
+            "the tokenizer has no chat template, so `messages` rows cannot be rendered; give the model "
+            "folder a chat_template (tokenizer_config.json) or use prompt/completion rows"
+        )
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not assistant:
         raise SampleError("the conversation has no assistant message, so nothing would be trained")
@@ -170,9 +187,11 @@ def chat_sample(tokenizer, messages: list[dict], tools, turns: str) -> Sample:
         before = _render(tokenizer, messages[:i], tools, True)
         upto = _render(tokenizer, messages[: i + 1], tools, False)
         if not (text.startswith(upto) and upto.startswith(before)):
-            raise SampleError(f"the chat template renders the turns before assistant message {i} differently once "
-                              "later turns follow, so its tokens cannot be located; set sft.assistant_turns=last "
-                              "or use a template that renders history the same way")
+            raise SampleError(
+                f"the chat template renders the turns before assistant message {i} differently once "
+                "later turns follow, so its tokens cannot be located; set sft.assistant_turns=last "
+                "or use a template that renders history the same way"
+            )
         spans.append((len(before), len(upto)))
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids = np.asarray(enc["input_ids"], dtype=np.int64)
@@ -191,11 +210,13 @@ def pair_sample(tokenizer, prompt: str, completion: str) -> Sample:
         c = c + [tokenizer.eos_token_id]
     if not p:
         if tokenizer.bos_token_id is None:
-            raise SampleError("empty prompt and no BOS token: the first completion token has no position to be predicted from")
+            raise SampleError(
+                "empty prompt and no BOS token: the first completion token has no position to be predicted from"
+            )
         p = [tokenizer.bos_token_id]
     ids = np.asarray(p + c, dtype=np.int64)
     mask = np.zeros(len(ids), dtype=np.float32)
-    mask[len(p):] = 1.0
+    mask[len(p) :] = 1.0
     return Sample(ids, mask)
 
 
@@ -211,14 +232,19 @@ def tokenize_row(tokenizer, row: dict, sft: SFTConfig) -> Sample:
     elif isinstance(row.get(sft.prompt_field), str) and isinstance(row.get(sft.completion_field), str):
         sample = pair_sample(tokenizer, row[sft.prompt_field], row[sft.completion_field])
     else:
-        raise SampleError(f"row has neither `{sft.messages_field}` nor string `{sft.prompt_field}` and "
-                          f"`{sft.completion_field}` (keys: {sorted(row)[:8]}); set sft.messages_field or "
-                          "sft.prompt_field/sft.completion_field to the dataset's column names")
+        raise SampleError(
+            f"row has neither `{sft.messages_field}` nor string `{sft.prompt_field}` and "
+            f"`{sft.completion_field}` (keys: {sorted(row)[:8]}); set sft.messages_field or "
+            "sft.prompt_field/sft.completion_field to the dataset's column names"
+        )
     if len(sample.ids) > sft.max_seq_len:
         sample = Sample(sample.ids[: sft.max_seq_len], sample.mask[: sft.max_seq_len], truncated=True)
     if sample.loss_tokens == 0:
-        raise SampleError("no loss token left (after truncation to sft.max_seq_len)" if sample.truncated
-                          else "no loss token (the assistant turns render to nothing)")
+        raise SampleError(
+            "no loss token left (after truncation to sft.max_seq_len)"
+            if sample.truncated
+            else "no loss token (the assistant turns render to nothing)"
+        )
     return sample
 
 

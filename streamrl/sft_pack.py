@@ -50,16 +50,26 @@ def collate(samples: list[Sample], packing: bool, pad_id: int) -> dict[str, torc
     data still runs the forward/backward that FSDP's collectives need)."""
     if not samples:
         one = torch.zeros((1, 1), dtype=torch.long)
-        return {"input_ids": one + pad_id, "position_ids": one.clone(), "targets": one.clone(),
-                "mask": one.float(), "attention_mask": one + 1, "doc_lens": [1]}
+        return {
+            "input_ids": one + pad_id,
+            "position_ids": one.clone(),
+            "targets": one.clone(),
+            "mask": one.float(),
+            "attention_mask": one + 1,
+            "doc_lens": [1],
+        }
     if packing:
         ids = np.concatenate([s.ids for s in samples])
         pos = np.concatenate([np.arange(len(s.ids)) for s in samples])
         parts = [_targets(s) for s in samples]
         tgt, m = np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
-        return {"input_ids": torch.from_numpy(ids)[None], "position_ids": torch.from_numpy(pos)[None],
-                "targets": torch.from_numpy(tgt)[None], "mask": torch.from_numpy(m)[None],
-                "doc_lens": [len(s.ids) for s in samples]}
+        return {
+            "input_ids": torch.from_numpy(ids)[None],
+            "position_ids": torch.from_numpy(pos)[None],
+            "targets": torch.from_numpy(tgt)[None],
+            "mask": torch.from_numpy(m)[None],
+            "doc_lens": [len(s.ids) for s in samples],
+        }
     L = max(len(s.ids) for s in samples)
     B = len(samples)
     ids = torch.full((B, L), pad_id, dtype=torch.long)
@@ -69,11 +79,21 @@ def collate(samples: list[Sample], packing: bool, pad_id: int) -> dict[str, torc
     for i, s in enumerate(samples):
         n = len(s.ids)
         t, mm = _targets(s)
-        ids[i, :n], tgt[i, :n], m[i, :n], attn[i, :n] = (torch.from_numpy(s.ids), torch.from_numpy(t),
-                                                         torch.from_numpy(mm), 1)
+        ids[i, :n], tgt[i, :n], m[i, :n], attn[i, :n] = (
+            torch.from_numpy(s.ids),
+            torch.from_numpy(t),
+            torch.from_numpy(mm),
+            1,
+        )
     pos = torch.arange(L).expand(B, L).clone()
-    return {"input_ids": ids, "position_ids": pos, "targets": tgt, "mask": m, "attention_mask": attn,
-            "doc_lens": [len(s.ids) for s in samples]}
+    return {
+        "input_ids": ids,
+        "position_ids": pos,
+        "targets": tgt,
+        "mask": m,
+        "attention_mask": attn,
+        "doc_lens": [len(s.ids) for s in samples],
+    }
 
 
 def document_mask(position_ids: torch.Tensor) -> torch.Tensor:

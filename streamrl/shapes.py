@@ -22,13 +22,37 @@ from streamrl.tiny import SPECIAL_TOKENS, vocab
 
 SHAPES: dict[str, dict] = {
     # Published Qwen3 configs (hidden, MLP, layers, heads, KV heads, head dim 128, tied embeddings).
-    "qwen3-0.6b": dict(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
-    "qwen3-1.7b": dict(hidden_size=2048, intermediate_size=6144, num_hidden_layers=28, num_attention_heads=16,
-                       num_key_value_heads=8, head_dim=128, vocab_size=151936, tie_word_embeddings=True),
+    "qwen3-0.6b": dict(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": dict(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=True,
+    ),
     # CPU smoke shape (vLLM CPU attention needs head dim >= 32): the bench's CI run.
-    "qwen3-tiny": dict(hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
-                       num_key_value_heads=1, head_dim=64, vocab_size=512, tie_word_embeddings=True),
+    "qwen3-tiny": dict(
+        hidden_size=128,
+        intermediate_size=256,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=64,
+        vocab_size=512,
+        tie_word_embeddings=True,
+    ),
 }
 """shape name -> Qwen3Config fields."""
 MARKER = "streamrl_shape.json"
@@ -42,9 +66,14 @@ def qwen3_config(shape: str, dtype: str):
         raise ConfigError(f"unknown model shape {shape!r}; choose one of {sorted(SHAPES)}")
     v = vocab()
     return Qwen3Config(
-        **SHAPES[shape], max_position_embeddings=40960, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
-        bos_token_id=v[SPECIAL_TOKENS["bos"]], eos_token_id=v[SPECIAL_TOKENS["eos"]],
-        pad_token_id=v[SPECIAL_TOKENS["pad"]], dtype=dtype,
+        **SHAPES[shape],
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        bos_token_id=v[SPECIAL_TOKENS["bos"]],
+        eos_token_id=v[SPECIAL_TOKENS["eos"]],
+        pad_token_id=v[SPECIAL_TOKENS["pad"]],
+        dtype=dtype,
         architectures=["Qwen3ForCausalLM"],  # vLLM picks its model class (and the generate task) by this
     )
 
@@ -63,11 +92,17 @@ def padded_tokenizer(vocab_size: int):
     tok.pre_tokenizer = pre_tokenizers.Split("", "isolated")  # one token per character
     tok.decoder = decoders.Fuse()
     bos = SPECIAL_TOKENS["bos"]
-    tok.post_processor = processors.TemplateProcessing(single=f"{bos} $A", pair=f"{bos} $A $B",
-                                                       special_tokens=[(bos, v[bos])])
+    tok.post_processor = processors.TemplateProcessing(
+        single=f"{bos} $A", pair=f"{bos} $A $B", special_tokens=[(bos, v[bos])]
+    )
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=bos, eos_token=SPECIAL_TOKENS["eos"], pad_token=SPECIAL_TOKENS["pad"],
-        unk_token=SPECIAL_TOKENS["unk"], clean_up_tokenization_spaces=False, model_max_length=1 << 20,
+        tokenizer_object=tok,
+        bos_token=bos,
+        eos_token=SPECIAL_TOKENS["eos"],
+        pad_token=SPECIAL_TOKENS["pad"],
+        unk_token=SPECIAL_TOKENS["unk"],
+        clean_up_tokenization_spaces=False,
+        model_max_length=1 << 20,
     )
 
 
@@ -105,16 +140,19 @@ def build_random_model(shape: str, out_dir: Path, dtype: str = "bfloat16", seed:
     except (OSError, ValueError):
         pass
     if out_dir.exists() and any(out_dir.iterdir()):
-        raise ConfigError(f"{out_dir} holds something other than the {shape} {dtype} seed {seed} build; "
-                          "delete it or choose another directory")
+        raise ConfigError(
+            f"{out_dir} holds something other than the {shape} {dtype} seed {seed} build; "
+            "delete it or choose another directory"
+        )
     config = qwen3_config(shape, dtype)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         config.save_pretrained(tmp)
         save_file(random_state_dict(config, dtype, seed), str(tmp / "model.safetensors"), metadata={"format": "pt"})
-        GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                         pad_token_id=config.pad_token_id).save_pretrained(tmp)
+        GenerationConfig(
+            bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+        ).save_pretrained(tmp)
         padded_tokenizer(config.vocab_size).save_pretrained(tmp)
         (tmp / MARKER).write_text(json.dumps(want, sort_keys=True))
         tmp.chmod(0o755)

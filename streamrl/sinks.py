@@ -49,9 +49,14 @@ class WandbSink:
         import wandb
 
         m = cfg.metrics
-        self.run = wandb.init(project=m.wandb_project, name=cfg.run.name, mode=m.wandb_mode,
-                              dir=str(run_dir) if run_dir else None, config=cfg.model_dump(mode="json"),
-                              reinit="finish_previous")
+        self.run = wandb.init(
+            project=m.wandb_project,
+            name=cfg.run.name,
+            mode=m.wandb_mode,
+            dir=str(run_dir) if run_dir else None,
+            config=cfg.model_dump(mode="json"),
+            reinit="finish_previous",
+        )
 
     def log(self, record: dict) -> None:
         self.run.log(scalars(record), step=int(record.get("step", 0)))
@@ -89,15 +94,17 @@ class PrometheusSink:
         self.registry = pc.CollectorRegistry()
         self.gauges: dict[str, Any] = {}
         self.run = cfg.run.name
-        self.server, self.thread = pc.start_http_server(cfg.metrics.prometheus_port, addr=cfg.metrics.prometheus_addr,
-                                                        registry=self.registry)
+        self.server, self.thread = pc.start_http_server(
+            cfg.metrics.prometheus_port, addr=cfg.metrics.prometheus_addr, registry=self.registry
+        )
 
     def log(self, record: dict) -> None:
         for name, value in scalars(record).items():
             metric = "streamrl_" + re.sub(r"[^a-zA-Z0-9_]", "_", name)
             if metric not in self.gauges:
-                self.gauges[metric] = self.pc.Gauge(metric, f"streamrl trainer metric {name}", ["run"],
-                                                    registry=self.registry)
+                self.gauges[metric] = self.pc.Gauge(
+                    metric, f"streamrl trainer metric {name}", ["run"], registry=self.registry
+                )
             self.gauges[metric].labels(run=self.run).set(value)
 
     def close(self) -> None:
@@ -140,6 +147,10 @@ def make_sink(cfg, run_dir: Path | None):
         try:
             started[name] = SINKS[name](cfg, run_dir)
         except Exception as exc:  # e.g. the Prometheus port is taken: say so, train anyway
-            log.warning("metric_sink_unavailable", sink=name, error=repr(exc),
-                        fix="see metrics.* in the config (port, wandb_mode) or remove the sink from metrics.sinks")
+            log.warning(
+                "metric_sink_unavailable",
+                sink=name,
+                error=repr(exc),
+                fix="see metrics.* in the config (port, wandb_mode) or remove the sink from metrics.sinks",
+            )
     return FanOut(started)

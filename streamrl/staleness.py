@@ -12,8 +12,14 @@ from collections import Counter
 import numpy as np
 
 
-def admission_budget(admitted: int, released: int, version: int, max_staleness: int, groups_per_step: int,
-                     total_groups: int | None = None) -> int:
+def admission_budget(
+    admitted: int,
+    released: int,
+    version: int,
+    max_staleness: int,
+    groups_per_step: int,
+    total_groups: int | None = None,
+) -> int:
     """How many more groups the feeder may admit now.
 
     `released` counts groups that will never be trained (dropped as stale, filtered, failed):
@@ -37,7 +43,9 @@ def is_stale(trainer_version: int, oldest_version: int, max_staleness: int) -> b
     return trainer_version - oldest_version > max_staleness
 
 
-def staleness_histogram(values: np.ndarray | list[int], weights: np.ndarray | list[int] | None = None) -> dict[str, int]:
+def staleness_histogram(
+    values: np.ndarray | list[int], weights: np.ndarray | list[int] | None = None
+) -> dict[str, int]:
     """{staleness: count} with string keys (JSON), weighted (e.g. by tokens) when weights are given."""
     hist: Counter = Counter()
     weights = [1] * len(values) if weights is None else weights

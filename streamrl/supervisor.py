@@ -63,7 +63,7 @@ def fatal_line(path: Path) -> str:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    return next((ln[len(FATAL_PREFIX):] for ln in reversed(lines) if ln.startswith(FATAL_PREFIX)), "")
+    return next((ln[len(FATAL_PREFIX) :] for ln in reversed(lines) if ln.startswith(FATAL_PREFIX)), "")
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -113,11 +113,23 @@ class Supervisor:
         return child
 
     def _popen(self, role: str, wid: str, log_path: Path) -> subprocess.Popen:
-        cmd = [sys.executable, "-m", "streamrl.cli", "worker", role, "--config", str(self.config_path),
-               "--run-dir", str(self.run_dir), "--id", wid]
+        cmd = [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "worker",
+            role,
+            "--config",
+            str(self.config_path),
+            "--run-dir",
+            str(self.run_dir),
+            "--id",
+            wid,
+        ]
         with open(log_path, "ab") as out:
-            return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=self.child_env(role, wid),
-                                    start_new_session=True)
+            return subprocess.Popen(
+                cmd, stdout=out, stderr=subprocess.STDOUT, env=self.child_env(role, wid), start_new_session=True
+            )
 
     def child_env(self, role: str, wid: str) -> dict[str, str]:
         """The environment of a role process: the broker URL and its GPUs (supervisor.devices)."""
@@ -135,12 +147,16 @@ class Supervisor:
             raise WorkerDied(f"{c.worker_id} ({c.role}) stopped: {fatal} (log: {c.log_path})")
         if not self.policy.allows(c.role, c.restarts, code):
             self._clean_up(c)
-            raise WorkerDied(f"{c.worker_id} ({c.role}) {how}; {self.policy.refusal(c.role, c.restarts, code)}. "
-                             f"Last lines of {c.log_path}:\n{tail(c.log_path)}")
+            raise WorkerDied(
+                f"{c.worker_id} ({c.role}) {how}; {self.policy.refusal(c.role, c.restarts, code)}. "
+                f"Last lines of {c.log_path}:\n{tail(c.log_path)}"
+            )
         delay = self.policy.delay(c.restarts)
         c.restart_at = time.time() + delay
-        self.say(f"{c.worker_id} ({c.role}) {how}; restarting in {delay:.1f}s "
-                 f"(restart {c.restarts + 1} of {self.cfg.supervisor.max_restarts})")
+        self.say(
+            f"{c.worker_id} ({c.role}) {how}; restarting in {delay:.1f}s "
+            f"(restart {c.restarts + 1} of {self.cfg.supervisor.max_restarts})"
+        )
         self._clean_up(c)  # during the back-off
 
     def _respawn(self, c: Child) -> None:
@@ -179,8 +195,10 @@ class Supervisor:
             for role, n in role_counts(self.cfg).items():
                 for i in range(n):
                     self.spawn(role, i)
-            self.say(f"started {', '.join(f'{n} {r}' for r, n in role_counts(self.cfg).items() if n)}; "
-                     f"logs in {self.run_dir / 'logs'}")
+            self.say(
+                f"started {', '.join(f'{n} {r}' for r, n in role_counts(self.cfg).items() if n)}; "
+                f"logs in {self.run_dir / 'logs'}"
+            )
             code = self._watch()
         finally:
             self.children += self.retiring
@@ -208,15 +226,23 @@ class Supervisor:
         except Exception as exc:  # the broker is gone: nothing to account against
             self.say(f"accounting skipped: broker unreachable ({exc})")
             return
-        line = (f"accounting (groups): admitted {s['admitted']} = trained {s['trained']} + dropped_stale "
-                f"{s['dropped_stale']} + filtered {s['filtered']} + failed {s['failed']} + requeued {s['requeued']} "
-                f"+ in flight {s['in_flight']} + lost {s['lost']}; double-trained rollouts {s['double_trained']}")
-        self.say(line if s["invariant_holds"] else f"ACCOUNTING INVARIANT VIOLATED: {line}; see {self.run_dir / 'summary.json'}")
+        line = (
+            f"accounting (groups): admitted {s['admitted']} = trained {s['trained']} + dropped_stale "
+            f"{s['dropped_stale']} + filtered {s['filtered']} + failed {s['failed']} + requeued {s['requeued']} "
+            f"+ in flight {s['in_flight']} + lost {s['lost']}; double-trained rollouts {s['double_trained']}"
+        )
+        self.say(
+            line
+            if s["invariant_holds"]
+            else f"ACCOUNTING INVARIANT VIOLATED: {line}; see {self.run_dir / 'summary.json'}"
+        )
         if e := s.get("episodes"):
-            self.say(f"episodes: admitted {e['admitted']} = trained {e['trained']} + failed {e['failed']} + other outcomes "
-                     f"+ in flight {e['in_flight']} + lost {e['lost']}; {e['episodes_failed']} failed themselves, "
-                     f"{e['episodes_restarted']} restarted, {e['groups_restarted']} group restarts "
-                     f"({e.get('episodes_continued', 0)} episodes continued from their last turn)")
+            self.say(
+                f"episodes: admitted {e['admitted']} = trained {e['trained']} + failed {e['failed']} + other outcomes "
+                f"+ in flight {e['in_flight']} + lost {e['lost']}; {e['episodes_failed']} failed themselves, "
+                f"{e['episodes_restarted']} restarted, {e['groups_restarted']} group restarts "
+                f"({e.get('episodes_continued', 0)} episodes continued from their last turn)"
+            )
 
     def _watch(self) -> int:
         trainer = next(c for c in self.children if c.role == "trainer")
@@ -263,7 +289,9 @@ class Supervisor:
             self.say(f"{c.worker_id} left ({self._how(c)})")
             self._clean_up(c)
         for role, want in self.desired_counts().items():
-            live = sorted((c for c in self.children if c.role == role), key=lambda c: int(c.worker_id.rsplit("-", 1)[1]))
+            live = sorted(
+                (c for c in self.children if c.role == role), key=lambda c: int(c.worker_id.rsplit("-", 1)[1])
+            )
             for _ in range(want - len(live)):
                 used = {c.worker_id for c in self.children + self.retiring}
                 index = next(i for i in range(len(used) + 1) if f"{role}-{i}" not in used)
@@ -278,17 +306,24 @@ class Supervisor:
 
     def _progress(self) -> None:
         rows = read_metrics(self.run_dir)
-        for m in rows[self._printed:]:
+        for m in rows[self._printed :]:
             tps = m["tokens"] / max(1e-9, m.get("train_s", 0) + m.get("wait_s", 0))
-            self.say(f"step {m['step']:>4}/{self.cfg.trainer.steps} | reward {m['reward_mean']:.3f} | "
-                     f"staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
-                     f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
-                     + (f" | turns {m['turns_mean']:.2f}, env p50 {m['env_step_s_p50'] * 1000:.0f}ms, "
-                        f"failed episodes {m.get('episodes_failed', 0):.0f}" if "turns_mean" in m else "")
-                     + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else "")
-                     + "".join(f" | {k} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/mean@",
-                                                                                            "eval/maj@")))
-                     + (f" (eval at step {m['eval/step']})" if "eval/step" in m else ""))
+            self.say(
+                f"step {m['step']:>4}/{self.cfg.trainer.steps} | reward {m['reward_mean']:.3f} | "
+                f"staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
+                f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
+                + (
+                    f" | turns {m['turns_mean']:.2f}, env p50 {m['env_step_s_p50'] * 1000:.0f}ms, "
+                    f"failed episodes {m.get('episodes_failed', 0):.0f}"
+                    if "turns_mean" in m
+                    else ""
+                )
+                + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else "")
+                + "".join(
+                    f" | {k} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/mean@", "eval/maj@"))
+                )
+                + (f" (eval at step {m['eval/step']})" if "eval/step" in m else "")
+            )
         self._printed = len(rows)
 
     def stop_all(self) -> None:

@@ -22,8 +22,8 @@ import string
 
 from streamrl import env_adapters, gym_tasks
 from streamrl.config import Config, TaskConfig
-from streamrl.errors import ConfigError
 from streamrl.datasets import dataset_items, parse_gsm8k_answer  # noqa: F401  (parse_gsm8k_answer: re-exported)
+from streamrl.errors import ConfigError
 
 CHAR_CLASSES: dict[str, str] = {
     "digits": string.digits,
@@ -57,8 +57,9 @@ def charclass_dialog_items(num_prompts: int, length: int, seed: int) -> list[dic
     return [{"text": "?", "meta": item["meta"]} for item in charclass_items(num_prompts, length, seed)]
 
 
-def load_task(cfg: TaskConfig, seed: int, tokenizer=None, max_tokens: int | None = None,
-              job: Config | None = None) -> list[dict]:
+def load_task(
+    cfg: TaskConfig, seed: int, tokenizer=None, max_tokens: int | None = None, job: Config | None = None
+) -> list[dict]:
     """All prompts of the configured task as [{"text": str, "meta": dict}]. `tokenizer` renders chat
     messages (task.fields.messages); the feeder passes the model's. `max_tokens` (generator.max_tokens)
     is the charclass length when task.charclass_length is unset. `job` (the whole config) is needed

@@ -26,9 +26,9 @@ import asyncio
 import importlib
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from collections.abc import Iterator
 from typing import Protocol
 
 import structlog
@@ -41,10 +41,14 @@ from streamrl.errors import ConfigError, StreamRLError
 BACKENDS: dict[str, tuple[str, str]] = {
     "shm": ("streamrl.weightstores.shm:ShmPublisher", "streamrl.weightstores.shm:ShmLoader"),
     "dir": ("streamrl.weightstores.directory:DirectoryPublisher", "streamrl.weightstores.directory:DirectoryLoader"),
-    "cuda_ipc": ("streamrl.weightstores.cuda_ipc_publish:CudaIpcPublisher",
-                 "streamrl.weightstores.cuda_ipc_load:CudaIpcLoader"),
-    "torchstore": ("streamrl.weightstores.torchstore:TorchStorePublisher",
-                   "streamrl.weightstores.torchstore:TorchStoreLoader"),
+    "cuda_ipc": (
+        "streamrl.weightstores.cuda_ipc_publish:CudaIpcPublisher",
+        "streamrl.weightstores.cuda_ipc_load:CudaIpcLoader",
+    ),
+    "torchstore": (
+        "streamrl.weightstores.torchstore:TorchStorePublisher",
+        "streamrl.weightstores.torchstore:TorchStoreLoader",
+    ),
 }
 """backend name -> (`module:class` of its publisher, of its loader); imported only when chosen, so
 optional dependencies stay optional."""
@@ -78,8 +82,13 @@ class WeightHandle:
             return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
 
         try:
-            return cls(version=int(s("version")), transport=s("transport"), handle=s("handle"),
-                       bytes=int(s("bytes")), created_at=float(s("created_at")))
+            return cls(
+                version=int(s("version")),
+                transport=s("transport"),
+                handle=s("handle"),
+                bytes=int(s("bytes")),
+                created_at=float(s("created_at")),
+            )
         except (KeyError, ValueError) as exc:
             raise WeightStoreError(
                 f"broker hash weights:latest is malformed ({exc!r}); it must hold version, transport, "
@@ -202,12 +211,14 @@ class WeightPublisher(_VersionReader, ABC):
         if version < 0:
             raise WeightStoreError(f"weight version must be >= 0, got {version}")
         created = time.time()
-        handle, size = (await asyncio.to_thread(self._write, version, state) if self.hooks_in_thread
-                        else self._write(version, state))
+        handle, size = (
+            await asyncio.to_thread(self._write, version, state)
+            if self.hooks_in_thread
+            else self._write(version, state)
+        )
         wh = WeightHandle(version=version, transport=self.transport, handle=handle, bytes=size, created_at=created)
         await self._advance(wh)
-        self.log.info("weights_published", policy_version=version, bytes=size,
-                      seconds=round(time.time() - created, 4))
+        self.log.info("weights_published", policy_version=version, bytes=size, seconds=round(time.time() - created, 4))
         await self.gc()
         return wh
 
@@ -222,7 +233,7 @@ class WeightPublisher(_VersionReader, ABC):
     async def gc(self) -> None:
         """Keep the newest `keep` versions (and always the one `weights:latest` names)."""
         versions = sorted(await asyncio.to_thread(self._versions))
-        keep = set(versions[-self.keep:])
+        keep = set(versions[-self.keep :])
         current = await self.latest()
         if current is not None:
             keep.add(current.version)

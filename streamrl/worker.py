@@ -109,15 +109,18 @@ class Worker:
                     self.log.warning("background_tasks_left", count=len(stuck), tasks=task_stacks())
                 await self._farewell()
             reason = {"reason": self.stop_reason} if self.stop_reason else {}
-            self.log.info("stopped", **reason, uptime_s=round(time.time() - self._started, 1), **{**self.busy(), **self.stats})
+            self.log.info(
+                "stopped", **reason, uptime_s=round(time.time() - self._started, 1), **{**self.busy(), **self.stats}
+            )
 
     async def _farewell(self) -> None:
         """Delete the heartbeat key; where that fails the key's TTL retires it, so say so and go on."""
         try:
             await asyncio.wait_for(self.broker.delete(self.keys.worker(self.role, self.worker_id)), FAREWELL_S)
         except Exception as exc:
-            self.log.warning("heartbeat_not_deleted", error=str(exc) or type(exc).__name__,
-                             expires_in_s=HEARTBEAT_TTL_S)
+            self.log.warning(
+                "heartbeat_not_deleted", error=str(exc) or type(exc).__name__, expires_in_s=HEARTBEAT_TTL_S
+            )
 
     # -- helpers ---------------------------------------------------------------------------
     def busy(self) -> dict[str, float]:
@@ -141,8 +144,14 @@ class Worker:
 
     def heartbeat(self) -> dict:
         """The heartbeat key's JSON (docs/protocol.md, "Other keys")."""
-        return {"pid": os.getpid(), "host": socket.gethostname(), "ts": time.time(),
-                "uptime_s": round(time.time() - self._started, 1), **self.busy(), **self.stats}
+        return {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "ts": time.time(),
+            "uptime_s": round(time.time() - self._started, 1),
+            **self.busy(),
+            **self.stats,
+        }
 
     def hold(self, stream: str, group: str, entry_id: str) -> None:
         """Mark an entry as in progress: its idle time is reset periodically until `release`."""
@@ -161,13 +170,15 @@ class Worker:
         """Move a bad entry to the dead-letter stream with the reason (the caller acks it)."""
         await self.consumer.dead_letter(stream, entry, reason)
 
-    async def decode_entries(self, stream: str, group: str, entries: list[Entry],
-                             expect: type | None = None) -> list[tuple[Entry, Any]]:
+    async def decode_entries(
+        self, stream: str, group: str, entries: list[Entry], expect: type | None = None
+    ) -> list[tuple[Entry, Any]]:
         """Decode entries; bad ones (or not of type `expect`) are dead-lettered and acked."""
         return await self.consumer.decode_entries(stream, group, entries, expect)
 
-    async def read(self, stream: str, group: str, count: int, expect: type | None = None,
-                   claim: bool = True) -> list[tuple[Entry, Any]]:
+    async def read(
+        self, stream: str, group: str, count: int, expect: type | None = None, claim: bool = True
+    ) -> list[tuple[Entry, Any]]:
         """The next entries of `stream` for this worker (StreamConsumer.read: own pending, idle, new)."""
         return await self.consumer.read(stream, group, count, expect, claim)
 
@@ -178,8 +189,13 @@ class Worker:
 
 def startup_failure(role: str, exc: BaseException) -> FatalError:
     """The FatalError for a non-transient error raised while `role` starts (its message names the fix)."""
-    hint = {ImportError: "install the missing package (or fix the module) in this environment",
-            FileNotFoundError: "create the file or fix the path in the config"}
+    hint = {
+        ImportError: "install the missing package (or fix the module) in this environment",
+        FileNotFoundError: "create the file or fix the path in the config",
+    }
     fix = next((h for t, h in hint.items() if isinstance(exc, t)), "")
-    return FatalError(f"{role} could not start: {type(exc).__name__}: {exc}" + (f"; {fix}" if fix else "")
-                      + " (not restarted: a restart would fail the same way)")
+    return FatalError(
+        f"{role} could not start: {type(exc).__name__}: {exc}"
+        + (f"; {fix}" if fix else "")
+        + " (not restarted: a restart would fail the same way)"
+    )

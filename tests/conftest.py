@@ -60,4 +60,6 @@ def run_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
     """A default Config pointed at the session's server, with this test's run name and short claim times."""
-    return Config(run=RunConfig(name=run_name), broker=BrokerConfig(url=redis_server.url, claim_idle_ms=200, block_ms=50))
+    return Config(
+        run=RunConfig(name=run_name), broker=BrokerConfig(url=redis_server.url, claim_idle_ms=200, block_ms=50)
+    )

@@ -19,8 +19,9 @@ def ensure_node_modules() -> None:
         raise RuntimeError("the Node.js producer tests need node >= 18 and npm on PATH (apt install nodejs npm)")
     if (NODE_DIR / "node_modules" / "redis").is_dir() and (NODE_DIR / "node_modules" / "@msgpack").is_dir():
         return
-    res = subprocess.run(["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True,
-                         timeout=300)
+    res = subprocess.run(
+        ["npm", "ci", "--no-audit", "--no-fund"], cwd=NODE_DIR, capture_output=True, text=True, timeout=300
+    )
     if res.returncode != 0:
         raise RuntimeError(f"npm ci in {NODE_DIR} failed (needs the npm registry):\n{res.stdout}\n{res.stderr}")
 
@@ -29,8 +30,13 @@ def start_node_producer(url: str, run: str, key: str, log_path: Path, *extra: st
     ensure_node_modules()
     env = {**os.environ, "STREAMRL_BROKER_URL": url}
     with open(log_path, "ab") as out:
-        return subprocess.Popen(["node", "producer.mjs", "--run", run, "--key", key, *extra], cwd=NODE_DIR,
-                                env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            ["node", "producer.mjs", "--run", run, "--key", key, *extra],
+            cwd=NODE_DIR,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
 
 
 def start_node_env(url: str, run: str, log_path: Path, *extra: str) -> subprocess.Popen:
@@ -38,5 +44,6 @@ def start_node_env(url: str, run: str, log_path: Path, *extra: str) -> subproces
     ensure_node_modules()
     env = {**os.environ, "STREAMRL_BROKER_URL": url}
     with open(log_path, "ab") as out:
-        return subprocess.Popen(["node", "env.mjs", "--run", run, *extra], cwd=NODE_DIR, env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            ["node", "env.mjs", "--run", run, *extra], cwd=NODE_DIR, env=env, stdout=out, stderr=subprocess.STDOUT
+        )

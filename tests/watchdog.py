@@ -40,10 +40,13 @@ def _end_hung_session(item: pytest.Item, limit_s: float) -> None:
     capman = item.config.pluginmanager.getplugin("capturemanager")
     if capman is not None:
         capman.suspend_global_capture(in_=True)
-    print(f"\n{item.nodeid}: setup + call + teardown still running after {limit_s:.0f} s (its timeout plus "
-          f"{HANG_GRACE_S:.0f} s). The per-test timeout could not stop it (a task that ignores cancellation, "
-          "or an async fixture teardown queued behind it); ending the session. Stacks of all threads:",
-          file=sys.stderr, flush=True)
+    print(
+        f"\n{item.nodeid}: setup + call + teardown still running after {limit_s:.0f} s (its timeout plus "
+        f"{HANG_GRACE_S:.0f} s). The per-test timeout could not stop it (a task that ignores cancellation, "
+        "or an async fixture teardown queued behind it); ending the session. Stacks of all threads:",
+        file=sys.stderr,
+        flush=True,
+    )
     faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
     print("Unfinished asyncio tasks (innermost await last):", file=sys.stderr, flush=True)
     for line in _task_stacks():

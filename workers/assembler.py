@@ -38,8 +38,8 @@ from streamrl.failures import FailureStreak
 from streamrl.losses import resolve_loss
 from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
 from streamrl.staleness import is_stale
-from workers.join_policy import JoinPolicy
 from workers.eval_collector import EvalCollector
+from workers.join_policy import JoinPolicy
 
 GROUP = "trainer"
 
@@ -99,9 +99,18 @@ class Assembler:
         self._polls = 0
         """Polls completed by the intake task; `_polled` is set (and replaced) at each one."""
         self._polled = asyncio.Event()
-        self.counters = {"dropped_stale": 0, "requeued": 0, "failed": 0, "filtered": 0, "duplicates": 0, "late": 0,
-                         "dropped_timeout": 0, "annotation_timeouts": 0, "annotation_errors": 0,
-                         "unknown_annotations": 0}
+        self.counters = {
+            "dropped_stale": 0,
+            "requeued": 0,
+            "failed": 0,
+            "filtered": 0,
+            "duplicates": 0,
+            "late": 0,
+            "dropped_timeout": 0,
+            "annotation_timeouts": 0,
+            "annotation_errors": 0,
+            "unknown_annotations": 0,
+        }
 
     async def start(self) -> None:
         for stream in (self.keys.rollouts, self.keys.annotations):
@@ -194,8 +203,10 @@ class Assembler:
         if isinstance(msg, Rollout):
             g = self.groups.get(msg.group_id)
             if parse_rollout_id(msg.rollout_id) != (msg.group_id, msg.sample):
-                return (f"rollout_id {msg.rollout_id!r} is not '<group_id>:<sample>:<nonce>' for group "
-                        f"{msg.group_id!r}, sample {msg.sample} (streamrl.messages.new_rollout_id)")
+                return (
+                    f"rollout_id {msg.rollout_id!r} is not '<group_id>:<sample>:<nonce>' for group "
+                    f"{msg.group_id!r}, sample {msg.sample} (streamrl.messages.new_rollout_id)"
+                )
             if len(msg.prompt_ids) == 0:
                 return "rollout has an empty prompt"
             if g is not None and g.group_size != msg.group_size:
@@ -205,12 +216,18 @@ class Assembler:
                 return f"token ids outside the vocabulary [0, {self.vocab_size})"
             return ""
         if parse_rollout_id(msg.rollout_id) is None:
-            return (f"annotation {msg.key!r} from producer {msg.producer!r}: rollout_id {msg.rollout_id!r} is not "
-                    "'<group_id>:<sample>:<nonce>'; copy the rollout's rollout_id unchanged")
+            return (
+                f"annotation {msg.key!r} from producer {msg.producer!r}: rollout_id {msg.rollout_id!r} is not "
+                "'<group_id>:<sample>:<nonce>'; copy the rollout's rollout_id unchanged"
+            )
         if self.join.shape(msg.key) is None and msg.key not in self._unused_keys:
             self._unused_keys.add(msg.key)  # accepted and ignored (docs/protocol.md); said once, it may be a typo
-            self.owner.log.warning("unused_annotation_key", key=msg.key, producer=msg.producer,
-                                   hint="list it in annotations.external to train on it")
+            self.owner.log.warning(
+                "unused_annotation_key",
+                key=msg.key,
+                producer=msg.producer,
+                hint="list it in annotations.external to train on it",
+            )
         return self.join.invalid(msg)
 
     async def _add_rollout(self, entry_id: str, r: Rollout) -> None:
@@ -286,8 +303,12 @@ class Assembler:
             return
         producers = sorted({a.producer for rids in self.held.values() for held in rids.values() for _, a in held})
         self.counters["unknown_annotations"] += len(ids)
-        self.owner.log.warning("unknown_rollout_ids", annotations=len(ids), producers=producers[:10],
-                               examples=[rid for rids in self.held.values() for rid in rids][:5])
+        self.owner.log.warning(
+            "unknown_rollout_ids",
+            annotations=len(ids),
+            producers=producers[:10],
+            examples=[rid for rids in self.held.values() for rid in rids][:5],
+        )
         self.held.clear()
         await self.broker.ack(self.keys.annotations, GROUP, ids)
 
@@ -327,14 +348,16 @@ class Assembler:
         loss = self.cfg.loss
         if loss.overlong_buffer > 0:
             lengths = np.asarray([len(r.completion_ids) for r in rollouts])
-            rewards = rewards + overlong_penalty(lengths, self.cfg.generator.max_tokens, loss.overlong_buffer,
-                                                 loss.overlong_penalty).astype(np.float32)
+            rewards = rewards + overlong_penalty(
+                lengths, self.cfg.generator.max_tokens, loss.overlong_buffer, loss.overlong_penalty
+            ).astype(np.float32)
         return rewards
 
     def _components(self, g: _Group) -> dict[str, np.ndarray]:
         """Each reward key's values (built-in `reward`, external keys) in sample order."""
-        return self.join.components([{k: a for k, (_, a) in self.annotations[r.rollout_id].items()}
-                                     for r in self._ordered(g)])
+        return self.join.components(
+            [{k: a for k, (_, a) in self.annotations[r.rollout_id].items()} for r in self._ordered(g)]
+        )
 
     async def _expire(self) -> None:
         """Apply annotations.external timeouts to groups whose rollouts are all in (workers/join_policy.py)."""
@@ -377,7 +400,7 @@ class Assembler:
             await self.broker.ack(self.keys.annotations, GROUP, a_ids)
         for group_id in group_ids:
             g = self.groups.pop(group_id, None)
-            for rid in (g.rollouts if g else {}):
+            for rid in g.rollouts if g else {}:
                 self.annotations.pop(rid, None)
             self.held.pop(group_id, None)
             self.closed.add(group_id)
@@ -404,8 +427,14 @@ class Assembler:
         r = next(iter(g.rollouts.values()))[1]
         version = int(await self.broker.get(self.keys.trainer_version) or 0)
         # Deterministic id (streamrl.accounting counts `<id>r` as admitted): a retried requeue is idempotent.
-        prompt = Prompt(group_id=f"{g.group_id}r", prompt_ids=r.prompt_ids,
-                        group_size=g.group_size, admitted_version=version, text=r.prompt_text, meta=r.meta)
+        prompt = Prompt(
+            group_id=f"{g.group_id}r",
+            prompt_ids=r.prompt_ids,
+            group_size=g.group_size,
+            admitted_version=version,
+            text=r.prompt_text,
+            meta=r.meta,
+        )
         await self.broker.add(self.keys.prompts, encode(prompt))
 
     # -- batches -----------------------------------------------------------------------------
@@ -453,8 +482,9 @@ class Assembler:
             rewards.append(self._rewards(g))
             parts.append(self._components(g))
             if "ref_logprobs" in self.required:
-                refs += [np.asarray(self.annotations[r.rollout_id]["ref_logprobs"][1].value, np.float32)
-                         for r in ordered]
+                refs += [
+                    np.asarray(self.annotations[r.rollout_id]["ref_logprobs"][1].value, np.float32) for r in ordered
+                ]
         rewards = np.concatenate(rewards)
         rewards_a = np.asarray(rewards, dtype=np.float32)
         gidx_a = np.asarray(gidx, dtype=np.int64)

@@ -63,8 +63,9 @@ def _init_group(rank: int, world: int, backend: str | None, init_method: str) ->
     if torch.cuda.is_available():
         # One GPU per local rank; NCCL collectives run on the current device.
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dist.init_process_group(backend or default_backend(), init_method=init_method, rank=rank,
-                            world_size=world, timeout=DEFAULT_TIMEOUT)
+    dist.init_process_group(
+        backend or default_backend(), init_method=init_method, rank=rank, world_size=world, timeout=DEFAULT_TIMEOUT
+    )
 
 
 def _run(rank: int, world: int, fn: Callable[[int, int], None], backend: str | None, init_method: str) -> None:
@@ -80,18 +81,28 @@ def _run(rank: int, world: int, fn: Callable[[int, int], None], backend: str | N
     dist.destroy_process_group()
 
 
-def _child(rank: int, world: int, fn: Callable[[int, int], None], backend: str | None, port: int,
-           report_dir: str) -> None:
+def _child(
+    rank: int, world: int, fn: Callable[[int, int], None], backend: str | None, port: int, report_dir: str
+) -> None:
     # Env vars as torchrun would set them, so code inside fn can read them the same way.
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
-                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+    )
     try:
         _run(rank, world, fn, backend, "env://")
     except Exception as exc:
         # When one rank fails the others soon fail too ("Connection closed by peer"); a precise
         # timestamp lets the parent name the rank that failed first (file mtimes are too coarse).
-        record = {"t": time.time_ns(), "trace": traceback.format_exc(),
-                  "fatal": str(exc) if isinstance(exc, FatalError) else None}
+        record = {
+            "t": time.time_ns(),
+            "trace": traceback.format_exc(),
+            "fatal": str(exc) if isinstance(exc, FatalError) else None,
+        }
         Path(report_dir, f"{rank}.json").write_text(json.dumps(record))
         raise
 
@@ -123,8 +134,13 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
             raise RankFailed(0, f"{type(exc).__name__}: {exc}") from exc
         return
     report_dir = tempfile.mkdtemp(prefix="streamrl-ranks-")
-    ctx = mp.start_processes(_child, args=(world_size, fn, backend, free_port(), report_dir),
-                             nprocs=world_size, join=False, start_method="spawn")
+    ctx = mp.start_processes(
+        _child,
+        args=(world_size, fn, backend, free_port(), report_dir),
+        nprocs=world_size,
+        join=False,
+        start_method="spawn",
+    )
     try:
         # join() returns False while ranks run; on the first failure it terminates the others.
         while not ctx.join():

@@ -69,8 +69,9 @@ class EnvWorker(Worker):
     async def step(self) -> bool:
         free = self.cfg.env.concurrency - len(self.tasks)
         if free <= 0:  # read only what can start now: the rest stays for other workers
-            await asyncio.wait(list(self.tasks), timeout=self.cfg.broker.block_ms / 1000,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                list(self.tasks), timeout=self.cfg.broker.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED
+            )
             return False
         items = await self.read(self.keys.env_steps, GROUP, count=free, expect=StepRequest)
         for entry, req in items:
@@ -88,7 +89,9 @@ class EnvWorker(Worker):
             obs = await self._answer(req)
             obs.step_s = round(time.monotonic() - t0, 6)
             if obs.error:
-                await self.dead_letter(self.keys.env_steps, entry, f"episode {req.episode_id} turn {req.turn}: {obs.error}")
+                await self.dead_letter(
+                    self.keys.env_steps, entry, f"episode {req.episode_id} turn {req.turn}: {obs.error}"
+                )
                 self.count("step_errors")
             await self.broker.add(self.keys.observations(req.reply_to), encode(obs), maxlen=OBS_MAXLEN)
             await self.broker.ack(self.keys.env_steps, GROUP, [entry.id])
@@ -104,9 +107,12 @@ class EnvWorker(Worker):
             # Not seen here (or a redelivery of an older step): rebuild from the item and the actions.
             if req.turn > 0 and not self.replayable:
                 self.count("replay_refused")
-                return self._obs(req, error="this env is not replayable and lost the episode's state "
-                                            "(its worker died or evicted it); the episode restarts",
-                                 error_kind="replay")
+                return self._obs(
+                    req,
+                    error="this env is not replayable and lost the episode's state "
+                    "(its worker died or evicted it); the episode restarts",
+                    error_kind="replay",
+                )
             if req.turn > 0:
                 self.count("replays")
             state = _State(self.factory())

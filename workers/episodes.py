@@ -155,8 +155,10 @@ class EpisodeRunner:
             try:
                 return await asyncio.wait_for(fut, timeout)
             except asyncio.TimeoutError:
-                raise EpisodeFailed(f"no observation for turn {req.turn} within {timeout:g}s "
-                                    "(env.observation_timeout_s): is an env worker running?") from None
+                raise EpisodeFailed(
+                    f"no observation for turn {req.turn} within {timeout:g}s "
+                    "(env.observation_timeout_s): is an env worker running?"
+                ) from None
         finally:
             self.waiting.pop(key, None)
 
@@ -212,8 +214,9 @@ class EpisodeRunner:
                 if st.group_id != prompt.group_id or str(st.sample) != name:
                     raise DecodeError(f"it is for {st.group_id} sample {st.sample}")
                 if not 0 <= st.sample < prompt.group_size or st.turn >= self.cfg.env.max_turns:
-                    raise DecodeError(f"sample {st.sample} / turn {st.turn} is outside this job's group_size / "
-                                      f"env.max_turns")
+                    raise DecodeError(
+                        f"sample {st.sample} / turn {st.turn} is outside this job's group_size / env.max_turns"
+                    )
                 if st.prompt_ids.tolist() != prompt.prompt_ids.tolist():
                     raise DecodeError("its prompt ids differ from the prompt's")
             except DecodeError as exc:
@@ -223,11 +226,29 @@ class EpisodeRunner:
             out[st.sample] = st
         return out
 
-    async def _save_state(self, prompt: Prompt, sample: int, episode_id: str, s: EpisodeSample, actions: list,
-                          texts: list, step_s: list, env_reward: float) -> None:
-        st = EpisodeState(episode_id=episode_id, group_id=prompt.group_id, sample=sample, turn=len(actions) - 1,
-                          actions=list(actions), texts=list(texts), step_s=list(step_s), env_reward=env_reward,
-                          writer=self.gen.worker_id, **s.rollout_fields())
+    async def _save_state(
+        self,
+        prompt: Prompt,
+        sample: int,
+        episode_id: str,
+        s: EpisodeSample,
+        actions: list,
+        texts: list,
+        step_s: list,
+        env_reward: float,
+    ) -> None:
+        st = EpisodeState(
+            episode_id=episode_id,
+            group_id=prompt.group_id,
+            sample=sample,
+            turn=len(actions) - 1,
+            actions=list(actions),
+            texts=list(texts),
+            step_s=list(step_s),
+            env_reward=env_reward,
+            writer=self.gen.worker_id,
+            **s.rollout_fields(),
+        )
         await self.gen.broker.hset(self.state_key(prompt.group_id), {str(sample): encode(st)})
 
     async def _episode(self, prompt: Prompt, sample: int, saved: EpisodeState | None = None) -> Rollout:
@@ -261,14 +282,26 @@ class EpisodeRunner:
         max_len = self.cfg.generator.max_model_len
         first = 0
         if saved is not None:
-            s = EpisodeSample.restore(saved.prompt_ids, saved.completion_ids, saved.logprobs, saved.version,
-                                      saved.version_switches, saved.obs_spans)
+            s = EpisodeSample.restore(
+                saved.prompt_ids,
+                saved.completion_ids,
+                saved.logprobs,
+                saved.version,
+                saved.version_switches,
+                saved.obs_spans,
+            )
             actions, texts, step_s = list(saved.actions), list(saved.texts), list(saved.step_s)
             env_reward, first = float(saved.env_reward), saved.turn
             gen.count("episodes_continued")
             await gen.broker.incr(self.keys.stat("episodes_continued"))
-            gen.log.info("episode_continued", episode_id=episode_id, previous=saved.episode_id, turns_kept=first + 1,
-                         tokens_kept=len(s.token_ids), written_by=saved.writer)
+            gen.log.info(
+                "episode_continued",
+                episode_id=episode_id,
+                previous=saved.episode_id,
+                turns_kept=first + 1,
+                tokens_kept=len(s.token_ids),
+                written_by=saved.writer,
+            )
         for turn in range(first, env.max_turns):
             if saved is None or turn > first:  # a continued episode resends its last turn's step first
                 room = max_len - len(s)
@@ -279,8 +312,15 @@ class EpisodeRunner:
                 actions.append(action)
                 texts.append(action)
                 await self._save_state(prompt, sample, episode_id, s, actions, texts, step_s, env_reward)
-            req = StepRequest(episode_id=episode_id, group_id=prompt.group_id, sample=sample, turn=turn,
-                              item=item, actions=list(actions), reply_to=gen.worker_id)
+            req = StepRequest(
+                episode_id=episode_id,
+                group_id=prompt.group_id,
+                sample=sample,
+                turn=turn,
+                item=item,
+                actions=list(actions),
+                reply_to=gen.worker_id,
+            )
             t0 = time.monotonic()
             obs = await self._observe(req)
             step_s.append(round(time.monotonic() - t0, 6))
@@ -306,13 +346,27 @@ class EpisodeRunner:
                 await self.lockstep.wait(episode_id)
         if not actions:
             raise EpisodeFailed(f"the prompt ({len(s)} tokens) leaves no room under generator.max_model_len={max_len}")
-        meta = {**prompt.meta, "env_reward": env_reward, "turns": len(actions), "env_step_s": step_s,
-                "env_tokens": s.env_tokens, "env_counts": counts}
-        return Rollout(rollout_id=episode_id,  # one id per generated episode (docs/protocol.md, "Rollout ids")
-                       group_id=prompt.group_id, sample=sample,
-                       group_size=prompt.group_size, finish_reason=finish, text="".join(texts),
-                       prompt_text=prompt.text, meta=meta, worker=gen.worker_id, finished_at=time.time(),
-                       **s.rollout_fields())
+        meta = {
+            **prompt.meta,
+            "env_reward": env_reward,
+            "turns": len(actions),
+            "env_step_s": step_s,
+            "env_tokens": s.env_tokens,
+            "env_counts": counts,
+        }
+        return Rollout(
+            rollout_id=episode_id,  # one id per generated episode (docs/protocol.md, "Rollout ids")
+            group_id=prompt.group_id,
+            sample=sample,
+            group_size=prompt.group_size,
+            finish_reason=finish,
+            text="".join(texts),
+            prompt_text=prompt.text,
+            meta=meta,
+            worker=gen.worker_id,
+            finished_at=time.time(),
+            **s.rollout_fields(),
+        )
 
     def _observation_ids(self, obs: Observation, s: EpisodeSample) -> list[int]:
         """The observation's token ids: with tools.chat, its messages (or its text as a user message)

@@ -83,10 +83,17 @@ class EvalCollector:
             rewards[i, s] = self.join.value(a) if not a.error or self.join.reward_error_value is not None else 0.0
             answers[i][s] = answer_key(r.text, r.meta)
             versions.append(r.oldest_version())
-        rec = {"eval/step": rnd.version, **round_metrics(rewards, answers, self.cfg.eval.threshold,
-                                                         [*self.cfg.eval.pass_k, n])}
-        rec.update({"eval/reward_errors": errors, "eval/version_min": int(min(versions)),
-                    "eval/completion_len_mean": float(np.mean([len(r.completion_ids) for _, r in rnd.rollouts.values()]))})
+        rec = {
+            "eval/step": rnd.version,
+            **round_metrics(rewards, answers, self.cfg.eval.threshold, [*self.cfg.eval.pass_k, n]),
+        }
+        rec.update(
+            {
+                "eval/reward_errors": errors,
+                "eval/version_min": int(min(versions)),
+                "eval/completion_len_mean": float(np.mean([len(r.completion_ids) for _, r in rnd.rollouts.values()])),
+            }
+        )
         # An older round still open will not complete (e.g. a generator dead-lettered one of its
         # prompts): drop it so its entries do not stay pending (and block trimming) forever.
         older = [v for v in self.rounds if v < rnd.version]

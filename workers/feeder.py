@@ -31,7 +31,9 @@ class FeederWorker(Worker):
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
         # The tokenizer renders chat tasks; tools.chat renders with the model's chat template.
-        self.items = load_task(self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens, self.cfg)
+        self.items = load_task(
+            self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens, self.cfg
+        )
         self.items = task_items(self.items, self.tokenizer, self.cfg)
         random.Random(self.cfg.run.seed).shuffle(self.items)
         r = self.cfg.rollout
@@ -39,12 +41,18 @@ class FeederWorker(Worker):
         self.evals = None
         if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval.py): outside admission and the ledger
             ev = self.cfg.eval
-            items = load_task(ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens,
-                              self.cfg)
+            items = load_task(
+                ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens, self.cfg
+            )
             items = task_items(items, self.tokenizer, self.cfg)
             self.evals = EvalIssuer(self.cfg, self.keys, items, self._eval_prompt)
-        self.log.info("feeder_ready", prompts=len(self.items), groups_needed=self.total,
-                      max_staleness=r.max_staleness, groups_per_step=r.groups_per_step)
+        self.log.info(
+            "feeder_ready",
+            prompts=len(self.items),
+            groups_needed=self.total,
+            max_staleness=r.max_staleness,
+            groups_per_step=r.groups_per_step,
+        )
 
     async def _counter(self, key: str) -> int:
         return int(await self.broker.get(key) or 0)
@@ -57,8 +65,9 @@ class FeederWorker(Worker):
             self.log.info("eval_issued", policy_version=version, prompts=n)
         admitted = await self._counter(self.keys.feeder_admitted)
         released = await self._counter(self.keys.groups_released)
-        budget = admission_budget(admitted, released, version, r.max_staleness, r.groups_per_step,
-                                  total_groups=self.total)
+        budget = admission_budget(
+            admitted, released, version, r.max_staleness, r.groups_per_step, total_groups=self.total
+        )
         if budget <= 0:
             await asyncio.sleep(0.02)
             return False
@@ -70,11 +79,25 @@ class FeederWorker(Worker):
 
     def _eval_prompt(self, item: dict, group_id: str, group_size: int, version: int) -> Prompt:
         ids = self.tokenizer(item["text"], add_special_tokens=False)["input_ids"]
-        return Prompt(group_id=group_id, prompt_ids=ids, group_size=group_size, admitted_version=version,
-                      text=item["text"], meta=item.get("meta", {}), temperature=self.cfg.eval.temperature)
+        return Prompt(
+            group_id=group_id,
+            prompt_ids=ids,
+            group_size=group_size,
+            admitted_version=version,
+            text=item["text"],
+            meta=item.get("meta", {}),
+            temperature=self.cfg.eval.temperature,
+        )
 
     def _prompt(self, index: int, version: int) -> Prompt:
         item = self.items[index % len(self.items)]
         ids = self.tokenizer(item["text"], add_special_tokens=False)["input_ids"]
-        return Prompt(group_id=f"g{index}", prompt_ids=ids, group_size=self.cfg.rollout.group_size,
-                      admitted_version=version, text=item["text"], meta=item.get("meta", {}), index=index)
+        return Prompt(
+            group_id=f"g{index}",
+            prompt_ids=ids,
+            group_size=self.cfg.rollout.group_size,
+            admitted_version=version,
+            text=item["text"],
+            meta=item.get("meta", {}),
+            index=index,
+        )

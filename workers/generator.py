@@ -62,15 +62,22 @@ class _Sample:
 class GeneratorWorker(Worker):
     role = "generator"
 
-    def __init__(self, cfg: Config, broker: Broker, worker_id: str, run_dir: Path | None = None,
-                 loader: WeightLoader | None = None):
+    def __init__(
+        self,
+        cfg: Config,
+        broker: Broker,
+        worker_id: str,
+        run_dir: Path | None = None,
+        loader: WeightLoader | None = None,
+    ):
         super().__init__(cfg, broker, worker_id, run_dir)
         if not cfg.model.path:
             raise ConfigError("the generator needs model.path; the supervisor sets it (or pass --set model.path=DIR)")
         self.loader = loader or make_loader(cfg, broker, self.run_dir)
         """The weight store's generator side: newest version, fetch, vLLM's reload call."""
-        self.engine = VLLMEngine(cfg.model.path, cfg.generator, cfg.model.dtype, cfg.run.seed,
-                                 extension=self.loader.vllm_extension)
+        self.engine = VLLMEngine(
+            cfg.model.path, cfg.generator, cfg.model.dtype, cfg.run.seed, extension=self.loader.vllm_extension
+        )
         self.version = 0
         """Weights version the engine generates with right now (0: the initial model)."""
         self._groups: dict[str, asyncio.Task] = {}
@@ -98,9 +105,13 @@ class GeneratorWorker(Worker):
         self.vocab_size = getattr(AutoConfig.from_pretrained(self.cfg.model.path), "vocab_size", None)
         t0 = time.monotonic()
         await self.engine.start()
-        self.log.info("engine_started", seconds=round(time.monotonic() - t0, 2), model=self.cfg.model.path,
-                      prefix_caching=self.engine.prefix_cache.get("enabled"),
-                      block_size=self.engine.prefix_cache.get("block_size"))
+        self.log.info(
+            "engine_started",
+            seconds=round(time.monotonic() - t0, 2),
+            model=self.cfg.model.path,
+            prefix_caching=self.engine.prefix_cache.get("enabled"),
+            block_size=self.engine.prefix_cache.get("block_size"),
+        )
         if self.episodes is not None:
             await self.episodes.start()
         # A late joiner loads the newest version before its first request.
@@ -115,8 +126,11 @@ class GeneratorWorker(Worker):
             raise self._fatal
         free = self.cfg.generator.max_inflight_groups - len(self._groups)
         if free <= 0:
-            await asyncio.wait(list(self._groups.values()), timeout=self.cfg.broker.block_ms / 1000,
-                               return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(
+                list(self._groups.values()),
+                timeout=self.cfg.broker.block_ms / 1000,
+                return_when=asyncio.FIRST_COMPLETED,
+            )
             return False
         items = await self.read(self.keys.prompts, GROUP, count=free, expect=Prompt)
         trainer_version = int(await self.broker.get(self.keys.trainer_version) or 0) if items else 0
@@ -227,8 +241,9 @@ class GeneratorWorker(Worker):
             await self._version_cond.wait_for(lambda: self.version >= needed)
 
     async def _run_sample(self, prompt: Prompt, sample: int) -> None:
-        params = self.engine.sampling_params(sample_seed(self.cfg.run.seed, prompt.group_id, sample),
-                                             prompt.temperature)
+        params = self.engine.sampling_params(
+            sample_seed(self.cfg.run.seed, prompt.group_id, sample), prompt.temperature
+        )
         request_id = f"{self.worker_id}:{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
         s = _Sample()
         self._set_active(+1)
@@ -244,11 +259,21 @@ class GeneratorWorker(Worker):
         finally:
             self._set_active(-1)
         rollout = Rollout(
-            rollout_id=new_rollout_id(prompt.group_id, sample), group_id=prompt.group_id, sample=sample,
-            group_size=prompt.group_size, prompt_ids=prompt.prompt_ids, completion_ids=s.token_ids,
-            logprobs=s.logprobs, version=self.version if s.version is None else s.version,
-            version_switches=s.switches, finish_reason=s.finish_reason, text="".join(s.text),
-            prompt_text=prompt.text, meta=prompt.meta, worker=self.worker_id, finished_at=time.time(),
+            rollout_id=new_rollout_id(prompt.group_id, sample),
+            group_id=prompt.group_id,
+            sample=sample,
+            group_size=prompt.group_size,
+            prompt_ids=prompt.prompt_ids,
+            completion_ids=s.token_ids,
+            logprobs=s.logprobs,
+            version=self.version if s.version is None else s.version,
+            version_switches=s.switches,
+            finish_reason=s.finish_reason,
+            text="".join(s.text),
+            prompt_text=prompt.text,
+            meta=prompt.meta,
+            worker=self.worker_id,
+            finished_at=time.time(),
         )
         # No MAXLEN: the trainer trims below what every group consumed (streamrl.trimming).
         await self.broker.add(self.keys.rollouts, encode(rollout))
@@ -288,7 +313,8 @@ class GeneratorWorker(Worker):
         self._fatal = RuntimeError(
             f"switching to weights version {handle.version} (pause, load, resume) did not finish in "
             f"{timeout:g}s; the vLLM engine looks stuck, so this generator exits to be restarted "
-            f"(raise generator.switch_timeout_s if loading this model legitimately takes longer)")
+            f"(raise generator.switch_timeout_s if loading this model legitimately takes longer)"
+        )
         self.log.error("weights_switch_hung", policy_version=handle.version, timeout_s=timeout)
         return False
 
@@ -309,8 +335,14 @@ class GeneratorWorker(Worker):
         self.stats.update(policy_version=self.version, last_switch_paused_s=round(paused_s, 4))
         if not joining:  # at start-up the publish->ready time mostly measures the engine start
             self.stats["last_switch_latency_s"] = round(latency, 4)
-        self.log.info("weights_loaded", policy_version=self.version, switch_latency_s=round(latency, 4),
-                      paused_s=round(paused_s, 4), active_requests=self._active, joining=joining)
+        self.log.info(
+            "weights_loaded",
+            policy_version=self.version,
+            switch_latency_s=round(latency, 4),
+            paused_s=round(paused_s, 4),
+            active_requests=self._active,
+            joining=joining,
+        )
         async with self._version_cond:
             self._version_cond.notify_all()
 
@@ -342,8 +374,11 @@ class GeneratorWorker(Worker):
         self.stats["busy_fraction"] = round(min(busy / up, 1.0), 4)
         pc = self.engine.prefix_cache
         if pc["queries"]:
-            self.stats.update(prefix_cache_queries=pc["queries"], prefix_cache_hits=pc["hits"],
-                              prefix_cache_hit_rate=round(pc["hits"] / pc["queries"], 4))
+            self.stats.update(
+                prefix_cache_queries=pc["queries"],
+                prefix_cache_hits=pc["hits"],
+                prefix_cache_hit_rate=round(pc["hits"] / pc["queries"], 4),
+            )
 
 
 async def _settle(tasks: set[asyncio.Task], log, what: str) -> None:

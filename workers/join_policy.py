@@ -60,8 +60,10 @@ class JoinPolicy:
         if shape is None or a.error:
             return ""  # an unused key is never read; an error annotation applies its key's policy
         if shape == "scalar" and isinstance(a.value, np.ndarray):
-            return (f"{who}: {a.key!r} is a scalar key, but the value is {len(a.value)} packed float32 values; "
-                    "send one msgpack number")
+            return (
+                f"{who}: {a.key!r} is a scalar key, but the value is {len(a.value)} packed float32 values; "
+                "send one msgpack number"
+            )
         if shape == "tokens" and not isinstance(a.value, np.ndarray):
             return f"{who}: {a.key!r} must be packed float32 bytes, one value per completion token, not a number"
         return ""
@@ -70,8 +72,10 @@ class JoinPolicy:
         """Why `a` does not fit its rollout ('' if it does): a per-token value of another length."""
         if a.error or self.shape(a.key) != "tokens" or len(a.value) == completion_tokens:
             return ""
-        return (f"annotation {a.key!r} from producer {a.producer!r} for rollout {a.rollout_id!r}: "
-                f"{len(a.value)} values for a completion of {completion_tokens} tokens")
+        return (
+            f"annotation {a.key!r} from producer {a.producer!r} for rollout {a.rollout_id!r}: "
+            f"{len(a.value)} values for a completion of {completion_tokens} tokens"
+        )
 
     def missing(self, rollout_ids: list[str], have: dict[str, dict]) -> set[str]:
         """Required keys that at least one of these rollouts does not have yet."""
@@ -99,8 +103,13 @@ class JoinPolicy:
     def stand_in(self, rollout_id: str, key: str) -> Annotation:
         """The annotation filed for a key that timed out under on_timeout=default."""
         spec = self.external[key]
-        return Annotation(rollout_id=rollout_id, key=key, value=spec.default, producer=TIMEOUT_PRODUCER,
-                          error=f"timed out after {spec.timeout_s}s; default {spec.default} used")
+        return Annotation(
+            rollout_id=rollout_id,
+            key=key,
+            value=spec.default,
+            producer=TIMEOUT_PRODUCER,
+            error=f"timed out after {spec.timeout_s}s; default {spec.default} used",
+        )
 
     def value(self, a: Annotation) -> float:
         """A scalar annotation's value: the key's default when the producer reported an error."""
@@ -116,8 +125,9 @@ class JoinPolicy:
         out = {k: np.asarray([self.value(a[k]) for a in annotations], np.float32) for k in self.reward_keys}
         for key in self.part_keys:
             name = key.split("/", 1)[1]
-            out[key] = np.asarray([a["reward"].parts.get(name, self.value(a["reward"])) for a in annotations],
-                                  np.float32)
+            out[key] = np.asarray(
+                [a["reward"].parts.get(name, self.value(a["reward"])) for a in annotations], np.float32
+            )
         return out
 
     def combine(self, parts: dict[str, np.ndarray]) -> np.ndarray:

@@ -50,9 +50,13 @@ class ReferenceWorker(Annotator):
 
     def _logprobs(self, rollouts: list[Rollout]):
         with torch.inference_mode():
-            return completion_logprobs(self.model, [r.prompt_ids for r in rollouts],
-                                       [r.completion_ids for r in rollouts], self.cfg.generator.temperature,
-                                       chunk_tokens=self.cfg.trainer.logprob_chunk_tokens)
+            return completion_logprobs(
+                self.model,
+                [r.prompt_ids for r in rollouts],
+                [r.completion_ids for r in rollouts],
+                self.cfg.generator.temperature,
+                chunk_tokens=self.cfg.trainer.logprob_chunk_tokens,
+            )
 
     async def _one(self, r: Rollout) -> tuple:
         """Score one rollout alone: its log-probs, or an error annotation's reason."""

@@ -28,8 +28,8 @@ from streamrl.config import Config
 from streamrl.metrics import MetricsWriter
 from streamrl.sft_data import SampleError, load_splits, step_indices, tokenize_row
 from workers.dist import broadcast_object, launch
-from workers.trainer_engines import make_engine
 from workers.sft_engine import enable_document_attention, sft_eval_loss, sft_train_step
+from workers.trainer_engines import make_engine
 
 log = structlog.get_logger("streamrl").bind(role="sft")
 
@@ -62,7 +62,7 @@ class SFTRun:
         self.counts = {"skipped_rows": 0, "truncated_rows": 0}
         self.first_error: str | None = None
         eval_idx = list(range(min(len(eval_rows), cfg.sft.eval_max_samples)))
-        self.eval_samples = self._samples(eval_rows, eval_idx[self.engine.dp_rank::self.engine.dp_size])
+        self.eval_samples = self._samples(eval_rows, eval_idx[self.engine.dp_rank :: self.engine.dp_size])
         self.flops = flops_per_token(AutoConfig.from_pretrained(cfg.model.path).to_dict())
 
     def _samples(self, rows, indices: list[int]):
@@ -83,7 +83,7 @@ class SFTRun:
     def step(self, step: int) -> dict:
         sft, e = self.cfg.sft, self.engine
         idx = step_indices(len(self.train_rows), step, sft.batch_size, self.cfg.run.seed)
-        m = sft_train_step(e, self._samples(self.train_rows, idx[e.dp_rank::e.dp_size]))
+        m = sft_train_step(e, self._samples(self.train_rows, idx[e.dp_rank :: e.dp_size]))
         a, b = self.flops
         flops = a * m["seq_tokens"] + b * m["attn_sq_tokens"]
         m["tokens_per_s"] = m["seq_tokens"] / max(1e-9, m["train_s"])
@@ -102,6 +102,7 @@ STOP_FILE = ".stop-requested"
 def stop_on_signal(run_dir: Path):
     """First SIGINT/SIGTERM: ask for a stop at the next step boundary (checkpoint, then exit); the
     handler then reverts to the default, so a second signal kills at once."""
+
     def handler(signum, _frame):
         (run_dir / STOP_FILE).touch()
         signal.signal(signum, signal.SIG_DFL)
@@ -138,7 +139,12 @@ def _train(cfg: Config, run_dir: Path, resume: bool, rank: int, world: int) -> N
         for step in range(start, tc.steps):
             m = run.step(step)
             done = step + 1
-            rec = {"step": done, **m, "time_s": round(time.time() - t0, 3), "epoch": done * cfg.sft.batch_size / len(run.train_rows)}
+            rec = {
+                "step": done,
+                **m,
+                "time_s": round(time.time() - t0, 3),
+                "epoch": done * cfg.sft.batch_size / len(run.train_rows),
+            }
             if (done % cfg.sft.eval_every == 0 or done == tc.steps) and _has_eval(run):
                 rec["eval_loss"] = sft_eval_loss(run.engine, run.eval_samples)
             counts, stop = _counts(run, (run_dir / STOP_FILE).exists())
@@ -151,8 +157,10 @@ def _train(cfg: Config, run_dir: Path, resume: bool, rank: int, world: int) -> N
                 save_checkpoint(run.engine, run_dir, done, meta, tc.checkpoint_keep)
             if stop:
                 if rank == 0:
-                    print(f"stopped after step {done} (checkpoint saved); continue with: streamrl sft --resume "
-                          f"{run_dir}", flush=True)
+                    print(
+                        f"stopped after step {done} (checkpoint saved); continue with: streamrl sft --resume {run_dir}",
+                        flush=True,
+                    )
                 break
     finally:
         metrics.close()
@@ -167,8 +175,11 @@ def _has_eval(run: SFTRun) -> bool:
 
 def _counts(run: SFTRun, stop: bool) -> tuple[dict, bool]:
     """Row counters summed over ranks, and whether any rank saw a stop request (one collective)."""
-    buf = torch.tensor([run.counts["skipped_rows"], run.counts["truncated_rows"], int(stop)], dtype=torch.int64,
-                       device=run.engine.device)
+    buf = torch.tensor(
+        [run.counts["skipped_rows"], run.counts["truncated_rows"], int(stop)],
+        dtype=torch.int64,
+        device=run.engine.device,
+    )
     dist.all_reduce(buf)
     return {"skipped_rows": int(buf[0]), "truncated_rows": int(buf[1])}, bool(buf[2])
 

@@ -67,8 +67,18 @@ class DocumentSDPA(torch.nn.Module):
     """torchtitan inner attention with document masks: a flex_attention BlockMask (GPU), a dense
     boolean [B, 1, L, L] mask through SDPA (CPU: flex has no CPU backward), or None (plain causal)."""
 
-    def forward(self, q: Tensor, k: Tensor, v: Tensor, *, attention_masks=None,
-                scale: float | None = None, enable_gqa: bool = False, is_causal: bool = True, **_) -> Tensor:
+    def forward(
+        self,
+        q: Tensor,
+        k: Tensor,
+        v: Tensor,
+        *,
+        attention_masks=None,
+        scale: float | None = None,
+        enable_gqa: bool = False,
+        is_causal: bool = True,
+        **_,
+    ) -> Tensor:
         q, k, v = (x.transpose(1, 2) for x in (q, k, v))
         if attention_masks is None:
             out = F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
@@ -135,8 +145,9 @@ def sft_train_step(engine, samples: list[Sample]) -> dict[str, float]:
     start = time.perf_counter()
     sft = engine.cfg.sft
     local_tokens = float(sum(s.loss_tokens for s in samples))
-    total_tokens, seq_tokens, attn_sq = _sum_all(engine, [local_tokens, float(sum(len(s.ids) for s in samples)),
-                                                          float(sum(len(s.ids) ** 2 for s in samples))])
+    total_tokens, seq_tokens, attn_sq = _sum_all(
+        engine, [local_tokens, float(sum(len(s.ids) for s in samples)), float(sum(len(s.ids) ** 2 for s in samples))]
+    )
     engine.optimizer.zero_grad(set_to_none=True)
     nll, padded_tokens = 0.0, 0
     scale = engine.dp_size / max(1.0, total_tokens)
@@ -159,10 +170,17 @@ def sft_train_step(engine, samples: list[Sample]) -> dict[str, float]:
     engine.scheduler.step()
     nll_all, padded_all = _sum_all(engine, [nll, float(padded_tokens)])
     (step_s,) = _sum_all(engine, [time.perf_counter() - start], op=dist.ReduceOp.MAX)
-    return {"loss": nll_all / max(1.0, total_tokens), "loss_tokens": total_tokens, "seq_tokens": seq_tokens,
-            "attn_sq_tokens": attn_sq, "padding_frac": 1.0 - seq_tokens / max(1.0, padded_all),
-            "grad_norm": grad_norm, "lr": lr,
-            "skipped_step": float(skipped), "train_s": step_s}
+    return {
+        "loss": nll_all / max(1.0, total_tokens),
+        "loss_tokens": total_tokens,
+        "seq_tokens": seq_tokens,
+        "attn_sq_tokens": attn_sq,
+        "padding_frac": 1.0 - seq_tokens / max(1.0, padded_all),
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "skipped_step": float(skipped),
+        "train_s": step_s,
+    }
 
 
 @torch.no_grad()

@@ -48,8 +48,10 @@ def load_hf_weights(model_path: str | Path) -> dict[str, Tensor]:
 
     files = sorted(Path(model_path).glob("*.safetensors"))
     if not files:
-        raise ConfigError(f"no *.safetensors in {model_path}; the torchtitan backend loads safetensors "
-                          "checkpoints (save the model with save_pretrained(safe_serialization=True))")
+        raise ConfigError(
+            f"no *.safetensors in {model_path}; the torchtitan backend loads safetensors "
+            "checkpoints (save the model with save_pretrained(safe_serialization=True))"
+        )
     out: dict[str, Tensor] = {}
     for f in files:
         out.update(load_file(f))
@@ -65,8 +67,10 @@ def parallel_dims(cfg: Config, world_size: int, device: torch.device):
 
     par = cfg.trainer.parallelism
     titan_par = ParallelismConfig(
-        data_parallel_replicate_degree=par.dp_replicate, data_parallel_shard_degree=par.shard_degree(world_size),
-        tensor_parallel_degree=par.tp, spmd_backend="partial_dtensor",
+        data_parallel_replicate_degree=par.dp_replicate,
+        data_parallel_shard_degree=par.shard_degree(world_size),
+        tensor_parallel_degree=par.tp,
+        spmd_backend="partial_dtensor",
         # Sequence parallel shards activations along the sequence, which then must divide by tp;
         # rollouts have any length, so TP runs with replicated activations.
         enable_sequence_parallel=False,
@@ -100,8 +104,10 @@ def build_loaded_model(spec: TitanSpec, model_path: str, titan_par) -> torch.nn.
     state = spec.adapter(spec.config, None).from_hf(load_hf_weights(model_path))
     result = model.load_state_dict(state, strict=False)
     if result.missing_keys or result.unexpected_keys:
-        raise ConfigError(f"{model_path} does not match torchtitan's {spec.name}: missing "
-                          f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}")
+        raise ConfigError(
+            f"{model_path} does not match torchtitan's {spec.name}: missing "
+            f"{result.missing_keys[:5]}, unexpected {result.unexpected_keys[:5]}"
+        )
     return model
 
 
@@ -140,16 +146,20 @@ class TitanEngine(TrainEngine):
         self.dp_rank, self.dp_size, self.dp_group = data_parallel_coords(self.dims, self.rank, self.world_size)
 
     def _parallelize(self, model: torch.nn.Module, titan_par) -> torch.nn.Module:
+        from torch.distributed.fsdp import FSDPModule
         from torchtitan.config import CompileConfig, TrainingConfig
         from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
-        from torch.distributed.fsdp import FSDPModule
 
         tc = self.cfg.trainer
         ac = None
         if tc.activation_checkpointing:
             ac = FullAC.Config() if tc.parallelism.ac_policy == "full" else SelectiveAC.Config()
         model = self.spec.parallelize(
-            model, parallel_dims=self.dims, parallelism=titan_par, ac_config=ac, dump_folder="",
+            model,
+            parallel_dims=self.dims,
+            parallelism=titan_par,
+            ac_config=ac,
+            dump_folder="",
             training=TrainingConfig(mixed_precision_param=self.cfg.model.dtype, mixed_precision_reduce="float32"),
             compile_config=CompileConfig(enable=tc.parallelism.compile, components=["model"]),
         )
@@ -176,13 +186,23 @@ class TitanEngine(TrainEngine):
         if isinstance(out, DTensor):  # tensor parallel: replicated hidden states / vocab-sharded logits
             out = out.full_tensor()
         if not chunk:
-            return token_logprobs(out, padded["positions"], padded["targets"],
-                                  self.cfg.generator.temperature, with_entropy)
+            return token_logprobs(
+                out, padded["positions"], padded["targets"], self.cfg.generator.temperature, with_entropy
+            )
         head = self.model.lm_head
         weight = unsharded_weight(head, head)
         bias = unsharded_weight(head, head, "bias") if getattr(head, "bias", None) is not None else None
-        return gathered_logprobs(out, weight, bias, padded["positions"], padded["targets"], padded["lengths"],
-                                 self.cfg.generator.temperature, chunk, with_entropy)
+        return gathered_logprobs(
+            out,
+            weight,
+            bias,
+            padded["positions"],
+            padded["targets"],
+            padded["lengths"],
+            self.cfg.generator.temperature,
+            chunk,
+            with_entropy,
+        )
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
         """Full HF-named weights on rank 0 (CPU copies), None elsewhere; collective.

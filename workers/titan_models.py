@@ -33,6 +33,7 @@ def _torch_compat() -> None:
     import torch.distributed.fsdp as fsdp
 
     if not hasattr(fsdp, "DataParallelMeshDims"):
+
         class DataParallelMeshDims:  # noqa: D101 - placeholder, see above
             def __init__(self, *args, **kwargs):
                 raise RuntimeError("torch >= 2.12 is needed for torchtitan's full_dtensor path")
@@ -81,8 +82,10 @@ def head_dim(hf: dict) -> int:
 
 def _check_plain(hf: dict) -> None:
     if hf.get("attention_bias") or hf.get("mlp_bias"):
-        raise ConfigError(f"{hf['model_type']} with attention/mlp biases is not built by the torchtitan "
-                          "backend; set trainer.backend=hf")
+        raise ConfigError(
+            f"{hf['model_type']} with attention/mlp biases is not built by the torchtitan "
+            "backend; set trainer.backend=hf"
+        )
     if hf.get("hidden_act", "silu") != "silu":
         raise ConfigError(f"hidden_act={hf['hidden_act']} is not SwiGLU; set trainer.backend=hf")
 
@@ -108,7 +111,10 @@ def _decoder(model_cls: Any, hf: dict, layers: list) -> Any:
 
     dim, vocab = hf["hidden_size"], hf["vocab_size"]
     return model_cls.Config(
-        dim=dim, vocab_size=vocab, layers=layers, enable_weight_tying=bool(hf.get("tie_word_embeddings")),
+        dim=dim,
+        vocab_size=vocab,
+        layers=layers,
+        enable_weight_tying=bool(hf.get("tie_word_embeddings")),
         tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim),
         norm=RMSNorm.Config(normalized_shape=dim),
         lm_head=Linear.Config(in_features=dim, out_features=vocab),
@@ -117,28 +123,41 @@ def _decoder(model_cls: Any, hf: dict, layers: list) -> Any:
 
 def _llama(hf: dict) -> TitanSpec:
     from torchtitan.models.common import ComplexRoPE
-    from torchtitan.models.llama3 import (Llama3Model, Llama3StateDictAdapter, _build_llama3_layers,
-                                          parallelize_llama)
+    from torchtitan.models.llama3 import Llama3Model, Llama3StateDictAdapter, _build_llama3_layers, parallelize_llama
 
     dim, n_heads = hf["hidden_size"], hf["num_attention_heads"]
     if head_dim(hf) != dim // n_heads:
-        raise ConfigError(f"llama head_dim={head_dim(hf)} differs from hidden_size/num_attention_heads; "
-                          "torchtitan's Llama 3 does not build it, set trainer.backend=hf")
+        raise ConfigError(
+            f"llama head_dim={head_dim(hf)} differs from hidden_size/num_attention_heads; "
+            "torchtitan's Llama 3 does not build it, set trainer.backend=hf"
+        )
     rope = rope_settings(hf)
     rope_kw: dict[str, Any] = {"scaling": "none"}
     if rope["rope_type"] == "llama3":
-        rope_kw = {"scaling": "llama", "scaling_factor": rope["factor"], "low_freq_factor": rope["low_freq_factor"],
-                   "high_freq_factor": rope["high_freq_factor"],
-                   "original_max_position_embeddings": rope["original_max_position_embeddings"]}
+        rope_kw = {
+            "scaling": "llama",
+            "scaling_factor": rope["factor"],
+            "low_freq_factor": rope["low_freq_factor"],
+            "high_freq_factor": rope["high_freq_factor"],
+            "original_max_position_embeddings": rope["original_max_position_embeddings"],
+        }
     elif rope["rope_type"] != "default":
-        raise ConfigError(f"llama rope_type={rope['rope_type']} is not built by the torchtitan backend "
-                          "(default and llama3 are); set trainer.backend=hf")
+        raise ConfigError(
+            f"llama rope_type={rope['rope_type']} is not built by the torchtitan backend "
+            "(default and llama3 are); set trainer.backend=hf"
+        )
     # The registry's own layer builder; attn_backend "flex" only names a placeholder swapped for SDPA.
     layers = _build_llama3_layers(
-        n_layers=hf["num_hidden_layers"], dim=dim, n_heads=n_heads, n_kv_heads=hf.get("num_key_value_heads"),
-        hidden_dim=hf["intermediate_size"], attn_backend="flex", fuse_qkv=False,
-        rope=ComplexRoPE.Config(dim=dim // n_heads, max_seq_len=hf["max_position_embeddings"],
-                                theta=float(rope["rope_theta"]), **rope_kw),
+        n_layers=hf["num_hidden_layers"],
+        dim=dim,
+        n_heads=n_heads,
+        n_kv_heads=hf.get("num_key_value_heads"),
+        hidden_dim=hf["intermediate_size"],
+        attn_backend="flex",
+        fuse_qkv=False,
+        rope=ComplexRoPE.Config(
+            dim=dim // n_heads, max_seq_len=hf["max_position_embeddings"], theta=float(rope["rope_theta"]), **rope_kw
+        ),
     )
     return TitanSpec("llama3", _decoder(Llama3Model, hf, layers), Llama3StateDictAdapter, parallelize_llama)
 
@@ -149,13 +168,19 @@ def _qwen3(hf: dict) -> TitanSpec:
 
     rope = rope_settings(hf)
     if rope["rope_type"] != "default":
-        raise ConfigError(f"qwen3 rope_type={rope['rope_type']} is not built by the torchtitan backend; "
-                          "set trainer.backend=hf")
+        raise ConfigError(
+            f"qwen3 rope_type={rope['rope_type']} is not built by the torchtitan backend; set trainer.backend=hf"
+        )
     dim, hd = hf["hidden_size"], head_dim(hf)
     layers = _build_qwen3_layers(
-        n_layers=hf["num_hidden_layers"], dim=dim, n_heads=hf["num_attention_heads"],
-        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"], head_dim=hd,
-        hidden_dim=hf["intermediate_size"], attn_backend="flex", fuse_qkv=False,
+        n_layers=hf["num_hidden_layers"],
+        dim=dim,
+        n_heads=hf["num_attention_heads"],
+        n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hd,
+        hidden_dim=hf["intermediate_size"],
+        attn_backend="flex",
+        fuse_qkv=False,
         rope=CosSinRoPE.Config(dim=hd, max_seq_len=hf["max_position_embeddings"], theta=float(rope["rope_theta"])),
     )
     return TitanSpec("qwen3", _decoder(Qwen3Model, hf, layers), Qwen3StateDictAdapter, parallelize_qwen3)
@@ -165,8 +190,10 @@ def spec_from_hf(hf: dict) -> TitanSpec:
     """The torchtitan model spec for a parsed config.json (SDPA attention, the checkpoint's norm eps)."""
     kind = hf.get("model_type")
     if kind not in SUPPORTED:
-        raise ConfigError(f"model_type={kind!r} has no torchtitan definition here (supported: "
-                          f"{', '.join(SUPPORTED)}); set trainer.backend=hf")
+        raise ConfigError(
+            f"model_type={kind!r} has no torchtitan definition here (supported: "
+            f"{', '.join(SUPPORTED)}); set trainer.backend=hf"
+        )
     _check_plain(hf)
     spec = _llama(hf) if kind == "llama" else _qwen3(hf)
     _set_eps(spec.config, float(hf.get("rms_norm_eps", 1e-6)))

@@ -53,9 +53,16 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
     rows = batch.rollouts
     if not rows:
         one = torch.zeros((1, 1), dtype=torch.long)
-        out = {"input_ids": one + pad_id, "attention_mask": one + 1, "positions": one.clone(),
-               "targets": one + pad_id, "mask": one.float(), "old_logprobs": one.float(),
-               "advantages": torch.zeros(1), "lengths": torch.ones(1, dtype=torch.long)}
+        out = {
+            "input_ids": one + pad_id,
+            "attention_mask": one + 1,
+            "positions": one.clone(),
+            "targets": one + pad_id,
+            "mask": one.float(),
+            "old_logprobs": one.float(),
+            "advantages": torch.zeros(1),
+            "lengths": torch.ones(1, dtype=torch.long),
+        }
         if batch.ref_logprobs is not None:
             out["ref_logprobs"] = one.float()
         return out
@@ -84,8 +91,7 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
                     "tokens; the reference worker must annotate every completion token"
                 )
             ref[i, :c] = torch.from_numpy(ref_row)
-    out.update(mask=mask, old_logprobs=old,
-               advantages=torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)))
+    out.update(mask=mask, old_logprobs=old, advantages=torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)))
     if ref is not None:
         out["ref_logprobs"] = ref
     return out
@@ -112,7 +118,9 @@ def pack_by_tokens(lengths: list[int], micro_batch_size: int, micro_batch_tokens
     return out
 
 
-def plan_micro_batches(batch: Batch, world: int, micro_batch_size: int, micro_batch_tokens: int) -> list[list[list[int]]]:
+def plan_micro_batches(
+    batch: Batch, world: int, micro_batch_size: int, micro_batch_tokens: int
+) -> list[list[list[int]]]:
     """For each data-parallel rank, the row indices (into its batch.shard) of each micro-batch; every
     rank gets the same number (FSDP's collectives must line up), padded with empty micro-batches.
 
@@ -121,8 +129,12 @@ def plan_micro_batches(batch: Batch, world: int, micro_batch_size: int, micro_ba
     if not micro_batch_tokens:
         k = num_micro_batches(len(batch), world, micro_batch_size)
         return [[list(range(i * len(s) // k, (i + 1) * len(s) // k)) for i in range(k)] for s in shards]
-    plans = [pack_by_tokens([len(r.prompt_ids) + len(r.completion_ids) for r in s.rollouts],
-                            micro_batch_size, micro_batch_tokens) for s in shards]
+    plans = [
+        pack_by_tokens(
+            [len(r.prompt_ids) + len(r.completion_ids) for r in s.rollouts], micro_batch_size, micro_batch_tokens
+        )
+        for s in shards
+    ]
     k = max(1, max(len(p) for p in plans))
     return [p + [[] for _ in range(k - len(p))] for p in plans]
 
@@ -179,8 +191,10 @@ def check_launch(engine: str, world_size: int, model_path: str | None) -> None:
             "start the trainer through workers.dist.launch (or torchrun)"
         )
     if not model_path:
-        raise ConfigError(f"{engine} got no model folder; pass streamrl.tiny.resolve_model_path(cfg.model, "
-                          "cache_dir, cfg.run.seed), which builds the tiny model when model.path is unset")
+        raise ConfigError(
+            f"{engine} got no model folder; pass streamrl.tiny.resolve_model_path(cfg.model, "
+            "cache_dir, cfg.run.seed), which builds the tiny model when model.path is unset"
+        )
 
 
 def engine_device(choice: str) -> torch.device:
@@ -237,24 +251,33 @@ class TrainEngine(TrainerEngine):
         The reference worker's function (streamrl.modeling.causal_lm_logprobs): with
         trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from the
         decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
-        return causal_lm_logprobs(self.model, padded, self.cfg.generator.temperature,
-                                  self.cfg.trainer.logprob_chunk_tokens, with_entropy)
+        return causal_lm_logprobs(
+            self.model, padded, self.cfg.generator.temperature, self.cfg.trainer.logprob_chunk_tokens, with_entropy
+        )
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
         # Pad waste: input positions the forward computes vs those that hold a real token.
-        sizes = {"input_tokens": float(sum(len(r.prompt_ids) + len(r.completion_ids) for r in mb.rollouts)),
-                 "padded_tokens": float(padded["input_ids"].numel())}
+        sizes = {
+            "input_tokens": float(sum(len(r.prompt_ids) + len(r.completion_ids) for r in mb.rollouts)),
+            "padded_tokens": float(padded["input_ids"].numel()),
+        }
         # Entropy is always logged (no gradient unless loss.entropy_coef > 0 asks for the bonus).
         want = True if "entropy" in self.requirements else ("metric" if self.cfg.trainer.log_entropy else False)
         logp, entropy = self.logprobs(padded, with_entropy=want)
         inp = LossInputs(
-            logprobs=logp, old_logprobs=padded["old_logprobs"], advantages=padded["advantages"],
-            mask=padded["mask"], ref_logprobs=padded.get("ref_logprobs"),
+            logprobs=logp,
+            old_logprobs=padded["old_logprobs"],
+            advantages=padded["advantages"],
+            mask=padded["mask"],
+            ref_logprobs=padded.get("ref_logprobs"),
             # The weights before this step are the ones that just ran the forward (one optimizer
             # step per batch, dropout off), so the proximal policy is this forward, detached.
             prox_logprobs=logp.detach() if "prox_logprobs" in self.requirements else None,
-            entropy=entropy, total_tokens=total_tokens, total_seqs=total_seqs, dp_world_size=self.dp_size,
+            entropy=entropy,
+            total_tokens=total_tokens,
+            total_seqs=total_seqs,
+            dp_world_size=self.dp_size,
         )
         loss, metrics = compute_loss(self.loss, inp)
         loss.backward()
@@ -266,8 +289,10 @@ class TrainEngine(TrainerEngine):
         if len(batch) == 0:
             raise StreamRLError("train_step got an empty batch; the assembler must hand over complete groups")
         if "ref_logprobs" in self.requirements and batch.ref_logprobs is None:
-            raise ConfigError("the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
-                              "the assembler must wait for the reference workers' annotation")
+            raise ConfigError(
+                "the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
+                "the assembler must wait for the reference workers' annotation"
+            )
         total_tokens, total_seqs = float(max(1, batch.num_loss_tokens)), float(len(batch))
         tc = self.cfg.trainer
         shard = batch.shard(self.dp_rank, self.dp_size)
@@ -289,8 +314,13 @@ class TrainEngine(TrainerEngine):
         self.scheduler.step()
         out = self._all_reduce(dict(sums), op=dist.ReduceOp.SUM, group=self.dp_group)
         out.update(self._all_reduce({"time_s": time.perf_counter() - start}, op=dist.ReduceOp.MAX))
-        out.update(grad_norm=grad_norm, lr=float(self.optimizer.param_groups[0]["lr"]),
-                   tokens=total_tokens, seqs=total_seqs, skipped_step=float(skipped))
+        out.update(
+            grad_norm=grad_norm,
+            lr=float(self.optimizer.param_groups[0]["lr"]),
+            tokens=total_tokens,
+            seqs=total_seqs,
+            skipped_step=float(skipped),
+        )
         return out
 
     def _all_reduce(self, values: dict[str, float], op, group=None) -> dict[str, float]:

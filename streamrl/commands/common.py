@@ -23,15 +23,22 @@ def prepare_out_dir(out: str | None) -> Path | None:
         with tempfile.NamedTemporaryFile(dir=path, prefix=".streamrl-write-check-"):
             pass
     except OSError as exc:
-        raise ConfigError(f"--out {out}: cannot write there ({exc.strerror or exc}); "
-                          "pass a directory you can write to") from None
+        raise ConfigError(
+            f"--out {out}: cannot write there ({exc.strerror or exc}); pass a directory you can write to"
+        ) from None
     return path
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", help="YAML config (default: configs/tiny-cpu.yaml)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.FIELD=VALUE",
-                   help="override one config value, e.g. --set trainer.steps=20 (repeatable)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.FIELD=VALUE",
+        help="override one config value, e.g. --set trainer.steps=20 (repeatable)",
+    )
 
 
 def load(args) -> Config:
@@ -58,14 +65,20 @@ def broker_url(args) -> str:
     run_dir = getattr(args, "run_dir", None)
     if run_dir and (Path(run_dir) / "broker" / "url").exists():
         return (Path(run_dir) / "broker" / "url").read_text().strip()
-    raise ConfigError("no broker URL: pass --broker redis://HOST:6379/0, set STREAMRL_BROKER_URL, "
-                      "or --run-dir of a running `streamrl up`")
+    raise ConfigError(
+        "no broker URL: pass --broker redis://HOST:6379/0, set STREAMRL_BROKER_URL, "
+        "or --run-dir of a running `streamrl up`"
+    )
 
 
 def add_preflight_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--no-preflight", dest="preflight", action="store_false",
-                   help="skip the checks against this machine (reward.fn imports, files and model.path exist, "
-                        "the broker answers, vLLM imports, CUDA where asked for; streamrl/preflight.py)")
+    p.add_argument(
+        "--no-preflight",
+        dest="preflight",
+        action="store_false",
+        help="skip the checks against this machine (reward.fn imports, files and model.path exist, "
+        "the broker answers, vLLM imports, CUDA where asked for; streamrl/preflight.py)",
+    )
 
 
 def preflight(args, cfg: Config) -> None:

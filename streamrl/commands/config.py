@@ -6,8 +6,10 @@ from streamrl.commands.common import add_config_args, add_preflight_arg, load, p
 
 NAME = "config"
 HELP = "validate a config and print it fully resolved"
-DESCRIPTION = ("Validate a config, check it against this machine (streamrl/preflight.py), and print every "
-               "field with its resolved value (nothing starts).")
+DESCRIPTION = (
+    "Validate a config, check it against this machine (streamrl/preflight.py), and print every "
+    "field with its resolved value (nothing starts)."
+)
 
 
 def add_arguments(p) -> None:

@@ -16,20 +16,30 @@ from pathlib import Path
 
 NAME = "env"
 HELP = "attach an environment class (multi-turn episodes) to a running job"
-DESCRIPTION = ("Read env_steps with the consumer group 'env', run each step with --fn and write the observation "
-               "(docs/protocol.md, 'Environment steps').")
+DESCRIPTION = (
+    "Read env_steps with the consumer group 'env', run each step with --fn and write the observation "
+    "(docs/protocol.md, 'Environment steps')."
+)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--fn", required=True, metavar="package.module:Class",
-                   help="env class (streamrl.envs.Env), or an adapter: textarena:<game> (docs/environments.md)")
+    p.add_argument(
+        "--fn",
+        required=True,
+        metavar="package.module:Class",
+        help="env class (streamrl.envs.Env), or an adapter: textarena:<game> (docs/environments.md)",
+    )
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
     p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
     p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
     p.add_argument("--concurrency", type=int, default=32, help="steps in flight at once (default 32)")
     p.add_argument("--step-timeout", type=float, default=10.0, help="seconds an env call may take (default 10)")
-    p.add_argument("--claim-idle-ms", type=int, default=30_000,
-                   help="take over a dead worker's steps after they are idle this long")
+    p.add_argument(
+        "--claim-idle-ms",
+        type=int,
+        default=30_000,
+        help="take over a dead worker's steps after they are idle this long",
+    )
     p.add_argument("--id", help="worker id (default: env-HOST-PID)")
 
 
@@ -45,8 +55,11 @@ def run(args) -> int:
 
     sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to where the user runs the command
     factory = resolve_env(args.fn)
-    cfg = Config(run=RunConfig(name=args.run), broker=BrokerConfig(claim_idle_ms=args.claim_idle_ms),
-                 env=EnvConfig(fn=args.fn, concurrency=args.concurrency, step_timeout_s=args.step_timeout))
+    cfg = Config(
+        run=RunConfig(name=args.run),
+        broker=BrokerConfig(claim_idle_ms=args.claim_idle_ms),
+        env=EnvConfig(fn=args.fn, concurrency=args.concurrency, step_timeout_s=args.step_timeout),
+    )
     url = broker_url(args)
     wid = args.id or f"env-{os.uname().nodename}-{os.getpid()}"
     run_dir = Path(args.run_dir) if args.run_dir else None

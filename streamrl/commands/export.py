@@ -6,8 +6,10 @@ from pathlib import Path
 
 NAME = "export"
 HELP = "write a Hugging Face model folder from a run's checkpoint"
-DESCRIPTION = ("Convert RUN_DIR/checkpoints/step-N (the newest unless --step) of a `streamrl up` or `streamrl sft` "
-               "run into a folder transformers and vLLM load: config, safetensors, tokenizer, generation config.")
+DESCRIPTION = (
+    "Convert RUN_DIR/checkpoints/step-N (the newest unless --step) of a `streamrl up` or `streamrl sft` "
+    "run into a folder transformers and vLLM load: config, safetensors, tokenizer, generation config."
+)
 
 
 def add_arguments(p) -> None:

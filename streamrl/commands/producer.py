@@ -23,10 +23,21 @@ from streamrl.errors import ConfigError
 
 NAME = "producer"
 HELP = "create or remove a restricted broker user for an external reward producer"
-DESCRIPTION = ("Manage Redis ACL users for external producers: each may read `rollouts` (through its own consumer "
-               "group) and append to `annotations`/`deadletter` of one run, nothing else.")
-ACL_COMMANDS = ["ping", "xreadgroup", "xack", "xautoclaim", "xclaim", "xpending", "xrange", "xinfo|groups",
-                "xgroup|create"]
+DESCRIPTION = (
+    "Manage Redis ACL users for external producers: each may read `rollouts` (through its own consumer "
+    "group) and append to `annotations`/`deadletter` of one run, nothing else."
+)
+ACL_COMMANDS = [
+    "ping",
+    "xreadgroup",
+    "xack",
+    "xautoclaim",
+    "xclaim",
+    "xpending",
+    "xrange",
+    "xinfo|groups",
+    "xgroup|create",
+]
 """Reading through a consumer group, taking over a dead replica's entries, creating the own group."""
 WRITE_COMMANDS = ["xadd"]
 END_COMMANDS = ["get"]
@@ -47,9 +58,13 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
     if server_major >= 7:
         # Selectors pair commands with keys: XADD only to annotations/deadletter, GET only the end
         # mark, SET/DEL only the heartbeat.
-        return [*base, *read, f"({' '.join(write + ['+' + c for c in WRITE_COMMANDS])})",
-                f"(%R~{keys.run_end} {' '.join('+' + c for c in END_COMMANDS)})",
-                f"({heartbeat} {' '.join('+' + c for c in HEARTBEAT_COMMANDS)})"]
+        return [
+            *base,
+            *read,
+            f"({' '.join(write + ['+' + c for c in WRITE_COMMANDS])})",
+            f"(%R~{keys.run_end} {' '.join('+' + c for c in END_COMMANDS)})",
+            f"({heartbeat} {' '.join('+' + c for c in HEARTBEAT_COMMANDS)})",
+        ]
     # Redis 6.2: one command set x one key set. XADD must be granted, so it also works on `rollouts`;
     # GET works on the granted streams too, where it only answers WRONGTYPE. SET/DEL are not granted
     # (they would work on every granted key): no heartbeats for this user.
@@ -106,8 +121,10 @@ async def listing(admin_url: str, run: str) -> list[str]:
 def add_arguments(p) -> None:
     p.add_argument("action", choices=["add", "remove", "list"])
     p.add_argument("name", nargs="?", help="producer name: its consumer group on `rollouts` and its user")
-    p.add_argument("--key", help="annotation key it will write (shown in the printed commands; the broker "
-                   "cannot check message contents)")
+    p.add_argument(
+        "--key",
+        help="annotation key it will write (shown in the printed commands; the broker cannot check message contents)",
+    )
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
     p.add_argument("--broker", help="admin redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
     p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL)")
@@ -124,9 +141,13 @@ def run(args) -> int:
         purl = asyncio.run(add(url, args.run, args.name))
         key = args.key or args.name
         print(purl)
-        print(f"# user {user_name(args.run, args.name)}: XREADGROUP/XACK `rollouts` as group '{args.name}', "
-              f"XADD to `annotations`; add `{{key: {key}, weight: 1.0, timeout_s: 30}}` to annotations.external")
-        print(f"# streamrl reward --fn MODULE:FUNCTION --key {key} --name {args.name} --run {args.run} --broker '{purl}'")
+        print(
+            f"# user {user_name(args.run, args.name)}: XREADGROUP/XACK `rollouts` as group '{args.name}', "
+            f"XADD to `annotations`; add `{{key: {key}, weight: 1.0, timeout_s: 30}}` to annotations.external"
+        )
+        print(
+            f"# streamrl reward --fn MODULE:FUNCTION --key {key} --name {args.name} --run {args.run} --broker '{purl}'"
+        )
     elif args.action == "remove":
         n = asyncio.run(remove(url, args.run, args.name, args.drop_group))
         print(f"removed {n} user(s)")

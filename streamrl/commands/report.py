@@ -48,8 +48,9 @@ def log_events(run_dir: Path, event: str) -> list[dict]:
 
 def step_wall(m: dict) -> float:
     """Wall time of one trainer step: waiting for the batch, training, the publish and checkpoint stalls."""
-    return (m.get("wait_s", 0.0) + m.get("train_s", 0.0) + m.get("publish_stall_s", 0.0)
-            + m.get("checkpoint_stall_s", 0.0))
+    return (
+        m.get("wait_s", 0.0) + m.get("train_s", 0.0) + m.get("publish_stall_s", 0.0) + m.get("checkpoint_stall_s", 0.0)
+    )
 
 
 def summarize(run_dir: Path, skip: int = 1) -> dict:
@@ -65,8 +66,11 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
     for m in rows:
         for k, v in (m.get("staleness_hist_tokens") or m.get("staleness_hist") or {}).items():
             hist[k] = hist.get(k, 0) + int(v)
-    busy = {f"{r['role']}:{r['worker_id']}": r["busy_fraction"] for r in log_events(run_dir, "stopped")
-            if "busy_fraction" in r}
+    busy = {
+        f"{r['role']}:{r['worker_id']}": r["busy_fraction"]
+        for r in log_events(run_dir, "stopped")
+        if "busy_fraction" in r
+    }
     busy["trainer"] = round(sum(m.get("train_s", 0.0) for m in steady) / max(wall, 1e-9), 4)
     gen_tokens = sum(r.get("tokens_generated", 0) for r in log_events(run_dir, "stopped"))
     gen_start = sum(r.get("seconds", 0.0) for r in log_events(run_dir, "engine_started"))
@@ -74,18 +78,26 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
     switches = [r for r in log_events(run_dir, "weights_loaded") if not r.get("joining")]
     lat = [r["switch_latency_s"] for r in switches if "switch_latency_s" in r]
     return {
-        "steps": len(rows), "samples": int(sum(m.get("samples", 0) for m in rows)),
+        "steps": len(rows),
+        "samples": int(sum(m.get("samples", 0) for m in rows)),
         "trained_tokens": int(sum(m.get("tokens", 0) for m in rows)),
         "trained_tokens_per_s": round(sum(m.get("tokens", 0) for m in steady) / max(wall, 1e-9), 2),
         "steps_per_s": round(len(steady) / max(wall, 1e-9), 4),
         "generated_tokens_per_s": round(gen_tokens / max(gen_up - gen_start, 1e-9), 2) if gen_up else None,
         "busy": busy,
-        "weight_sync_latency_s": {"p50": round(float(np.median(lat)), 4), "max": round(float(np.max(lat)), 4),
-                                  "count": len(lat)} if lat else None,
+        "weight_sync_latency_s": {
+            "p50": round(float(np.median(lat)), 4),
+            "max": round(float(np.max(lat)), 4),
+            "count": len(lat),
+        }
+        if lat
+        else None,
         "weight_sync_paused_s_mean": round(float(np.mean([r["paused_s"] for r in switches if "paused_s" in r])), 4)
-        if switches else None,
+        if switches
+        else None,
         "staleness_hist_tokens": dict(sorted(hist.items(), key=lambda kv: int(kv[0]))),
-        "reward_first": rows[0].get("reward_mean"), "reward_last": rows[-1].get("reward_mean"),
+        "reward_first": rows[0].get("reward_mean"),
+        "reward_last": rows[-1].get("reward_mean"),
         "wait_s_mean": round(float(np.mean([m.get("wait_s", 0.0) for m in steady])), 4),
         "train_s_mean": round(float(np.mean([m.get("train_s", 0.0) for m in steady])), 4),
         **eval_summary(rows),
@@ -197,7 +209,7 @@ def losses_figure(plt, rows: list[dict]):
         ax.plot(steps, _column(rows, k))
         ax.set(xlabel="step", title=k)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    for ax in list(axes.flat)[len(keys):]:
+    for ax in list(axes.flat)[len(keys) :]:
         ax.set_visible(False)
     return fig
 
@@ -207,8 +219,10 @@ def run(args) -> int:
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
-        raise ConfigError(f"{run_dir} has no metrics.jsonl; pass a run directory (runs/<name>-<time>) "
-                          "of a `streamrl up` that has trained at least one step")
+        raise ConfigError(
+            f"{run_dir} has no metrics.jsonl; pass a run directory (runs/<name>-<time>) "
+            "of a `streamrl up` that has trained at least one step"
+        )
     summary = summarize(run_dir)
     out = Path(args.out) if args.out else run_dir / "report"
     written = plot_run(run_dir, out)

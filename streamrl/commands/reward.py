@@ -18,13 +18,19 @@ from streamrl.imports import import_spec
 
 NAME = "reward"
 HELP = "attach an external reward producer (a Python function) to a running job"
-DESCRIPTION = ("Read rollouts with the producer's own consumer group, score them in batches with --fn, and "
-               "write annotations under --key (docs/protocol.md).")
+DESCRIPTION = (
+    "Read rollouts with the producer's own consumer group, score them in batches with --fn, and "
+    "write annotations under --key (docs/protocol.md)."
+)
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--fn", required=True, metavar="package.module:function",
-                   help="scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.sdk.producer)")
+    p.add_argument(
+        "--fn",
+        required=True,
+        metavar="package.module:function",
+        help="scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.sdk.producer)",
+    )
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
     p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
     p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
@@ -33,11 +39,19 @@ def add_arguments(p) -> None:
     p.add_argument("--batch-size", type=int, help="rollouts per call (default 16)")
     p.add_argument("--concurrency", type=int, help="calls in flight (default 4)")
     p.add_argument("--timeout", type=float, dest="timeout_s", help="seconds per call before its batch fails")
-    p.add_argument("--claim-idle-ms", type=int, default=30_000,
-                   help="take over a dead replica's entries after they are idle this long")
-    p.add_argument("--connect-retries", type=int, default=20,
-                   help="attempts (with back-off up to 2 s) to reach the broker, at start and per command, before "
-                   "the producer gives up and exits (default 20: about 40 s)")
+    p.add_argument(
+        "--claim-idle-ms",
+        type=int,
+        default=30_000,
+        help="take over a dead replica's entries after they are idle this long",
+    )
+    p.add_argument(
+        "--connect-retries",
+        type=int,
+        default=20,
+        help="attempts (with back-off up to 2 s) to reach the broker, at start and per command, before "
+        "the producer gives up and exits (default 20: about 40 s)",
+    )
     p.add_argument("--id", help="replica id (default: NAME-HOST-PID)")
 
 
@@ -48,8 +62,10 @@ def load_function(spec: str):
     sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to where the user runs the command
     module_name, attr, fn = import_spec(spec, f"--fn {spec!r}", "install it or add its folder to PYTHONPATH")
     if not callable(fn):
-        raise ConfigError(f"--fn {spec!r}: {module_name!r} has no function {attr!r}; define "
-                          f"`def {attr}(rollouts: list[Rollout]) -> list[float]` there")
+        raise ConfigError(
+            f"--fn {spec!r}: {module_name!r} has no function {attr!r}; define "
+            f"`def {attr}(rollouts: list[Rollout]) -> list[float]` there"
+        )
     return fn
 
 
@@ -61,8 +77,14 @@ def run(args) -> int:
     from streamrl.sdk import serve_producer, spec_of
 
     fn = load_function(args.fn)
-    spec = spec_of(fn, key=args.key, name=args.name, batch_size=args.batch_size, concurrency=args.concurrency,
-                   timeout_s=args.timeout_s)
+    spec = spec_of(
+        fn,
+        key=args.key,
+        name=args.name,
+        batch_size=args.batch_size,
+        concurrency=args.concurrency,
+        timeout_s=args.timeout_s,
+    )
     url = broker_url(args)
     wid = args.id or f"{spec.name}-{os.uname().nodename}-{os.getpid()}"
     setup_logging("producer", wid, Path(args.run_dir) if args.run_dir else None, run=args.run)

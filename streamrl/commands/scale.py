@@ -24,7 +24,9 @@ DESCRIPTION = "Set ROLE=N for generator, reward, reference or env workers of the
 
 
 def add_arguments(p) -> None:
-    p.add_argument("counts", nargs="+", metavar="ROLE=N", help="e.g. generator=2 (roles: generator, reward, reference, env)")
+    p.add_argument(
+        "counts", nargs="+", metavar="ROLE=N", help="e.g. generator=2 (roles: generator, reward, reference, env)"
+    )
     p.add_argument("--run-dir", required=True, help="run directory of the running `streamrl up`")
 
 
@@ -35,8 +37,10 @@ def parse_counts(items: list[str]) -> dict[str, int]:
     for item in items:
         role, sep, n = item.partition("=")
         if not sep or role not in SCALABLE_ROLES or not n.isdigit():
-            raise ConfigError(f"{item!r} is not ROLE=N with ROLE one of {', '.join(SCALABLE_ROLES)} and N >= 0, "
-                              "e.g. `streamrl scale generator=2`")
+            raise ConfigError(
+                f"{item!r} is not ROLE=N with ROLE one of {', '.join(SCALABLE_ROLES)} and N >= 0, "
+                "e.g. `streamrl scale generator=2`"
+            )
         out[role] = int(n)
     return out
 
@@ -57,15 +61,22 @@ def write_counts(run_dir: Path, counts: dict[str, int]) -> dict[str, int]:
 def run(args) -> int:
     run_dir = Path(args.run_dir)
     if not (run_dir / "config.yaml").is_file():
-        raise ConfigError(f"{run_dir} is not the run directory of a `streamrl up` (no config.yaml); pass the "
-                          "--run-dir that `streamrl up` printed")
+        raise ConfigError(
+            f"{run_dir} is not the run directory of a `streamrl up` (no config.yaml); pass the "
+            "--run-dir that `streamrl up` printed"
+        )
     counts = parse_counts(args.counts)
     if not is_live(run_dir):
         summary = finished_summary(run_dir)
-        raise StreamRLError(f"nothing scaled: {describe_finished(run_dir, summary)}" if summary is not None else
-                            f"nothing scaled: no `streamrl up` is running in {run_dir} (it was stopped or killed); "
-                            f"`streamrl up --resume {run_dir}` continues the run")
+        raise StreamRLError(
+            f"nothing scaled: {describe_finished(run_dir, summary)}"
+            if summary is not None
+            else f"nothing scaled: no `streamrl up` is running in {run_dir} (it was stopped or killed); "
+            f"`streamrl up --resume {run_dir}` continues the run"
+        )
     merged = write_counts(run_dir, counts)
-    print(f"desired counts {merged}: the `streamrl up` in {run_dir} applies them within a second "
-          f"(its output and logs/ show each worker that starts or leaves)")
+    print(
+        f"desired counts {merged}: the `streamrl up` in {run_dir} applies them within a second "
+        f"(its output and logs/ show each worker that starts or leaves)"
+    )
     return 0

@@ -29,8 +29,14 @@ NAME = "status"
 HELP = "live view of a run: trainer, streams, consumer lag, workers, staleness, reward"
 DESCRIPTION = "A live terminal view of a run read from its broker (--once prints one snapshot)."
 STREAMS = ["prompts", "rollouts", "annotations", "env_steps", "deadletter", "metrics", "control"]
-MAIN_COUNTER = {"generator": "rollouts", "reward": "scored", "reference": "scored", "producer": "scored",
-                "feeder": "admitted", "env": "steps"}
+MAIN_COUNTER = {
+    "generator": "rollouts",
+    "reward": "scored",
+    "reference": "scored",
+    "producer": "scored",
+    "feeder": "admitted",
+    "env": "steps",
+}
 """The counter whose rate is a role's throughput."""
 RECENT = 20
 """Steps the staleness histogram and the reward trend cover."""
@@ -62,14 +68,15 @@ class Collector:
         streams = []
         for name in STREAMS:
             key = k.prefix + name
-            streams.append({"name": name, "length": await self.broker.stream_len(key),
-                            "groups": await self.broker.group_info(key)})
+            streams.append(
+                {"name": name, "length": await self.broker.stream_len(key), "groups": await self.broker.group_info(key)}
+            )
         workers = []
         for key in sorted(await self.broker.scan(k.prefix + "workers:*")):
             raw = await self.broker.get(key)
             if raw is None:
                 continue  # expired between SCAN and GET: the worker left
-            role, _, wid = key[len(k.prefix + "workers:"):].partition(":")
+            role, _, wid = key[len(k.prefix + "workers:") :].partition(":")
             try:
                 info = json.loads(raw)
             except ValueError:
@@ -84,10 +91,15 @@ class Collector:
                     pass  # not a metrics line; status shows what it can
         weights = await self.broker.hgetall(k.weights_latest)
         return {
-            "run": k.run, "now": time.time(), "trainer_version": await self._int(k.trainer_version),
+            "run": k.run,
+            "now": time.time(),
+            "trainer_version": await self._int(k.trainer_version),
             "weights_version": int(weights["version"]) if "version" in weights else None,
-            "admitted": await self._int(k.feeder_admitted), "released": await self._int(k.groups_released),
-            "streams": streams, "workers": workers, "metrics": list(self.metrics),
+            "admitted": await self._int(k.feeder_admitted),
+            "released": await self._int(k.groups_released),
+            "streams": streams,
+            "workers": workers,
+            "metrics": list(self.metrics),
         }
 
 
@@ -106,17 +118,21 @@ def staleness_bars(rows: list[dict], width: int = 30) -> list[str]:
         for s, n in (r.get("staleness_hist") or {}).items():
             hist[int(s)] = hist.get(int(s), 0) + int(n)
     total = sum(hist.values()) or 1
-    return [f"{s:>3} {'█' * max(1, round(width * n / total))} {n} ({100 * n / total:.0f}%)"
-            for s, n in sorted(hist.items())]
+    return [
+        f"{s:>3} {'█' * max(1, round(width * n / total))} {n} ({100 * n / total:.0f}%)" for s, n in sorted(hist.items())
+    ]
 
 
 def render(snap: dict) -> Group:
     rows = snap["metrics"][-RECENT:]
     last = rows[-1] if rows else {}
-    head = Text(f"run {snap['run']} | trainer step {last.get('step', '-')} | trainer version "
-                f"{snap['trainer_version'] if snap['trainer_version'] is not None else '-'} | weights version "
-                f"{snap['weights_version'] if snap['weights_version'] is not None else '-'} | groups admitted "
-                f"{snap['admitted'] or 0}, released {snap['released'] or 0}", style="bold")
+    head = Text(
+        f"run {snap['run']} | trainer step {last.get('step', '-')} | trainer version "
+        f"{snap['trainer_version'] if snap['trainer_version'] is not None else '-'} | weights version "
+        f"{snap['weights_version'] if snap['weights_version'] is not None else '-'} | groups admitted "
+        f"{snap['admitted'] or 0}, released {snap['released'] or 0}",
+        style="bold",
+    )
 
     streams = Table(title="streams", expand=False)
     for col in ("stream", "length", "group", "consumers", "pending", "lag"):
@@ -125,8 +141,14 @@ def render(snap: dict) -> Group:
         groups = s["groups"] or [{"name": "-", "consumers": "", "pending": "", "lag": ""}]
         for i, g in enumerate(groups):
             lag = "?" if g["lag"] is None else g["lag"]
-            streams.add_row(s["name"] if i == 0 else "", str(s["length"]) if i == 0 else "", g["name"],
-                            str(g["consumers"]), str(g["pending"]), str(lag))
+            streams.add_row(
+                s["name"] if i == 0 else "",
+                str(s["length"]) if i == 0 else "",
+                g["name"],
+                str(g["consumers"]),
+                str(g["pending"]),
+                str(lag),
+            )
 
     workers = Table(title="workers (heartbeats)", expand=False)
     for col in ("role", "id", "host", "age s", "uptime s", "throughput", "counters"):
@@ -136,17 +158,26 @@ def render(snap: dict) -> Group:
         uptime = w.get("uptime_s")
         rate = f"{w[main] / uptime:.1f} {main}/s" if main in w and uptime else "-"
         age = f"{snap['now'] - w['ts']:.1f}" if isinstance(w.get("ts"), (int, float)) else "-"
-        counters = ", ".join(f"{k}={v:g}" for k, v in w.items()
-                             if k not in ("role", "id", "host", "pid", "ts", "uptime_s") and isinstance(v, (int, float)))
+        counters = ", ".join(
+            f"{k}={v:g}"
+            for k, v in w.items()
+            if k not in ("role", "id", "host", "pid", "ts", "uptime_s") and isinstance(v, (int, float))
+        )
         workers.add_row(w["role"], w["id"], str(w.get("host", "-")), age, str(uptime or "-"), rate, counters)
 
     parts = [head, streams, workers]
     if rows:
         trend = [r.get("reward_mean", 0.0) for r in rows]
         comps = last.get("reward_components") or {}
-        parts.append(Text(f"reward (last {len(rows)} steps) {sparkline(trend)}  {trend[0]:.3f} -> {trend[-1]:.3f}"
-                          + ("  components: " + ", ".join(f"{k}={v:.3f}" for k, v in comps.items()) if comps else "")))
-        parts.append(Text(f"staleness of trained samples (last {len(rows)} steps):\n" + "\n".join(staleness_bars(rows))))
+        parts.append(
+            Text(
+                f"reward (last {len(rows)} steps) {sparkline(trend)}  {trend[0]:.3f} -> {trend[-1]:.3f}"
+                + ("  components: " + ", ".join(f"{k}={v:.3f}" for k, v in comps.items()) if comps else "")
+            )
+        )
+        parts.append(
+            Text(f"staleness of trained samples (last {len(rows)} steps):\n" + "\n".join(staleness_bars(rows)))
+        )
     else:
         parts.append(Text("no trainer steps yet (the metrics stream is empty)"))
     return Group(*parts)

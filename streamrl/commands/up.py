@@ -12,16 +12,22 @@ from streamrl.rundir import claim, earlier_run, new_run_dir
 
 NAME = "up"
 HELP = "run a whole job on this machine (broker + every role)"
-DESCRIPTION = ("Start the broker (if broker.url is 'embedded') and every role with its configured count, "
-               "print progress, and stop everything when training ends.")
+DESCRIPTION = (
+    "Start the broker (if broker.url is 'embedded') and every role with its configured count, "
+    "print progress, and stop everything when training ends."
+)
 
 
 def add_arguments(p) -> None:
     add_config_args(p)
     add_preflight_arg(p)
     p.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
-    p.add_argument("--resume", metavar="RUN_DIR", help="continue the run in RUN_DIR: its config (plus --set), "
-                   "its broker (embedded: the same data dir and append-only file), its newest checkpoint")
+    p.add_argument(
+        "--resume",
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR: its config (plus --set), "
+        "its broker (embedded: the same data dir and append-only file), its newest checkpoint",
+    )
 
 
 def run(args) -> int:
@@ -29,7 +35,9 @@ def run(args) -> int:
 
     if args.resume:
         if not (Path(args.resume) / "config.yaml").is_file():
-            raise ConfigError(f"--resume {args.resume}: no config.yaml there; pass the run directory of an earlier `streamrl up`")
+            raise ConfigError(
+                f"--resume {args.resume}: no config.yaml there; pass the run directory of an earlier `streamrl up`"
+            )
         args.config, args.run_dir = args.config or str(Path(args.resume) / "config.yaml"), args.resume
     cfg = load(args)
     preflight(args, cfg)
@@ -43,9 +51,11 @@ def run(args) -> int:
     lock = claim(run_dir)  # held until this process ends
     if not args.resume and (used := earlier_run(run_dir)):
         lock.close()
-        raise ConfigError(f"--run-dir {run_dir} already holds a run ({used}); continue it with "
-                          f"`streamrl up --resume {run_dir}`, or pass another --run-dir (or none: a new "
-                          "folder under runs/)")
+        raise ConfigError(
+            f"--run-dir {run_dir} already holds a run ({used}); continue it with "
+            f"`streamrl up --resume {run_dir}`, or pass another --run-dir (or none: a new "
+            "folder under runs/)"
+        )
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
     embedded = sup = None
     url, code = cfg.broker.url, 1
@@ -56,7 +66,9 @@ def run(args) -> int:
             embedded = EmbeddedRedis(run_dir / "broker", binary=cfg.broker.redis_server)
             embedded.start()
             url = embedded.url
-            print(f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True)
+            print(
+                f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True
+            )
         sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
         code = sup.run()
     finally:
@@ -98,5 +110,8 @@ def _export(run_dir: Path) -> None:
     try:
         print(f"model: {export_checkpoint(run_dir, run_dir / 'hf')}", flush=True)
     except Exception as exc:  # the training is done and checkpointed: the export can be redone by hand
-        print(f"export failed ({type(exc).__name__}: {exc}); retry with `streamrl export {run_dir} --out "
-              f"{run_dir / 'hf'}`", flush=True)
+        print(
+            f"export failed ({type(exc).__name__}: {exc}); retry with `streamrl export {run_dir} --out "
+            f"{run_dir / 'hf'}`",
+            flush=True,
+        )

@@ -10,8 +10,10 @@ from streamrl.errors import EXIT_NO_RESTART, ConfigError
 
 NAME = "worker"
 HELP = "run one role process against a broker (multi-host, elastic)"
-DESCRIPTION = ("Run one role. Joins a running job: the same command on any host that reaches the broker "
-               "adds a worker of that role.")
+DESCRIPTION = (
+    "Run one role. Joins a running job: the same command on any host that reaches the broker "
+    "adds a worker of that role."
+)
 ROLES = ["feeder", "generator", "reward", "reference", "env", "trainer"]
 
 

@@ -37,6 +37,8 @@ class EvalConfig(Section):
     @model_validator(mode="after")
     def _ks(self) -> "EvalConfig":
         if any(k < 1 or k > self.samples for k in self.pass_k):
-            raise ValueError(f"eval.pass_k={self.pass_k} needs every k in [1, eval.samples={self.samples}]; "
-                             "lower k or raise eval.samples")
+            raise ValueError(
+                f"eval.pass_k={self.pass_k} needs every k in [1, eval.samples={self.samples}]; "
+                "lower k or raise eval.samples"
+            )
         return self

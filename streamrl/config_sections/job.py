@@ -73,8 +73,10 @@ class SupervisorConfig(Section):
             choices = [str(c) for c in (choices if isinstance(choices, list) else [choices])]
             bad = [c for c in choices if not re.fullmatch(r"\d+(,\d+)*", c)]
             if not choices or bad:
-                raise ValueError(f"supervisor.devices.{role}: {bad or choices!r} is not a list of CUDA_VISIBLE_DEVICES "
-                                 f"values; write GPU indices, one string per process, e.g. [\"0\", \"1\"] or [\"2,3\"]")
+                raise ValueError(
+                    f"supervisor.devices.{role}: {bad or choices!r} is not a list of CUDA_VISIBLE_DEVICES "
+                    f'values; write GPU indices, one string per process, e.g. ["0", "1"] or ["2,3"]'
+                )
             out[role] = choices
         return out
 

@@ -9,7 +9,6 @@ from pydantic import ConfigDict, Field, field_validator
 
 from streamrl.config_sections.base import Section
 
-
 Aggregation = Literal["token_mean", "seq_mean", "fixed_horizon"]
 Advantage = Literal["group_norm", "group_mean", "loo"]
 _LOSS_NAME = re.compile(r"[A-Za-z_]\w*|[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -62,5 +61,7 @@ class LossConfig(Section):
         # Syntax only: whether the objective exists is resolve_loss's question.
         if _LOSS_NAME.fullmatch(value):
             return value
-        raise ValueError(f"loss.name={value!r} is neither an objective name nor `package.module:function`; "
-                         "e.g. loss.name=grpo or loss.name=my_losses:my_loss")
+        raise ValueError(
+            f"loss.name={value!r} is neither an objective name nor `package.module:function`; "
+            "e.g. loss.name=grpo or loss.name=my_losses:my_loss"
+        )

@@ -10,7 +10,6 @@ from pydantic import Field, field_validator
 
 from streamrl.config_sections.base import Section
 
-
 REWARD_BUILTINS = ("charclass", "math", "math_regex", "think_format", "env", "reasoning_gym")
 """Built-in reward names (streamrl.rewards.BUILTIN_REWARDS)."""
 _REWARD_FN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
@@ -116,6 +115,8 @@ class AnnotationsConfig(Section):
         keys = [e.key for e in value]
         for key in keys:
             if key in ("reward", "ref_logprobs") or keys.count(key) > 1:
-                raise ValueError(f"annotations.external: key {key!r} is built-in or listed twice; give each "
-                                 "external producer its own key, e.g. key: judge")
+                raise ValueError(
+                    f"annotations.external: key {key!r} is built-in or listed twice; give each "
+                    "external producer its own key, e.g. key: judge"
+                )
         return value

@@ -93,8 +93,15 @@ class EnvConfig(Section):
     def _fn(cls, value: str | None) -> str | None:
         if problem := env_adapters.check_spec(value or ""):
             raise ValueError(problem)
-        if value is None or value == "charclass_dialog" or env_adapters.split_spec(value) or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value):
+        if (
+            value is None
+            or value == "charclass_dialog"
+            or env_adapters.split_spec(value)
+            or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value)
+        ):
             return value
-        raise ValueError(f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class` "
-                         "nor an adapter (docs/environments.md); e.g. env.fn=charclass_dialog, env.fn=my_envs:Calculator "
-                         "or env.fn=textarena:GuessTheNumber-v0")
+        raise ValueError(
+            f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class` "
+            "nor an adapter (docs/environments.md); e.g. env.fn=charclass_dialog, env.fn=my_envs:Calculator "
+            "or env.fn=textarena:GuessTheNumber-v0"
+        )

@@ -56,7 +56,9 @@ class SFTConfig(Section):
     @model_validator(mode="after")
     def _budget(self) -> "SFTConfig":
         if self.micro_batch_tokens < self.max_seq_len:
-            raise ValueError(f"sft.micro_batch_tokens={self.micro_batch_tokens} is below sft.max_seq_len="
-                             f"{self.max_seq_len}, so a full-length sample fits no micro-batch; raise "
-                             "micro_batch_tokens or lower max_seq_len")
+            raise ValueError(
+                f"sft.micro_batch_tokens={self.micro_batch_tokens} is below sft.max_seq_len="
+                f"{self.max_seq_len}, so a full-length sample fits no micro-batch; raise "
+                "micro_batch_tokens or lower max_seq_len"
+            )
         return self

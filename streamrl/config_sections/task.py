@@ -70,8 +70,10 @@ class TaskConfig(Section):
     def charclass_chars(self, max_tokens: int | None) -> int:
         """The charclass length: task.charclass_length, or generator.max_tokens when unset."""
         if self.charclass_length is None and max_tokens is None:
-            raise ValueError("task.charclass_length is unset, so it follows generator.max_tokens: "
-                             "pass max_tokens=cfg.generator.max_tokens")
+            raise ValueError(
+                "task.charclass_length is unset, so it follows generator.max_tokens: "
+                "pass max_tokens=cfg.generator.max_tokens"
+            )
         return self.charclass_length or max_tokens
 
     @model_validator(mode="before")
@@ -105,13 +107,18 @@ class TaskConfig(Section):
         if self.name in ("charclass", "charclass_dialog", "env", "reasoning_gym"):  # synthetic: no records to read
             return self
         if not self.dataset.path:
-            raise ValueError(f"task.name={self.name} needs records: set task.path=/path/to/train.jsonl "
-                             "(or a parquet file, a folder, a Hugging Face dataset id)")
+            raise ValueError(
+                f"task.name={self.name} needs records: set task.path=/path/to/train.jsonl "
+                "(or a parquet file, a folder, a Hugging Face dataset id)"
+            )
         if self.fields.prompt is None and self.fields.messages is None:
-            raise ValueError("task.fields: set prompt (a text field) or messages (a chat field); "
-                             "e.g. task.fields.prompt=question")
+            raise ValueError(
+                "task.fields: set prompt (a text field) or messages (a chat field); e.g. task.fields.prompt=question"
+            )
         if self.dataset.streaming and self.max_items is None:
             raise ValueError("task.dataset.streaming=true reads records lazily; set task.max_items (how many to take)")
         if "{prompt}" not in self.template:
-            raise ValueError(f"task.template={self.template!r} has no {{prompt}}; e.g. task.template='{{prompt}}\\nAnswer:'")
+            raise ValueError(
+                f"task.template={self.template!r} has no {{prompt}}; e.g. task.template='{{prompt}}\\nAnswer:'"
+            )
         return self

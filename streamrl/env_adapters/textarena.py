@@ -76,7 +76,7 @@ class TextArenaEnv(Env):
         self._start(int(seed) if seed is not None else zlib.crc32(item.get("text", "").encode()))
 
     def _delta(self, observation: str) -> str:
-        new = observation[len(self.seen):] if observation.startswith(self.seen) else observation
+        new = observation[len(self.seen) :] if observation.startswith(self.seen) else observation
         self.seen = observation
         return new
 
@@ -88,8 +88,10 @@ class TextArenaEnv(Env):
         rewards, _game_info = self._call(self.game.close)
         reward = (rewards or {}).get(0, 0.0)
         if not isinstance(reward, (int, float)):  # seen: ThreeCardMonte-v0 puts its message there
-            raise ValueError(f"TextArena game {self.game_id} ended with reward {reward!r:.80} for player 0, "
-                             "not a number; this game cannot be scored as an env")
+            raise ValueError(
+                f"TextArena game {self.game_id} ended with reward {reward!r:.80} for player 0, "
+                "not a number; this game cannot be scored as an env"
+            )
         return observation, float(reward), True
 
 
@@ -103,21 +105,27 @@ def _probe(game_id: str) -> TextArenaEnv:
     needs data this machine lacks fails with its fix before the job starts, not in every episode."""
     if game_id not in _registry():
         close = difflib.get_close_matches(game_id, list(_registry()), n=3)
-        raise ConfigError(f"env.fn=textarena:{game_id}: TextArena has no game {game_id!r}"
-                          + (f" (did you mean {', '.join(close)}?)" if close else "")
-                          + "; `python -c 'import textarena.envs.registration as r; print(sorted(r.ENV_REGISTRY))'` lists them")
+        raise ConfigError(
+            f"env.fn=textarena:{game_id}: TextArena has no game {game_id!r}"
+            + (f" (did you mean {', '.join(close)}?)" if close else "")
+            + "; `python -c 'import textarena.envs.registration as r; print(sorted(r.ENV_REGISTRY))'` lists them"
+        )
     env = TextArenaEnv(game_id)
     try:
         env._start(0)
     except LookupError as exc:  # nltk corpora (Wordle, Hangman, ...) are separate downloads
-        raise ConfigError(f"env.fn=textarena:{game_id}: the game needs data that is not installed "
-                          f"({_lookup_reason(exc)}); install it "
-                          "(e.g. `python -m nltk.downloader words`) or pick a game without data, e.g. "
-                          "GuessTheNumber-v0, TowerOfHanoi-v0, Minesweeper-v0") from None
+        raise ConfigError(
+            f"env.fn=textarena:{game_id}: the game needs data that is not installed "
+            f"({_lookup_reason(exc)}); install it "
+            "(e.g. `python -m nltk.downloader words`) or pick a game without data, e.g. "
+            "GuessTheNumber-v0, TowerOfHanoi-v0, Minesweeper-v0"
+        ) from None
     except Exception as exc:  # a multi-player game rejects num_players=1 with its own error type
-        raise ConfigError(f"env.fn=textarena:{game_id}: the game does not start as a one-player game "
-                          f"({type(exc).__name__}: {exc}); the adapter runs single-player games "
-                          "(the model is player 0), e.g. GuessTheNumber-v0, TowerOfHanoi-v0") from None
+        raise ConfigError(
+            f"env.fn=textarena:{game_id}: the game does not start as a one-player game "
+            f"({type(exc).__name__}: {exc}); the adapter runs single-player games "
+            "(the model is player 0), e.g. GuessTheNumber-v0, TowerOfHanoi-v0"
+        ) from None
     return env
 
 

@@ -17,8 +17,19 @@ from typing import TYPE_CHECKING
 from streamrl.advantages import dynamic_sampling_keep, overlong_penalty
 from streamrl.losses.inputs import LossInputs
 from streamrl.losses.registry import (
-    BUILTIN_LOSSES, INPUT_NAMES, USER_LOSS, Objective, available_losses, check_loss_name, get_objective,
-    known_losses, load_user_loss, loss_requirements, loss_settings, register_loss, resolve_loss,
+    BUILTIN_LOSSES,
+    INPUT_NAMES,
+    USER_LOSS,
+    Objective,
+    available_losses,
+    check_loss_name,
+    get_objective,
+    known_losses,
+    load_user_loss,
+    loss_requirements,
+    loss_settings,
+    register_loss,
+    resolve_loss,
 )
 from streamrl.losses.settings import ClipSettings, LossSettings, PPOSettings
 
@@ -28,10 +39,26 @@ if TYPE_CHECKING:
     from streamrl.config import LossConfig
 
 __all__ = [
-    "LossInputs", "compute_loss", "loss_requirements", "register_loss", "available_losses",
-    "known_losses", "check_loss_name", "dynamic_sampling_keep", "overlong_penalty",
-    "LossSettings", "ClipSettings", "PPOSettings", "loss_settings", "resolve_loss", "get_objective",
-    "load_user_loss", "BUILTIN_LOSSES", "INPUT_NAMES", "USER_LOSS", "Objective",
+    "LossInputs",
+    "compute_loss",
+    "loss_requirements",
+    "register_loss",
+    "available_losses",
+    "known_losses",
+    "check_loss_name",
+    "dynamic_sampling_keep",
+    "overlong_penalty",
+    "LossSettings",
+    "ClipSettings",
+    "PPOSettings",
+    "loss_settings",
+    "resolve_loss",
+    "get_objective",
+    "load_user_loss",
+    "BUILTIN_LOSSES",
+    "INPUT_NAMES",
+    "USER_LOSS",
+    "Objective",
 ]
 
 

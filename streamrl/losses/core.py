@@ -96,9 +96,7 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str, norm: Norm) -> tor
         return (xm.sum(-1) / mask.sum(-1).clamp(min=1)).sum() / norm.seqs
     if mode == "fixed_horizon":
         if not norm.horizon:
-            raise ConfigError(
-                "loss.aggregation=fixed_horizon needs loss.horizon; set it to generator.max_tokens"
-            )
+            raise ConfigError("loss.aggregation=fixed_horizon needs loss.horizon; set it to generator.max_tokens")
         return xm.sum() / (norm.seqs * norm.horizon)
     raise ConfigError(f"unknown loss.aggregation={mode!r}; use token_mean, seq_mean or fixed_horizon")
 

@@ -70,7 +70,9 @@ def register_loss(name: str, *, requires: Iterable[str] = (), settings: type[Los
     if not req <= set(INPUT_NAMES):
         raise ValueError(f"register_loss({name!r}): requires={sorted(req)} must be a subset of {INPUT_NAMES}")
     if not (isinstance(settings, type) and issubclass(settings, LossSettings)):
-        raise ValueError(f"register_loss({name!r}): settings={settings!r} must be a streamrl.losses.LossSettings subclass")
+        raise ValueError(
+            f"register_loss({name!r}): settings={settings!r} must be a streamrl.losses.LossSettings subclass"
+        )
 
     def deco(fn: Callable) -> Callable:
         old = _REGISTRY.get(name)
@@ -124,19 +126,24 @@ def load_user_loss(name: str) -> Objective:
     built-ins' signature, fn(cfg, inp: LossInputs) -> streamrl.losses.core.Terms; a `requires`
     attribute (e.g. ("prox_logprobs",)) asks for optional inputs, a `settings` attribute (a
     LossSettings subclass) declares its parameters; without one it gets ClipSettings (eps_low, eps_high)."""
-    module_name, attr, fn = import_spec(name, f"loss.name={name!r}", "install it or put its directory on "
-                                        "PYTHONPATH (every trainer rank imports it)")
+    module_name, attr, fn = import_spec(
+        name, f"loss.name={name!r}", "install it or put its directory on PYTHONPATH (every trainer rank imports it)"
+    )
     if not callable(fn):
-        raise ConfigError(f"loss.name={name!r}: module {module_name!r} has no function {attr!r}; define "
-                          "`def NAME(cfg, inp: streamrl.losses.LossInputs) -> streamrl.losses.core.Terms` there "
-                          "(docs/losses.md, 'An objective in your own module')")
+        raise ConfigError(
+            f"loss.name={name!r}: module {module_name!r} has no function {attr!r}; define "
+            "`def NAME(cfg, inp: streamrl.losses.LossInputs) -> streamrl.losses.core.Terms` there "
+            "(docs/losses.md, 'An objective in your own module')"
+        )
     requires = frozenset(getattr(fn, "requires", ()))
     if not requires <= set(INPUT_NAMES):
         raise ConfigError(f"loss.name={name!r}: {attr}.requires={sorted(requires)} must be a subset of {INPUT_NAMES}")
     settings = getattr(fn, "settings", ClipSettings)
     if not (isinstance(settings, type) and issubclass(settings, LossSettings)):
-        raise ConfigError(f"loss.name={name!r}: {attr}.settings={settings!r} is not a subclass of "
-                          "streamrl.losses.LossSettings; declare `class MySettings(LossSettings)` with your fields")
+        raise ConfigError(
+            f"loss.name={name!r}: {attr}.settings={settings!r} is not a subclass of "
+            "streamrl.losses.LossSettings; declare `class MySettings(LossSettings)` with your fields"
+        )
     _USER_LOSSES[name] = Objective(name, fn, requires, settings)
     return _USER_LOSSES[name]
 
@@ -173,8 +180,10 @@ def loss_settings(loss: LossConfig, max_tokens: int | None = None) -> LossSettin
     data["name"] = loss.name
     for key, want in cls.fixed.items():
         if key in data and data[key] != want:
-            raise ConfigError(f"loss.name={loss.name} means loss.{key}={want}{cls.why}; remove "
-                              f"loss.{key}={data[key]} or use loss.name=grpo with your settings")
+            raise ConfigError(
+                f"loss.name={loss.name} means loss.{key}={want}{cls.why}; remove "
+                f"loss.{key}={data[key]} or use loss.name=grpo with your settings"
+            )
     try:
         settings = cls.model_validate({**data, **cls.fixed})
     except ValidationError as exc:

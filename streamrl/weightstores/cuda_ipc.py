@@ -52,7 +52,7 @@ class PackedState:
         for name, dtype, shape, off in self.entries:
             dt = getattr(torch, dtype)
             n = _numel(shape) * dt.itemsize
-            yield name, flat[off:off + n].view(dt).view(shape)
+            yield name, flat[off : off + n].view(dt).view(shape)
 
 
 def _numel(shape) -> int:
@@ -79,15 +79,45 @@ def encode_spec(packed: PackedState) -> str:
     from torch.multiprocessing.reductions import reduce_tensor
 
     _, args = reduce_tensor(packed.buffer)
-    (tensor_cls, size, stride, toff, storage_cls, dtype, device, handle, nbytes, soff, _rg,
-     ref_handle, ref_off, ev_handle, ev_sync) = args
+    (
+        tensor_cls,
+        size,
+        stride,
+        toff,
+        storage_cls,
+        dtype,
+        device,
+        handle,
+        nbytes,
+        soff,
+        _rg,
+        ref_handle,
+        ref_off,
+        ev_handle,
+        ev_sync,
+    ) = args
     if tensor_cls is not torch.Tensor or storage_cls is not torch.storage.TypedStorage or dtype != torch.uint8:
-        raise WeightStoreError(f"unexpected CUDA IPC reduction ({tensor_cls}, {storage_cls}, {dtype}); "
-                               "this torch version changed reduce_tensor: use weights.backend=shm")
-    spec = {"v": SPEC_VERSION, "host": socket.gethostname(), "pid": os.getpid(), "uuid": _device_uuid(device),
-            "size": list(size), "stride": list(stride), "toff": toff, "handle": handle, "nbytes": nbytes,
-            "soff": soff, "ref": ref_handle, "ref_off": ref_off, "event": ev_handle, "ev_sync": bool(ev_sync),
-            "entries": packed.entries}
+        raise WeightStoreError(
+            f"unexpected CUDA IPC reduction ({tensor_cls}, {storage_cls}, {dtype}); "
+            "this torch version changed reduce_tensor: use weights.backend=shm"
+        )
+    spec = {
+        "v": SPEC_VERSION,
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "uuid": _device_uuid(device),
+        "size": list(size),
+        "stride": list(stride),
+        "toff": toff,
+        "handle": handle,
+        "nbytes": nbytes,
+        "soff": soff,
+        "ref": ref_handle,
+        "ref_off": ref_off,
+        "event": ev_handle,
+        "ev_sync": bool(ev_sync),
+        "entries": packed.entries,
+    }
     return base64.b64encode(msgpack.packb(spec, use_bin_type=True)).decode()
 
 
@@ -95,7 +125,9 @@ def decode_spec(text: str) -> dict:
     try:
         spec = msgpack.unpackb(base64.b64decode(text), raw=False)
     except Exception as exc:
-        raise WeightStoreError(f"cuda_ipc handle does not decode ({exc!r}); every role must run this streamrl") from None
+        raise WeightStoreError(
+            f"cuda_ipc handle does not decode ({exc!r}); every role must run this streamrl"
+        ) from None
     if spec.get("v") != SPEC_VERSION:
         raise WeightStoreError(f"cuda_ipc handle version {spec.get('v')} != {SPEC_VERSION}; upgrade every role")
     return spec
@@ -106,14 +138,31 @@ def open_spec(spec: dict) -> PackedState:
     from torch.multiprocessing.reductions import rebuild_cuda_tensor
 
     if spec["host"] != socket.gethostname():
-        raise WeightStoreError(f"weights were published over CUDA IPC on host {spec['host']!r}, this is "
-                               f"{socket.gethostname()!r}; across hosts use weights.backend=dir or torchstore")
+        raise WeightStoreError(
+            f"weights were published over CUDA IPC on host {spec['host']!r}, this is "
+            f"{socket.gethostname()!r}; across hosts use weights.backend=dir or torchstore"
+        )
     local = [i for i in range(torch.cuda.device_count()) if _device_uuid(i) == spec["uuid"]]
     if not local:
-        raise WeightStoreError(f"the publisher's GPU {spec['uuid']} is not visible here; "
-                               "make it visible to the generator (CUDA_VISIBLE_DEVICES) or use weights.backend=shm")
+        raise WeightStoreError(
+            f"the publisher's GPU {spec['uuid']} is not visible here; "
+            "make it visible to the generator (CUDA_VISIBLE_DEVICES) or use weights.backend=shm"
+        )
     buf = rebuild_cuda_tensor(
-        torch.Tensor, tuple(spec["size"]), tuple(spec["stride"]), spec["toff"], torch.storage.TypedStorage,
-        torch.uint8, local[0], spec["handle"], spec["nbytes"], spec["soff"], False, spec["ref"], spec["ref_off"],
-        spec["event"], spec["ev_sync"])
+        torch.Tensor,
+        tuple(spec["size"]),
+        tuple(spec["stride"]),
+        spec["toff"],
+        torch.storage.TypedStorage,
+        torch.uint8,
+        local[0],
+        spec["handle"],
+        spec["nbytes"],
+        spec["soff"],
+        False,
+        spec["ref"],
+        spec["ref_off"],
+        spec["event"],
+        spec["ev_sync"],
+    )
     return PackedState(buf, [tuple(e) for e in spec["entries"]])

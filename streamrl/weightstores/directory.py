@@ -30,8 +30,13 @@ class DirectoryPublisher(FilePublisher):
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "DirectoryPublisher":
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=_shared_root(cfg, run_dir),
-                   cache_root=shm_root(cfg.run.name, run_dir))
+        return cls(
+            broker,
+            Keys(cfg.run.name),
+            cfg.weights.keep,
+            root=_shared_root(cfg, run_dir),
+            cache_root=shm_root(cfg.run.name, run_dir),
+        )
 
 
 class DirectoryLoader(FileLoader):

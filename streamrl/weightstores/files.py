@@ -39,7 +39,9 @@ def version_dirs(root: Path) -> dict[int, Path]:
     return out
 
 
-def write_version(root: Path, version: int, state_dict: dict[str, torch.Tensor], fsync: bool = False) -> tuple[Path, int]:
+def write_version(
+    root: Path, version: int, state_dict: dict[str, torch.Tensor], fsync: bool = False
+) -> tuple[Path, int]:
     """Write `v<version>/model.safetensors` via a temp directory + rename; return (dir, bytes)."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-v{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"

@@ -53,9 +53,11 @@ def _import_torchstore():
         from monarch.actor import endpoint, get_or_spawn_controller
         from torchstore.controller import Controller
     except ImportError as exc:
-        raise ConfigError(f"weights.backend=torchstore needs the torchstore extra ({exc}); run `make torchstore` "
-                          "(pip install --no-deps torchstore==0.1.2 torchmonarch==0.6.0 + deps) or pick "
-                          "weights.backend=shm/dir") from exc
+        raise ConfigError(
+            f"weights.backend=torchstore needs the torchstore extra ({exc}); run `make torchstore` "
+            "(pip install --no-deps torchstore==0.1.2 torchmonarch==0.6.0 + deps) or pick "
+            "weights.backend=shm/dir"
+        ) from exc
     return torchstore, endpoint, get_or_spawn_controller, Controller
 
 
@@ -117,7 +119,7 @@ class _TorchStoreKeys:
         # All keys, filtered here: torchstore 0.1.2's prefix filter misses partial path components.
         out: dict[int, list[str]] = {}
         for key in await self.ts.keys():
-            head = key[len(self.prefix):].split("/", 1)[0] if key.startswith(self.prefix) else ""
+            head = key[len(self.prefix) :].split("/", 1)[0] if key.startswith(self.prefix) else ""
             if head.isdigit():
                 out.setdefault(int(head), []).append(key)
         return out
@@ -160,7 +162,7 @@ class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
     async def gc(self) -> None:
         stored = await self._version_keys()
         versions = sorted(stored)
-        keep = set(versions[-self.keep:])
+        keep = set(versions[-self.keep :])
         current = await self.latest()
         if current is not None:
             keep.add(current.version)
@@ -185,8 +187,10 @@ class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
 
     async def fetch(self, handle: WeightHandle) -> str:
         if handle.transport != self.transport:
-            raise WeightStoreError(f"version {handle.version} was published with transport {handle.transport!r}; "
-                                   f"set weights.backend={handle.transport} for every role")
+            raise WeightStoreError(
+                f"version {handle.version} was published with transport {handle.transport!r}; "
+                f"set weights.backend={handle.transport} for every role"
+            )
         dst = self.cache_dir / f"v{handle.version}"
         if (dst / WEIGHTS_FILE).is_file():
             return str(dst)
@@ -194,8 +198,10 @@ class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
         try:
             sd = await self.ts.get_state_dict(handle.handle, store_name=STORE_NAME)
         except Exception as exc:
-            raise WeightStoreError(f"torchstore has no {handle.handle} ({exc!r}): collected before it was "
-                                   "fetched; fetch the newest one instead, or raise weights.keep") from None
+            raise WeightStoreError(
+                f"torchstore has no {handle.handle} ({exc!r}): collected before it was "
+                "fetched; fetch the newest one instead, or raise weights.keep"
+            ) from None
         await asyncio.to_thread(self._save_local, handle.version, sd, dst)
         return str(dst)
 

@@ -17,8 +17,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 def test_e2e_bench_summarizes_a_real_job(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "streamrl.cli", "bench", "e2e", "--steps", "2", "--no-sync",
-                           "--out", str(out)], capture_output=True, text=True, timeout=880)
+    proc = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "bench", "e2e", "--steps", "2", "--no-sync", "--out", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=880,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     (run,) = result["runs"]

@@ -19,11 +19,19 @@ from streamrl.errors import EXIT_NO_RESTART
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str, env_extra: dict | None = None, timeout: int = 120, cache: Path) -> tuple[subprocess.CompletedProcess, float]:
+def cli(
+    *args: str, env_extra: dict | None = None, timeout: int = 120, cache: Path
+) -> tuple[subprocess.CompletedProcess, float]:
     env = {**os.environ, "STREAMRL_CACHE": str(cache), **(env_extra or {})}
     t0 = time.monotonic()
-    res = subprocess.run([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                         timeout=timeout, env=env)
+    res = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
     return res, time.monotonic() - t0
 
 
@@ -41,7 +49,7 @@ def vllm_shim(tmp: Path) -> dict:
     """PYTHONPATH with a `vllm` package in front that fails to import, as on a machine without vLLM."""
     pkg = tmp / "shim" / "vllm"
     pkg.mkdir(parents=True)
-    (pkg / "__init__.py").write_text('raise ImportError("No module named \'vllm\' (test shim)")\n')
+    (pkg / "__init__.py").write_text("raise ImportError(\"No module named 'vllm' (test shim)\")\n")
     return {"PYTHONPATH": os.pathsep.join([str(tmp / "shim"), os.environ.get("PYTHONPATH", str(ROOT))])}
 
 
@@ -55,8 +63,11 @@ CASES = {
     "vllm_not_installed": ([], "needs vLLM", "pip install vllm"),
     # the objective is resolved by preflight (the schema checks the name's syntax only)
     "loss_name_unknown": (["loss.name=ppo2"], "unknown loss.name='ppo2'", "set loss.name to one of"),
-    "loss_setting_of_another_objective": (["loss.name=reinforce", "loss.eps_high=0.3"],
-                                          "loss.eps_high is not a setting of loss.name=reinforce", "remove it"),
+    "loss_setting_of_another_objective": (
+        ["loss.name=reinforce", "loss.eps_high=0.3"],
+        "loss.eps_high is not a setting of loss.name=reinforce",
+        "remove it",
+    ),
 }
 
 
@@ -80,23 +91,52 @@ def test_up_fails_fast_on_config_errors(tmp_path, case):
     assert not run_dir.exists(), "a config error must not leave a run directory behind"
     assert running_with(str(run_dir)) == []
     # `streamrl config` runs the same checks.
-    res, _ = cli("config", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"), *[a for s in sets for a in ("--set", s)],
-                 env_extra=env, cache=tmp_path / "cache")
+    res, _ = cli(
+        "config",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        *[a for s in sets for a in ("--set", s)],
+        env_extra=env,
+        cache=tmp_path / "cache",
+    )
     assert res.returncode == 2 and what in res.stderr, res.stdout[-500:] + res.stderr
 
 
 def test_config_lists_every_problem_and_can_skip_the_checks(tmp_path):
-    sets = ["--set", "model.path=/nonexistent/model", "--set", "task.name=gsm8k", "--set", "task.path=/nonexistent.jsonl"]
+    sets = [
+        "--set",
+        "model.path=/nonexistent/model",
+        "--set",
+        "task.name=gsm8k",
+        "--set",
+        "task.path=/nonexistent.jsonl",
+    ]
     res, _ = cli("config", *sets, cache=tmp_path / "cache")
-    assert res.returncode == 2 and "2 problems" in res.stderr and "model.path=" in res.stderr and "task.path=" in res.stderr
+    assert (
+        res.returncode == 2
+        and "2 problems" in res.stderr
+        and "model.path=" in res.stderr
+        and "task.path=" in res.stderr
+    )
     res, _ = cli("config", "--no-preflight", *sets, cache=tmp_path / "cache")
     assert res.returncode == 0 and "/nonexistent/model" in res.stdout, res.stderr
 
 
 def test_worker_config_error_exits_no_restart(tmp_path, redis_server):
     """A role that cannot start because of its config exits with EXIT_NO_RESTART and the fix."""
-    res, _ = cli("worker", "reward", "--broker", redis_server.url, "--run", "cfgerr", "--id", "reward-0",
-                 "--set", "reward.fn=tests.integration.reward_fnz:misbehave", cache=tmp_path / "cache")
+    res, _ = cli(
+        "worker",
+        "reward",
+        "--broker",
+        redis_server.url,
+        "--run",
+        "cfgerr",
+        "--id",
+        "reward-0",
+        "--set",
+        "reward.fn=tests.integration.reward_fnz:misbehave",
+        cache=tmp_path / "cache",
+    )
     assert res.returncode == EXIT_NO_RESTART, res.stdout[-2000:] + res.stderr[-2000:]
     assert "fatal error (not restarted): reward could not start" in res.stderr and "PYTHONPATH" in res.stderr
 
@@ -106,10 +146,26 @@ def test_worker_config_error_exits_no_restart(tmp_path, redis_server):
 def test_up_stops_at_once_when_a_worker_cannot_start(tmp_path):
     """An error pre-flight did not see (skipped here) raised inside a worker at start-up: no restarts."""
     run_dir = tmp_path / "run"
-    res, took = cli("up", "--no-preflight", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "--run-dir", str(run_dir),
-                    "--set", "reward.fn=tests.integration.reward_fnz:misbehave", "--set", "generator.count=0",
-                    "--set", "loss.kl_beta=0", "--set", "trainer.steps=2", "--set", "supervisor.backoff_s=0.2",
-                    timeout=240, cache=tmp_path / "cache")
+    res, took = cli(
+        "up",
+        "--no-preflight",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "reward.fn=tests.integration.reward_fnz:misbehave",
+        "--set",
+        "generator.count=0",
+        "--set",
+        "loss.kl_beta=0",
+        "--set",
+        "trainer.steps=2",
+        "--set",
+        "supervisor.backoff_s=0.2",
+        timeout=240,
+        cache=tmp_path / "cache",
+    )
     out = res.stdout + res.stderr
     assert res.returncode != 0, out[-3000:]
     assert "reward-0 (reward) stopped: reward could not start: ConfigError" in out and "PYTHONPATH" in out, out[-3000:]

@@ -41,8 +41,18 @@ def _steps(run_dir: Path) -> list[int]:
 @pytest.mark.timeout(600)
 def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
     run_dir = tmp_path / "ctrlc"
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
-           "--run-dir", str(run_dir), "--set", "trainer.steps=60"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "trainer.steps=60",
+    ]
     env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
     out_path = tmp_path / "up.out"
     with open(out_path, "wb") as out:

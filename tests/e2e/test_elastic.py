@@ -36,8 +36,14 @@ def env(run_dir: Path) -> dict:
 
 def cli(run_dir: Path, *args: str, log: str | None = None, **kw) -> subprocess.Popen:
     path = run_dir.parent / (log or f"{args[0]}.log")
-    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, env=env(run_dir),
-                            stdout=open(path, "ab"), stderr=subprocess.STDOUT, **kw)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        cwd=ROOT,
+        env=env(run_dir),
+        stdout=open(path, "ab"),
+        stderr=subprocess.STDOUT,
+        **kw,
+    )
     proc.stdout_log = path
     return proc
 
@@ -56,9 +62,11 @@ def up_output(run_dir: Path) -> str:
 def wait_for(what: str, cond, up: subprocess.Popen, run_dir: Path, timeout: float = 400):
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if (got := cond()):
+        if got := cond():
             return got
-        assert up.poll() is None, f"`streamrl up` ended (code {up.returncode}) before {what}:\n{up_output(run_dir)[-4000:]}"
+        assert up.poll() is None, (
+            f"`streamrl up` ended (code {up.returncode}) before {what}:\n{up_output(run_dir)[-4000:]}"
+        )
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}:\n{up_output(run_dir)[-4000:]}")
 
@@ -94,7 +102,9 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 120) -> in
     except subprocess.TimeoutExpired:
         log = getattr(proc, "stdout_log", None)
         tail = log.read_text(errors="replace")[-6000:] if log else "(no log)"
-        raise AssertionError(f"{proc.args[3:5]} still running {timeout} s after {sig!r}; its log ends:\n{tail}")
+        raise AssertionError(
+            f"{proc.args[3:5]} still running {timeout} s after {sig!r}; its log ends:\n{tail}"
+        ) from None
 
 
 def end(proc: subprocess.Popen) -> None:
@@ -123,12 +133,25 @@ JUDGE = "annotations.external=[{key: judge, weight: 0.5, timeout_s: %s, on_timeo
 def attach_node_judge(up, run_dir: Path) -> subprocess.Popen:
     """`streamrl producer add` (a restricted broker user), then the Node.js producer under it."""
     wait_for("the broker", lambda: (run_dir / "broker" / "url").exists(), up, run_dir, timeout=120)
-    res = subprocess.run([sys.executable, "-m", "streamrl.cli", "producer", "add", "judge", "--run", "tiny",
-                          "--run-dir", str(run_dir)], cwd=ROOT, env=env(run_dir), capture_output=True, text=True,
-                         timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "producer", "add", "judge", "--run", "tiny", "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env=env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
-    return start_node_producer(res.stdout.splitlines()[0], "tiny", "judge", run_dir.parent / "node.log",
-                               "--max-tokens", "16", "--claim-idle-ms", "3000")
+    return start_node_producer(
+        res.stdout.splitlines()[0],
+        "tiny",
+        "judge",
+        run_dir.parent / "node.log",
+        "--max-tokens",
+        "16",
+        "--claim-idle-ms",
+        "3000",
+    )
 
 
 @pytest.mark.timeout(900)
@@ -150,7 +173,9 @@ def test_node_producer_scores_reach_the_trainer(tmp_path):
         assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"], abs=1e-5)
         assert r["annotation_timeouts"] == 0 and r["failed"] == 0
     log = (tmp_path / "node.log").read_text()
-    assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[-2000:]
+    assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[
+        -2000:
+    ]
     assert '"event":"broker_error"' not in log, log[-2000:]
 
 
@@ -177,27 +202,56 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
     run_dir = tmp_path / "run"
     # No supervised generator or reward worker: the job advances only through the ones added here.
     up = start_up(run_dir, "generator.count=0", "reward.count=0", steps=ELASTIC_STEPS)
-    wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists() and (run_dir / "broker" / "url").exists(),
-             up, run_dir, timeout=120)
+    wait_for(
+        "config.yaml",
+        lambda: (run_dir / "config.yaml").exists() and (run_dir / "broker" / "url").exists(),
+        up,
+        run_dir,
+        timeout=120,
+    )
     joined = {}
     try:
+
         def join(role: str, wid: str) -> None:
-            joined[wid] = cli(run_dir, "worker", role, "--config", str(run_dir / "config.yaml"),
-                              "--run-dir", str(run_dir), "--id", wid, log=f"{wid}.log")
+            joined[wid] = cli(
+                run_dir,
+                "worker",
+                role,
+                "--config",
+                str(run_dir / "config.yaml"),
+                "--run-dir",
+                str(run_dir),
+                "--id",
+                wid,
+                log=f"{wid}.log",
+            )
 
         # Both generators' engines up (a heartbeat is written once a worker has started) before the
         # reward worker joins: with no reward worker no step can complete, so however slowly the second
         # vLLM starts on a loaded machine, the job is still at step 0 when it is ready to compete.
         join("generator", "gen-a")
         join("generator", "gen-b")
-        wait_for("both generators started", lambda: all(heartbeat(run_dir, "generator", w) for w in ("gen-a", "gen-b")),
-                 up, run_dir)
+        wait_for(
+            "both generators started",
+            lambda: all(heartbeat(run_dir, "generator", w) for w in ("gen-a", "gen-b")),
+            up,
+            run_dir,
+        )
         assert metrics(run_dir) == []
         join("reward", "rew-a")
-        wait_for("both generators producing and the reward worker scoring", lambda: all(
-            heartbeat(run_dir, role, w).get(counter, 0) > 0
-            for role, w, counter in (("generator", "gen-a", "rollouts"), ("generator", "gen-b", "rollouts"),
-                                     ("reward", "rew-a", "scored"))), up, run_dir)
+        wait_for(
+            "both generators producing and the reward worker scoring",
+            lambda: all(
+                heartbeat(run_dir, role, w).get(counter, 0) > 0
+                for role, w, counter in (
+                    ("generator", "gen-a", "rollouts"),
+                    ("generator", "gen-b", "rollouts"),
+                    ("reward", "rew-a", "scored"),
+                )
+            ),
+            up,
+            run_dir,
+        )
         assert len(metrics(run_dir)) < ELASTIC_STEPS
         assert stop(joined["gen-a"]) == 0  # leaves cleanly: drains its in-flight groups first
         assert not heartbeat(run_dir, "generator", "gen-a")  # and deregisters
@@ -206,15 +260,24 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
         for proc in joined.values():
             end(proc)  # gen-b and rew-a lost their broker when the run ended
     assert all(r["failed"] == 0 for r in rows)
-    stopped = next(json.loads(x) for x in (run_dir / "logs" / "gen-a.jsonl").read_text().splitlines()
-                   if json.loads(x)["event"] == "stopped")
+    stopped = next(
+        json.loads(x)
+        for x in (run_dir / "logs" / "gen-a.jsonl").read_text().splitlines()
+        if json.loads(x)["event"] == "stopped"
+    )
     assert stopped["rollouts"] > 0 and stopped.get("groups_aborted", 0) == 0
     assert_nothing_lost(run_dir)
 
 
 def scale(run_dir: Path, *counts: str) -> None:
-    res = subprocess.run([sys.executable, "-m", "streamrl.cli", "scale", *counts, "--run-dir", str(run_dir)],
-                         cwd=ROOT, env=env(run_dir), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "scale", *counts, "--run-dir", str(run_dir)],
+        cwd=ROOT,
+        env=env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
 
 
@@ -227,22 +290,44 @@ def test_scale_changes_the_supervised_count(tmp_path):
     up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", steps=SCALE_STEPS)
     wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
     scale(run_dir, "generator=2", "reward=2")
-    wait_for("both generators and both reward workers working", lambda: all(
-        heartbeat(run_dir, role, f"{role}-{i}").get(counter, 0) > 0
-        for role, counter in (("generator", "rollouts"), ("reward", "scored")) for i in (0, 1)), up, run_dir)
-    status = subprocess.run([sys.executable, "-m", "streamrl.cli", "status", "--run-dir", str(run_dir), "--once"],
-                            cwd=ROOT, env=env(run_dir), capture_output=True, text=True, timeout=60)
+    wait_for(
+        "both generators and both reward workers working",
+        lambda: all(
+            heartbeat(run_dir, role, f"{role}-{i}").get(counter, 0) > 0
+            for role, counter in (("generator", "rollouts"), ("reward", "scored"))
+            for i in (0, 1)
+        ),
+        up,
+        run_dir,
+    )
+    status = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "status", "--run-dir", str(run_dir), "--once"],
+        cwd=ROOT,
+        env=env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert status.returncode == 0, status.stderr
     for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
         assert text in status.stdout, status.stdout
     assert len(metrics(run_dir)) < SCALE_STEPS
     scale(run_dir, "generator=1", "reward=1")
-    wait_for("generator-1 and reward-1 to leave", lambda: all(
-        f"{w} left (exited with code 0)" in up_output(run_dir) for w in ("generator-1", "reward-1")), up, run_dir)
+    wait_for(
+        "generator-1 and reward-1 to leave",
+        lambda: all(f"{w} left (exited with code 0)" in up_output(run_dir) for w in ("generator-1", "reward-1")),
+        up,
+        run_dir,
+    )
     rows = finish(up, run_dir, SCALE_STEPS)
     out = up_output(run_dir)
-    for line in ("scale: started generator-0", "scale: started generator-1", "scale: started reward-1",
-                 "scale: stopping generator-1", "scale: stopping reward-1"):
+    for line in (
+        "scale: started generator-0",
+        "scale: started generator-1",
+        "scale: started reward-1",
+        "scale: stopping generator-1",
+        "scale: stopping reward-1",
+    ):
         assert line in out, out
     assert "scale: stopping generator-0" not in out and all(r["failed"] == 0 for r in rows)
     assert_nothing_lost(run_dir)

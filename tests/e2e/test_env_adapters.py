@@ -24,8 +24,18 @@ pytestmark = pytest.mark.slow
 
 def test_textarena_game_drives_a_job(tmp_path):
     run_dir = tmp_path / "ta"
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-textarena-cpu.yaml"),
-           "--run-dir", str(run_dir), "--set", "trainer.steps=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tiny-textarena-cpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "trainer.steps=2",
+    ]
     env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
@@ -40,6 +50,5 @@ def test_textarena_game_drives_a_job(tmp_path):
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
     assert s["episodes"]["trained"] == 2 * 16
-    steps = [json.loads(ln) for ln in (run_dir / "logs" / "env-0.jsonl").read_text().splitlines()
-             if '"stopped"' in ln]
+    steps = [json.loads(ln) for ln in (run_dir / "logs" / "env-0.jsonl").read_text().splitlines() if '"stopped"' in ln]
     assert steps and steps[-1]["steps"] >= 2 * 16, steps

@@ -39,12 +39,32 @@ def test_eval_rises_and_an_external_loss_trains(tmp_path):
     (ext / "ext_losses" / "pg.py").write_text(textwrap.dedent(LOSS_MODULE))
     run_dir = tmp_path / "run"
     # lr 5e-3 (the tiny model's tuning value) learns the task within 30 steps.
-    sets = ["trainer.steps=30", "trainer.lr=0.005", "loss.kl_beta=0", "loss.name=ext_losses.pg:clipped_pg", "eval.every_steps=10",
-            "eval.num_prompts=8", "eval.samples=4", "eval.pass_k=[1,2]", "eval.threshold=0.75"]
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
-           "--run-dir", str(run_dir)] + [a for s in sets for a in ("--set", s)]
-    env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache"),
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ext)])}
+    sets = [
+        "trainer.steps=30",
+        "trainer.lr=0.005",
+        "loss.kl_beta=0",
+        "loss.name=ext_losses.pg:clipped_pg",
+        "eval.every_steps=10",
+        "eval.num_prompts=8",
+        "eval.samples=4",
+        "eval.pass_k=[1,2]",
+        "eval.threshold=0.75",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ] + [a for s in sets for a in ("--set", s)]
+    env = {
+        **os.environ,
+        "STREAMRL_CACHE": str(tmp_path / "cache"),
+        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ext)]),
+    }
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540, env=env)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = metrics(run_dir)

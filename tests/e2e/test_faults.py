@@ -21,8 +21,14 @@ import redis
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
-SMALL = ["broker.claim_idle_ms=2000", "generator.drain_timeout_s=2", "supervisor.backoff_s=0.5",
-         "supervisor.grace_s=30", "trainer.trim_every_s=2", "rollout.max_staleness=1"]
+SMALL = [
+    "broker.claim_idle_ms=2000",
+    "generator.drain_timeout_s=2",
+    "supervisor.backoff_s=0.5",
+    "supervisor.grace_s=30",
+    "trainer.trim_every_s=2",
+    "rollout.max_staleness=1",
+]
 
 
 class Up:
@@ -32,8 +38,11 @@ class Up:
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "streamrl.cli", "up"]
-        cmd += ["--resume", str(run_dir)] if resume else ["--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
-                                                          "--run-dir", str(run_dir)]
+        cmd += (
+            ["--resume", str(run_dir)]
+            if resume
+            else ["--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "--run-dir", str(run_dir)]
+        )
         for s in sets:
             cmd += ["--set", s]
         env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
@@ -130,8 +139,11 @@ def test_every_worker_role_sigkilled_and_broker_restarted(tmp_path):
     s = up.summary()
     assert_exact(s)
     assert s["trained"] == steps * 8 and s["trained_rollouts"] == steps * 64
-    trimmed = [json.loads(ln).get("trimmed", 0) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
-               if '"stopped"' in ln]
+    trimmed = [
+        json.loads(ln).get("trimmed", 0)
+        for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
+        if '"stopped"' in ln
+    ]
     assert trimmed and trimmed[-1] > 0, "the trainer trims consumed stream entries"
 
 
@@ -162,8 +174,9 @@ def test_trainer_sigkilled_then_resumed_and_gracefully_stopped(tmp_path):
     assert_exact(s)
     stopped_at = up2.steps()[-1]
     assert s["checkpointed_version"] == stopped_at
-    resumed = [json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
-               if '"resumed"' in ln]
+    resumed = [
+        json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines() if '"resumed"' in ln
+    ]
     assert resumed and resumed[0]["policy_version"] == 3 and resumed[0]["replay_steps"][0] == 4
 
     up3 = Up(up.run_dir, resume=True)
@@ -179,8 +192,14 @@ def test_two_rank_trainer_sigkilled_then_resumed(tmp_path):
     """The same recovery with FSDP2 over two gloo ranks: the sharded checkpoint (DCP) is written by
     both ranks and read back by both; the resumed run replays from it and finishes exactly."""
     run, steps = "faults-c", 6
-    up = Up(tmp_path / "c", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3",
-            "trainer.world_size=2", *SMALL)
+    up = Up(
+        tmp_path / "c",
+        f"run.name={run}",
+        f"trainer.steps={steps}",
+        "trainer.checkpoint_every=3",
+        "trainer.world_size=2",
+        *SMALL,
+    )
     up.wait_step(4)
     up.wait_checkpointed(run, 3)
     up.kill_role(run, "trainer")

@@ -90,11 +90,18 @@ def test_multiturn_job_learns(tmp_path):
 @pytest.mark.timeout(600)
 def test_multiturn_survives_env_and_generator_sigkill(tmp_path):
     run_dir = tmp_path / "mtf"
-    proc, out = start(run_dir, "trainer.steps=16", "broker.claim_idle_ms=2000", "generator.drain_timeout_s=2",
-                      "supervisor.backoff_s=0.5", "supervisor.grace_s=30", "trainer.trim_every_s=2")
+    proc, out = start(
+        run_dir,
+        "trainer.steps=16",
+        "broker.claim_idle_ms=2000",
+        "generator.drain_timeout_s=2",
+        "supervisor.backoff_s=0.5",
+        "supervisor.grace_s=30",
+        "trainer.trim_every_s=2",
+    )
     try:
         wait_step(proc, out, run_dir, 3)
-        kill_role(run_dir, "env")        # its in-flight steps are claimed by the restarted env-0 and replayed
+        kill_role(run_dir, "env")  # its in-flight steps are claimed by the restarted env-0 and replayed
         wait_step(proc, out, run_dir, 7)
         wait_episodes_in_flight(run_dir)
         kill_role(run_dir, "generator")  # the restarted generator-0 continues its episodes from their last turn

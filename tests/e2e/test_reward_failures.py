@@ -20,8 +20,20 @@ pytestmark = pytest.mark.slow
 
 
 def up(run_dir: Path, *sets: str, timeout: int = 300) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
-           "--run-dir", str(run_dir), "--set", "loss.kl_beta=0", "--set", "rollout.groups_per_step=4"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "loss.kl_beta=0",
+        "--set",
+        "rollout.groups_per_step=4",
+    ]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
@@ -31,19 +43,28 @@ def up(run_dir: Path, *sets: str, timeout: int = 300) -> tuple[subprocess.Comple
 
 
 @pytest.mark.timeout(400)
-@pytest.mark.parametrize("fn, cause, first", [
-    ("always_raise", "reward function raised ValueError", "reward function raised ValueError: grader unavailable"),
-    ("always_nan", "reward function returned nan", "reward function returned nan"),
-])
+@pytest.mark.parametrize(
+    "fn, cause, first",
+    [
+        ("always_raise", "reward function raised ValueError", "reward function raised ValueError: grader unavailable"),
+        ("always_nan", "reward function returned nan", "reward function returned nan"),
+    ],
+)
 def test_always_failing_reward_stops_the_job_with_its_error(tmp_path, fn, cause, first):
-    res, took = up(tmp_path / "run", f"reward.fn=tests.integration.reward_fns:{fn}",
-                   "rollout.max_consecutive_failed_groups=12", "trainer.steps=3")
+    res, took = up(
+        tmp_path / "run",
+        f"reward.fn=tests.integration.reward_fns:{fn}",
+        "rollout.max_consecutive_failed_groups=12",
+        "trainer.steps=3",
+    )
     out = res.stdout + res.stderr
     assert res.returncode != 0, out[-3000:]
     assert "trainer-0 (trainer) stopped: nothing can be trained: 12 groups in a row failed" in out, out[-3000:]
     assert f"the first one: reward: {first}" in out and "reward.on_error=score" in out, out[-3000:]
     failures = [ln for ln in res.stdout.splitlines() if ln.startswith("failures: ")]
-    assert failures and f"({cause}: " in failures[-1] and f"first: {first} [reward-0, " in failures[-1], res.stdout[-3000:]
+    assert failures and f"({cause}: " in failures[-1] and f"first: {first} [reward-0, " in failures[-1], res.stdout[
+        -3000:
+    ]
     assert "restarting" not in out
     print(f"stopped after {took:.1f}s; {failures[-1]}")
 
@@ -51,13 +72,15 @@ def test_always_failing_reward_stops_the_job_with_its_error(tmp_path, fn, cause,
 @pytest.mark.timeout(400)
 def test_flaky_reward_with_on_error_score_trains_its_groups(tmp_path):
     run_dir = tmp_path / "run"
-    res, took = up(run_dir, "reward.fn=tests.integration.reward_fns:fail_one_in_five", "reward.on_error=score",
-                   "trainer.steps=3")
+    res, took = up(
+        run_dir, "reward.fn=tests.integration.reward_fns:fail_one_in_five", "reward.on_error=score", "trainer.steps=3"
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3] and all(r["failed"] == 0 for r in rows)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["failed"] == 0 and summary["dead_lettered"] > 0, summary
-    assert any(ln.startswith("failures: ") and "reward function raised RuntimeError: " in ln
-               for ln in res.stdout.splitlines()), res.stdout[-3000:]
+    assert any(
+        ln.startswith("failures: ") and "reward function raised RuntimeError: " in ln for ln in res.stdout.splitlines()
+    ), res.stdout[-3000:]
     print(f"took {took:.1f}s; dead-lettered {summary['dead_lettered']} rollouts, trained {summary['trained']} groups")

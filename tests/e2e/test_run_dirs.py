@@ -29,8 +29,14 @@ pytestmark = pytest.mark.slow
 
 def _cli(*args: str, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess:
     env = {**os.environ, "STREAMRL_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _weights_handle(run_dir: Path) -> str | None:
@@ -55,7 +61,16 @@ def two_runs(tmp_path_factory):
     jobs = {}
     for name in ("a", "b"):
         out = open(base / f"{name}.out", "wb")
-        cmd = [sys.executable, "-m", "streamrl.cli", "up", "--run-dir", str(base / name), "--set", f"trainer.steps={STEPS}"]
+        cmd = [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "up",
+            "--run-dir",
+            str(base / name),
+            "--set",
+            f"trainer.steps={STEPS}",
+        ]
         jobs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT), out)
     handles: dict[str, str] = {}
     try:

@@ -19,8 +19,14 @@ pytestmark = pytest.mark.slow
 
 def cli(*args: str, cache: Path, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "STREAMRL_CACHE": str(cache)}
-    return subprocess.run([sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=timeout, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
 
 
 def rows(run_dir: Path) -> list[dict]:
@@ -36,12 +42,24 @@ def test_rl_from_sft_starts_where_rl_from_scratch_ends(tmp_path):
     assert [r["step"] for r in sft] == list(range(1, 41)) and "sft step   40/40" in res.stdout
     evals = [r["eval_loss"] for r in sft if "eval_loss" in r]
     assert len(evals) == 4 and evals[-1] < evals[0]
-    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= \
-        {p.name for p in (sft_dir / "hf").iterdir()}
+    assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {
+        p.name for p in (sft_dir / "hf").iterdir()
+    }
 
-    res = cli("up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "--run-dir", str(rl_dir),
-              "--set", f"model.path={sft_dir / 'hf'}", "--set", "trainer.steps=10", "--set", "loss.kl_beta=0",
-              cache=cache)
+    res = cli(
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--run-dir",
+        str(rl_dir),
+        "--set",
+        f"model.path={sft_dir / 'hf'}",
+        "--set",
+        "trainer.steps=10",
+        "--set",
+        "loss.kl_beta=0",
+        cache=cache,
+    )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rl = rows(rl_dir)
     first10 = sum(r["reward_mean"] for r in rl[:10]) / 10

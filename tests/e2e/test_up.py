@@ -17,8 +17,16 @@ pytestmark = pytest.mark.slow
 
 
 def up(run_dir: Path, *sets: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"),
-           "--run-dir", str(run_dir)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "up",
+        "--config",
+        str(ROOT / "configs" / "tiny-cpu.yaml"),
+        "--run-dir",
+        str(run_dir),
+    ]
     for s in sets:
         cmd += ["--set", s]
     env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
@@ -37,8 +45,16 @@ def test_up_learns_asynchronously(tmp_path):
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 41))
     for r in rows:
-        for key in ("step", "policy_version", "reward_mean", "samples", "tokens", "staleness_max",
-                    "staleness_hist", "time_s"):
+        for key in (
+            "step",
+            "policy_version",
+            "reward_mean",
+            "samples",
+            "tokens",
+            "staleness_max",
+            "staleness_hist",
+            "time_s",
+        ):
             assert key in r
         assert r["staleness_max"] <= 2
         assert sum(r["staleness_hist"].values()) == r["samples"] == 64

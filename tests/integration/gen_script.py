@@ -39,8 +39,10 @@ async def _collect(broker, keys, state: dict, group_id: str, n: int, timeout: fl
         if len(done) >= n:
             return sorted(done, key=lambda r: r["sample"])
         await _pull(broker, keys, state)
-    raise TimeoutError(f"only {len([r for r in state['rollouts'] if r['group_id'] == group_id])}/{n} "
-                       f"rollouts of group {group_id} after {timeout}s")
+    raise TimeoutError(
+        f"only {len([r for r in state['rollouts'] if r['group_id'] == group_id])}/{n} "
+        f"rollouts of group {group_id} after {timeout}s"
+    )
 
 
 async def main(spec: dict) -> dict:
@@ -49,7 +51,15 @@ async def main(spec: dict) -> dict:
 
     from brokers.redis_streams import connect
     from streamrl.broker import Keys
-    from streamrl.config import BrokerConfig, Config, GeneratorConfig, ModelConfig, RolloutConfig, RunConfig, WeightsConfig
+    from streamrl.config import (
+        BrokerConfig,
+        Config,
+        GeneratorConfig,
+        ModelConfig,
+        RolloutConfig,
+        RunConfig,
+        WeightsConfig,
+    )
     from streamrl.logs import setup_logging
     from streamrl.messages import Prompt, encode
     from streamrl.tiny import vocab
@@ -65,8 +75,14 @@ async def main(spec: dict) -> dict:
         broker=BrokerConfig(url=spec["redis_url"], claim_idle_ms=60_000, block_ms=50),
         model=ModelConfig(path=spec["model"]),
         rollout=RolloutConfig(group_size=GROUP_SIZE),
-        generator=GeneratorConfig(max_tokens=200, temperature=0.7, ignore_eos=True, max_inflight_groups=4,
-                                  drain_timeout_s=0.5, weights_poll_s=0.05),
+        generator=GeneratorConfig(
+            max_tokens=200,
+            temperature=0.7,
+            ignore_eos=True,
+            max_inflight_groups=4,
+            drain_timeout_s=0.5,
+            weights_poll_s=0.05,
+        ),
         weights=WeightsConfig(backend="shm", keep=2),
     )
     broker = await connect(cfg.broker.url)

@@ -38,11 +38,13 @@ async def test_a_vector_or_an_out_of_range_value_never_reaches_the_trainer(confi
     await asm.start()
     keys = owner.keys
     await publish_group(broker, keys, "g0", [1, 0])
-    bad = [Annotation(rollout_id=rid("g0", 0), key="judge", value=np.array([0.5, 0.5], np.float32),
-                      producer="judge-host-1"),
-           Annotation(rollout_id=rid("g0", 1), key="judge", value=1e39, producer="judge-host-2"),
-           Annotation(rollout_id=rid("g0", 1), key="ref_logprobs", value=np.zeros(2, np.float32),
-                      producer="ref-0")]  # 2 values for a 3-token completion
+    bad = [
+        Annotation(
+            rollout_id=rid("g0", 0), key="judge", value=np.array([0.5, 0.5], np.float32), producer="judge-host-1"
+        ),
+        Annotation(rollout_id=rid("g0", 1), key="judge", value=1e39, producer="judge-host-2"),
+        Annotation(rollout_id=rid("g0", 1), key="ref_logprobs", value=np.zeros(2, np.float32), producer="ref-0"),
+    ]  # 2 values for a 3-token completion
     for a in bad:
         await broker.add(keys.annotations, encode(a))
     with pytest.raises(asyncio.TimeoutError):  # nothing usable for judge yet: the group waits
@@ -50,7 +52,9 @@ async def test_a_vector_or_an_out_of_range_value_never_reaches_the_trainer(confi
     reasons = sorted(r["reason"] for r in await dead_records(broker, keys))
     assert len(reasons) == 3, reasons
     host1, host2, ref = reasons
-    assert host1.startswith("annotation 'judge' from producer 'judge-host-1' for rollout 'g0:0:t0'") and "scalar" in host1
+    assert (
+        host1.startswith("annotation 'judge' from producer 'judge-host-1' for rollout 'g0:0:t0'") and "scalar" in host1
+    )
     assert host2.startswith("annotation 'judge' from producer 'judge-host-2' for rollout 'g0:1:t0'")
     assert "float32 range" in host2
     assert ref.startswith("annotation 'ref_logprobs' from producer 'ref-0'") and "2 values for a completion of 3" in ref
@@ -90,8 +94,10 @@ async def test_annotations_stay_trimmed_with_unknown_ids_injected(config, broker
     added = 0
     for step in range(40):
         await publish_group(broker, keys, f"g{step}", [1, 0, 0, 1])
-        junk = [encode(Annotation(rollout_id=rid(f"ghost{step}", i), key="reward", value=0.0, producer="junk"))
-                for i in range(20)]
+        junk = [
+            encode(Annotation(rollout_id=rid(f"ghost{step}", i), key="reward", value=0.0, producer="junk"))
+            for i in range(20)
+        ]
         await broker.add_many(keys.annotations, junk)
         added += 4 + len(junk)
         batch = await asyncio.wait_for(asm.next_batch(0), 10)
@@ -107,9 +113,17 @@ async def test_annotations_stay_trimmed_with_unknown_ids_injected(config, broker
 
 
 def _copy(gid: str, sample: int, tokens: int) -> Rollout:
-    return Rollout(rollout_id=new_rollout_id(gid, sample), group_id=gid, sample=sample, group_size=4,
-                   prompt_ids=np.array([4, 5]), completion_ids=np.arange(6, 6 + tokens),
-                   logprobs=np.full(tokens, -1.0), version=0, text="x" * tokens)
+    return Rollout(
+        rollout_id=new_rollout_id(gid, sample),
+        group_id=gid,
+        sample=sample,
+        group_size=4,
+        prompt_ids=np.array([4, 5]),
+        completion_ids=np.arange(6, 6 + tokens),
+        logprobs=np.full(tokens, -1.0),
+        version=0,
+        text="x" * tokens,
+    )
 
 
 async def test_a_regenerated_sample_trains_with_the_reward_of_its_own_tokens(config, broker):
@@ -159,8 +173,10 @@ async def test_annotations_read_before_their_rollout_are_held_then_checked(confi
     keys = owner.keys
     for i in range(2):
         for value in (np.zeros(2, np.float32), np.zeros(3, np.float32)):  # 2 values: wrong, 3: right
-            await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("g0", i), key="ref_logprobs",
-                                                                 value=value, producer="ref-0")))
+            await broker.add(
+                keys.annotations,
+                encode(Annotation(rollout_id=rid("g0", i), key="ref_logprobs", value=value, producer="ref-0")),
+            )
         await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("g0", i), key="reward", value=float(i))))
     await asm.poll()
     assert sum(len(v) for v in asm.held.get("g0", {}).values()) == 6

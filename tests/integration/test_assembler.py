@@ -22,10 +22,19 @@ def rid(gid: str, sample: int) -> str:
 
 
 def rollout(gid: str, sample: int, version: int = 0, n: int = 4, switches=None) -> Rollout:
-    return Rollout(rollout_id=rid(gid, sample), group_id=gid, sample=sample, group_size=n,
-                   prompt_ids=np.array([4, 5]), completion_ids=np.array([6, 7, 8]),
-                   logprobs=np.array([-1.0, -2.0, -3.0]), version=version,
-                   version_switches=switches or [], prompt_text="ab", text="xyz")
+    return Rollout(
+        rollout_id=rid(gid, sample),
+        group_id=gid,
+        sample=sample,
+        group_size=n,
+        prompt_ids=np.array([4, 5]),
+        completion_ids=np.array([6, 7, 8]),
+        logprobs=np.array([-1.0, -2.0, -3.0]),
+        version=version,
+        version_switches=switches or [],
+        prompt_text="ab",
+        text="xyz",
+    )
 
 
 async def publish_group(broker, keys, gid, rewards, version=0, ref=False, n=None):
@@ -34,8 +43,14 @@ async def publish_group(broker, keys, gid, rewards, version=0, ref=False, n=None
         await broker.add(keys.rollouts, encode(rollout(gid, i, version, n)))
         await broker.add(keys.annotations, encode(Annotation(rollout_id=rid(gid, i), key="reward", value=float(r))))
         if ref:
-            await broker.add(keys.annotations, encode(Annotation(rollout_id=rid(gid, i), key="ref_logprobs",
-                                                                 value=np.array([-1.0, -1.0, -1.0], np.float32))))
+            await broker.add(
+                keys.annotations,
+                encode(
+                    Annotation(
+                        rollout_id=rid(gid, i), key="ref_logprobs", value=np.array([-1.0, -1.0, -1.0], np.float32)
+                    )
+                ),
+            )
 
 
 def make(config, broker, **changes):
@@ -74,8 +89,10 @@ async def test_waits_for_required_annotations(config, broker):
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(asm.next_batch(0), 1.0)
     for i in range(2):
-        await broker.add(owner.keys.annotations, encode(Annotation(rollout_id=rid("g0", i), key="ref_logprobs",
-                                                                   value=np.zeros(3, np.float32))))
+        await broker.add(
+            owner.keys.annotations,
+            encode(Annotation(rollout_id=rid("g0", i), key="ref_logprobs", value=np.zeros(3, np.float32))),
+        )
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     assert batch.ref_logprobs is not None and len(batch.ref_logprobs) == 2
 
@@ -105,8 +122,14 @@ async def test_version_switch_counts_oldest_version(config, broker):
 
 
 async def test_requeue_policy_republishes_prompt(config, broker):
-    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, rollout__max_staleness=0,
-                           rollout__stale_policy="requeue", loss__kl_beta=0.0)
+    cfg, owner, asm = make(
+        config,
+        broker,
+        rollout__groups_per_step=1,
+        rollout__max_staleness=0,
+        rollout__stale_policy="requeue",
+        loss__kl_beta=0.0,
+    )
     await asm.start()
     await publish_group(broker, owner.keys, "g0", [1, 0], version=0)
     with pytest.raises(asyncio.TimeoutError):
@@ -139,8 +162,12 @@ async def test_failed_annotation_drops_group(config, broker):
     await asm.start()
     keys = owner.keys
     await broker.add(keys.rollouts, encode(rollout("bad", 0, n=1)))
-    await broker.add(keys.annotations, encode(Annotation(rollout_id=rid("bad", 0), key="reward", value=0.0,
-                                                         error="reward function raised ValueError")))
+    await broker.add(
+        keys.annotations,
+        encode(
+            Annotation(rollout_id=rid("bad", 0), key="reward", value=0.0, error="reward function raised ValueError")
+        ),
+    )
     await publish_group(broker, keys, "good", [1, 0])
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     assert batch.group_ids == ["good"] and asm.counters["failed"] == 1
@@ -161,8 +188,7 @@ async def test_malformed_entries_go_to_deadletter(config, broker):
 
 
 async def test_dynamic_sampling_filters_zero_variance_groups(config, broker):
-    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0,
-                           loss__dynamic_sampling=True)
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0, loss__dynamic_sampling=True)
     await asm.start()
     await publish_group(broker, owner.keys, "flat", [1, 1, 1])
     await publish_group(broker, owner.keys, "varied", [1, 0, 1])
@@ -172,8 +198,15 @@ async def test_dynamic_sampling_filters_zero_variance_groups(config, broker):
 
 
 async def test_overlong_penalty_shapes_rewards(config, broker):
-    cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, loss__kl_beta=0.0,
-                           generator__max_tokens=4, loss__overlong_buffer=2, loss__overlong_penalty=1.0)
+    cfg, owner, asm = make(
+        config,
+        broker,
+        rollout__groups_per_step=1,
+        loss__kl_beta=0.0,
+        generator__max_tokens=4,
+        loss__overlong_buffer=2,
+        loss__overlong_penalty=1.0,
+    )
     await asm.start()
     await publish_group(broker, owner.keys, "g", [1, 1])  # completions of 3 tokens: halfway into the buffer
     batch = await asyncio.wait_for(asm.next_batch(0), 10)

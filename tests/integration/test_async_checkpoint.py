@@ -61,9 +61,12 @@ def train(engine, steps: int) -> None:
 
 
 def snapshot(engine) -> dict:
-    return {"model": {k: v.clone() for k, v in engine.model.state_dict().items()},
-            "adam": {i: {k: v.clone() for k, v in s.items()} for i, s in engine.optimizer.state_dict()["state"].items()},
-            "lr": engine.scheduler.get_last_lr(), "steps": engine.steps_done}
+    return {
+        "model": {k: v.clone() for k, v in engine.model.state_dict().items()},
+        "adam": {i: {k: v.clone() for k, v in s.items()} for i, s in engine.optimizer.state_dict()["state"].items()},
+        "lr": engine.scheduler.get_last_lr(),
+        "steps": engine.steps_done,
+    }
 
 
 def assert_same(a: dict, b: dict) -> None:

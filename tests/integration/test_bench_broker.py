@@ -17,9 +17,29 @@ pytestmark = pytest.mark.timeout(120)
 
 def _bench(tmp_path, *extra: str) -> dict:
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "streamrl.cli", "bench", "broker", "--rollouts", "96",
-                           "--completion-tokens", "32", "--prompt-tokens", "8", "--group-size", "4",
-                           "--out", str(out), *extra], capture_output=True, text=True, timeout=110)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "bench",
+            "broker",
+            "--rollouts",
+            "96",
+            "--completion-tokens",
+            "32",
+            "--prompt-tokens",
+            "8",
+            "--group-size",
+            "4",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rollouts_per_s" in proc.stdout
     return json.loads((out / "result.json").read_text()), out, proc.stdout

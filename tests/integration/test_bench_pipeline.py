@@ -17,9 +17,35 @@ pytestmark = pytest.mark.timeout(150)
 
 def test_pipeline_bench_rows_and_staleness_bound(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "-m", "streamrl.cli", "bench", "pipeline", "--staleness", "0", "2",
-                           "--steps", "4", "--warmup", "1", "--tokens", "8", "--token-ms", "4", "--train-s", "0.032",
-                           "--group-size", "2", "--out", str(out)], capture_output=True, text=True, timeout=140)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "bench",
+            "pipeline",
+            "--staleness",
+            "0",
+            "2",
+            "--steps",
+            "4",
+            "--warmup",
+            "1",
+            "--tokens",
+            "8",
+            "--token-ms",
+            "4",
+            "--train-s",
+            "0.032",
+            "--group-size",
+            "2",
+            "--out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=140,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())
     assert [r["max_staleness"] for r in result["rows"]] == [0, 2]

@@ -25,10 +25,34 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _bench(cwd: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "streamrl.cli", "bench", "trainer_mfu", "--config",
-           str(ROOT / "configs/qwen3-1.7b-train.yaml"), "--shape", "qwen3-tiny", "--device", "cpu",
-           "--set", f"model.path={model}", "--rows", "8", "--prompt-len", "8", "--completion-len", "8",
-           "--variants", "hf", "--warmup", "0", "--steps", "1", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "bench",
+        "trainer_mfu",
+        "--config",
+        str(ROOT / "configs/qwen3-1.7b-train.yaml"),
+        "--shape",
+        "qwen3-tiny",
+        "--device",
+        "cpu",
+        "--set",
+        f"model.path={model}",
+        "--rows",
+        "8",
+        "--prompt-len",
+        "8",
+        "--completion-len",
+        "8",
+        "--variants",
+        "hf",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=280)
 
@@ -63,11 +87,39 @@ def test_unwritable_out_fails_before_the_run(tmp_path):
 
 def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "streamrl.cli", "bench", "trainer_mfu", "--out", str(tmp_path / "out"),
-           "--config", str(ROOT / "configs" / "qwen3-1.7b-train.yaml"), "--shape", "qwen3-tiny", "--device", "cpu",
-           "--set", f"model.path={tmp_path / 'model'}", "--rows", "8", "--prompt-len", "8", "--completion-len", "24",
-           "--ragged", "--warmup", "0", "--steps", "1", "--checkpoint", "--checkpoint-dir", str(tmp_path),
-           "--variants", "hf,hf+nochunk+mbt=64"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "bench",
+        "trainer_mfu",
+        "--out",
+        str(tmp_path / "out"),
+        "--config",
+        str(ROOT / "configs" / "qwen3-1.7b-train.yaml"),
+        "--shape",
+        "qwen3-tiny",
+        "--device",
+        "cpu",
+        "--set",
+        f"model.path={tmp_path / 'model'}",
+        "--rows",
+        "8",
+        "--prompt-len",
+        "8",
+        "--completion-len",
+        "24",
+        "--ragged",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--checkpoint",
+        "--checkpoint-dir",
+        str(tmp_path),
+        "--variants",
+        "hf,hf+nochunk+mbt=64",
+    ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "checkpoint: blocking save" in proc.stdout

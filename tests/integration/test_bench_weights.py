@@ -31,8 +31,23 @@ def test_random_qwen3_shape_builds_and_every_id_decodes(tmp_path: Path):
 
 def test_bench_weights_cpu(tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1", "VLLM_CPU_KVCACHE_SPACE": "1"}
-    cmd = [sys.executable, "-m", "streamrl.cli", "bench", "weights", "--out", str(tmp_path / "out"),
-           "--requests", "16", "--max-tokens", "16", "--publishes", "2", "--cache", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "bench",
+        "weights",
+        "--out",
+        str(tmp_path / "out"),
+        "--requests",
+        "16",
+        "--max-tokens",
+        "16",
+        "--publishes",
+        "2",
+        "--cache",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "streamrl" in proc.stdout and "ratio" in proc.stdout

@@ -1,6 +1,6 @@
 """RedisBroker against a real redis-server: groups, fan-out, load sharing, acks, takeover, dead letters.
 
-    pytest tests/integration/test_broker.py
+pytest tests/integration/test_broker.py
 """
 
 from __future__ import annotations
@@ -22,8 +22,18 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 
 
 def _rollout(i: int) -> bytes:
-    return encode(Rollout(rollout_id=f"g{i}:0", group_id=f"g{i}", sample=0, group_size=2, prompt_ids=np.arange(3),
-                          completion_ids=np.arange(4), logprobs=np.full(4, -0.5), version=0))
+    return encode(
+        Rollout(
+            rollout_id=f"g{i}:0",
+            group_id=f"g{i}",
+            sample=0,
+            group_size=2,
+            prompt_ids=np.arange(3),
+            completion_ids=np.arange(4),
+            logprobs=np.full(4, -0.5),
+            version=0,
+        )
+    )
 
 
 async def test_ensure_group_is_idempotent_and_creates_the_stream(broker, run_name):

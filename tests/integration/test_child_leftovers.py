@@ -28,8 +28,12 @@ ROOT = Path(__file__).resolve().parents[2]
 def start_tree(tmp_path: Path, *args: str, preexec_fn=None) -> tuple[subprocess.Popen, Path]:
     """The child of shm_child (own session, like the supervisor's children) and its grandchild's segment."""
     name_file = tmp_path / f"shm-{uuid.uuid4().hex[:6]}"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.shm_child", str(name_file), *args], cwd=ROOT,
-                            start_new_session=True, preexec_fn=preexec_fn)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.shm_child", str(name_file), *args],
+        cwd=ROOT,
+        start_new_session=True,
+        preexec_fn=preexec_fn,
+    )
     deadline = time.time() + 30
     while not name_file.exists():
         assert proc.poll() is None or args, f"shm_child exited with {proc.returncode}"
@@ -122,7 +126,9 @@ def test_out_of_memory_is_said_only_for_a_real_oom_kill(tmp_path):
         assert "out of memory" in death and "OOM killer" in death, death
         assert not segment.exists()
         assert counter_only.source[0] == Path("/proc/vmstat")
-        assert "likely out of memory: the kernel's OOM killer fired while it ran" in counter_only.evidence({proc.pid}, mark)
+        assert "likely out of memory: the kernel's OOM killer fired while it ran" in counter_only.evidence(
+            {proc.pid}, mark
+        )
         assert counter_only.evidence({proc.pid}, counter_only.counter()) == ""
     finally:
         for _ in range(50):

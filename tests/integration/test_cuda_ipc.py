@@ -1,6 +1,6 @@
 """The `cuda_ipc` weight store: packing (CPU), and on a GPU a real cross-process CUDA IPC round trip + gc.
 
-    pytest tests/integration/test_cuda_ipc.py            # the GPU tests skip without CUDA
+pytest tests/integration/test_cuda_ipc.py            # the GPU tests skip without CUDA
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ print(json.dumps({name: [str(t.dtype), list(t.shape), digest(t)] for name, t in 
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"model.embed_tokens.weight": torch.randn(100, 32, generator=g),
-            "model.layers.0.mlp.up_proj.weight": torch.randn(48, 32, generator=g),
-            "model.norm.weight": torch.randn(31, generator=g),
-            "step": torch.tensor([seed], dtype=torch.int64)}
+    return {
+        "model.embed_tokens.weight": torch.randn(100, 32, generator=g),
+        "model.layers.0.mlp.up_proj.weight": torch.randn(48, 32, generator=g),
+        "model.norm.weight": torch.randn(31, generator=g),
+        "step": torch.tensor([seed], dtype=torch.int64),
+    }
 
 
 def test_pack_state_dict_views_are_aligned_copies():
@@ -69,8 +71,9 @@ def test_packed_weight_stream_dedups_tied_weights():
 async def test_cuda_ipc_round_trip_in_another_process_and_gc(config: Config, broker, tmp_path: Path):
     from streamrl.weights import make_loader, make_publisher
 
-    cfg = config.model_copy(update={"weights": WeightsConfig(backend="cuda_ipc", keep=2),
-                                    "model": ModelConfig(dtype="bfloat16")})
+    cfg = config.model_copy(
+        update={"weights": WeightsConfig(backend="cuda_ipc", keep=2), "model": ModelConfig(dtype="bfloat16")}
+    )
     store, loader = make_publisher(cfg, broker, tmp_path), make_loader(cfg, broker, tmp_path)
     handles = [await store.publish(v, _state(v)) for v in range(1, 5)]
     assert sorted(store._held) == [3, 4]  # keep=2: older GPU copies released
@@ -82,14 +85,17 @@ async def test_cuda_ipc_round_trip_in_another_process_and_gc(config: Config, bro
     spec_file = tmp_path / "spec"
     spec_file.write_text(latest.handle)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    out = subprocess.run([sys.executable, "-c", READER, str(spec_file)], env=env, cwd=REPO,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", READER, str(spec_file)], env=env, cwd=REPO, capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     seen = json.loads(out.stdout.strip().splitlines()[-1])
     for name, t in _state(4).items():
         want = t.to(torch.bfloat16) if t.is_floating_point() else t
         dtype, shape, digest = seen[name]
         assert dtype == str(want.dtype) and shape == list(want.shape)
-        assert digest == hashlib.sha256(want.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest(), name
+        assert digest == hashlib.sha256(want.contiguous().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest(), (
+            name
+        )
     assert isinstance(store._held[4], PackedState) and handles[-1].bytes == store._held[4].buffer.numel()
     await store.close()

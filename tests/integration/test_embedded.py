@@ -1,6 +1,6 @@
 """EmbeddedRedis: binary lookup, password and loopback-only binding, AOF persistence, restarts.
 
-    pytest tests/integration/test_embedded.py
+pytest tests/integration/test_embedded.py
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import redis
 import redis.asyncio as aioredis
-from structlog.testing import capture_logs
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from structlog.testing import capture_logs
 
 import brokers.embedded as embedded
 from brokers.embedded import EmbeddedRedis, find_redis_server

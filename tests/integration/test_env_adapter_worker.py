@@ -16,8 +16,15 @@ GAME = "textarena:2048-v0"  # every move spawns a random tile: a replay that dri
 
 
 def request(item: dict, actions: list[str], episode: str = "g0:0:a") -> StepRequest:
-    return StepRequest(episode_id=episode, group_id=episode.split(":")[0], sample=0, turn=len(actions) - 1, item=item,
-                       actions=actions, reply_to="gen-0")
+    return StepRequest(
+        episode_id=episode,
+        group_id=episode.split(":")[0],
+        sample=0,
+        turn=len(actions) - 1,
+        item=item,
+        actions=actions,
+        reply_to="gen-0",
+    )
 
 
 async def test_game_steps_through_workers_and_replays_on_another(config, broker):

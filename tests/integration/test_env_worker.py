@@ -26,8 +26,15 @@ def env_config(config, fn: str, **env):
 
 
 def request(actions: list[str], episode: str = "g0:0:a", sleep: float = 0.0) -> StepRequest:
-    return StepRequest(episode_id=episode, group_id="g0", sample=0, turn=len(actions) - 1,
-                       item={"text": "?", "meta": {"sleep": sleep}}, actions=actions, reply_to="gen-0")
+    return StepRequest(
+        episode_id=episode,
+        group_id="g0",
+        sample=0,
+        turn=len(actions) - 1,
+        item={"text": "?", "meta": {"sleep": sleep}},
+        actions=actions,
+        reply_to="gen-0",
+    )
 
 
 async def observations(broker, keys, n: int, timeout: float = 10.0) -> list[Observation]:
@@ -63,7 +70,10 @@ async def test_steps_are_answered_and_replayed_on_another_worker(config, broker,
     await burst(b)
     obs = await observations(broker, a.keys, 3)
     assert [(o.turn, o.text, o.reward, o.done) for o in obs] == [
-        (0, "1:x", 1.0, False), (1, "2:x|yy", 2.0, False), (2, "3:x|yy|stop", 4.0, True)]
+        (0, "1:x", 1.0, False),
+        (1, "2:x|yy", 2.0, False),
+        (2, "3:x|yy|stop", 4.0, True),
+    ]
     assert [o.env_worker for o in obs] == ["env-a", "env-a", "env-b"]
     assert a.stats.get("replays", 0) == 0 and b.stats["replays"] == 1
     assert all(o.error == "" and o.step_s >= 0 for o in obs)
@@ -75,10 +85,28 @@ async def test_a_sigkilled_workers_step_is_taken_over_and_redone(config, broker,
     cfg = env_config(config, "tests.integration.env_fns:Counter")
     keys = EnvWorker(cfg, broker, "probe").keys
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
-    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "env", "--fn", "tests.integration.env_fns:Counter",
-                             "--run", cfg.run.name, "--broker", cfg.broker.url, "--claim-idle-ms", "200",
-                             "--id", "env-doomed"], env=env, stdout=open(tmp_path / "env.out", "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "env",
+            "--fn",
+            "tests.integration.env_fns:Counter",
+            "--run",
+            cfg.run.name,
+            "--broker",
+            cfg.broker.url,
+            "--claim-idle-ms",
+            "200",
+            "--id",
+            "env-doomed",
+        ],
+        env=env,
+        stdout=open(tmp_path / "env.out", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         await broker.add(keys.env_steps, encode(request(["a", "b"], sleep=30)))  # a 30 s tool call
         deadline = time.monotonic() + 60
@@ -96,8 +124,7 @@ async def test_a_sigkilled_workers_step_is_taken_over_and_redone(config, broker,
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     # The survivor's env is fast: the taken-over step is replayed (reset + "a") and redone here.
-    survivor = EnvWorker(cfg, broker, "env-survivor",
-                         factory=lambda: _fast(cfg))
+    survivor = EnvWorker(cfg, broker, "env-survivor", factory=lambda: _fast(cfg))
     await survivor.start()
     t0 = time.monotonic()
     while time.monotonic() - t0 < 10 and not survivor.stats.get("steps"):
@@ -117,6 +144,7 @@ def _fast(cfg):
     class Fast(Counter):
         def reset(self, item):
             super().reset({"meta": {}})
+
     return Fast()
 
 

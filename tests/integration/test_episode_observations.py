@@ -25,8 +25,15 @@ async def runner(config, broker, **env) -> EpisodeRunner:
 
 
 def req(turn: int = 0) -> StepRequest:
-    return StepRequest(episode_id="g0:0:x", group_id="g0", sample=0, turn=turn, item={"text": "?", "meta": {}},
-                       actions=["a"] * (turn + 1), reply_to="gen-0")
+    return StepRequest(
+        episode_id="g0:0:x",
+        group_id="g0",
+        sample=0,
+        turn=turn,
+        item={"text": "?", "meta": {}},
+        actions=["a"] * (turn + 1),
+        reply_to="gen-0",
+    )
 
 
 async def test_malformed_observations_are_dead_lettered_and_the_good_one_delivered(config, broker):
@@ -35,8 +42,9 @@ async def test_malformed_observations_are_dead_lettered_and_the_good_one_deliver
     await asyncio.sleep(0.05)
     steps = await broker.read(r.keys.env_steps)
     assert len(steps) == 1 and decode(steps[0].data).actions == ["a"]  # the step request went out
-    bad_done = msgpack.packb({**{"schema": 1, "kind": "observation"}, **Observation("g0:0:x", 0).__dict__,
-                              "done": 1}, use_bin_type=True)
+    bad_done = msgpack.packb(
+        {**{"schema": 1, "kind": "observation"}, **Observation("g0:0:x", 0).__dict__, "done": 1}, use_bin_type=True
+    )
     for payload in (b"\x00garbage", encode(req()), bad_done):
         await broker.add(r.stream, payload)
     await broker.client.xadd(r.stream, {"x": b"no d field"})
@@ -73,11 +81,24 @@ async def test_only_checkpoints_that_fit_the_prompt_are_continued(config, broker
     prompt = Prompt(group_id="g0", prompt_ids=np.array([1, 40]), group_size=4, admitted_version=0)
 
     def state(sample: int, turn: int = 0, prompt_ids=(1, 40)) -> bytes:
-        return encode(EpisodeState(episode_id=f"g0:{sample}:a", group_id="g0", sample=sample, turn=turn,
-                                   actions=["x"] * (turn + 1), prompt_ids=np.array(prompt_ids),
-                                   completion_ids=np.array([5, 6]), logprobs=np.array([-1.0, -2.0]), version=0))
-    await broker.hset(r.state_key("g0"), {"0": state(0), "1": state(1, prompt_ids=(1, 41)), "2": state(2, turn=2),
-                                          "3": b"\x00garbage", "9": state(0)})
+        return encode(
+            EpisodeState(
+                episode_id=f"g0:{sample}:a",
+                group_id="g0",
+                sample=sample,
+                turn=turn,
+                actions=["x"] * (turn + 1),
+                prompt_ids=np.array(prompt_ids),
+                completion_ids=np.array([5, 6]),
+                logprobs=np.array([-1.0, -2.0]),
+                version=0,
+            )
+        )
+
+    await broker.hset(
+        r.state_key("g0"),
+        {"0": state(0), "1": state(1, prompt_ids=(1, 41)), "2": state(2, turn=2), "3": b"\x00garbage", "9": state(0)},
+    )
     saved = await r._load_states(prompt)
     assert list(saved) == [0] and saved[0].completion_ids.tolist() == [5, 6]
     assert r.gen.stats["episode_states_invalid"] == 4  # other prompt, turn past max_turns, garbage, wrong field

@@ -15,13 +15,23 @@ from streamrl.messages import Annotation, Prompt, decode, encode
 from tests.integration.test_assembler import make, publish_group, rollout
 
 pytestmark = pytest.mark.anyio
-ITEMS = [{"text": "digits:", "meta": {"answer": "7"}}, {"text": "upper:", "meta": {"answer": "9"}},
-         {"text": "never used", "meta": {}}]
+ITEMS = [
+    {"text": "digits:", "meta": {"answer": "7"}},
+    {"text": "upper:", "meta": {"answer": "9"}},
+    {"text": "never used", "meta": {}},
+]
 
 
 def make_prompt(item, group_id, group_size, version):
-    return Prompt(group_id=group_id, prompt_ids=np.array([4, 5]), group_size=group_size, admitted_version=version,
-                  text=item["text"], meta=item["meta"], temperature=0.7)
+    return Prompt(
+        group_id=group_id,
+        prompt_ids=np.array([4, 5]),
+        group_size=group_size,
+        admitted_version=version,
+        text=item["text"],
+        meta=item["meta"],
+        temperature=0.7,
+    )
 
 
 async def until_reported(asm):
@@ -39,8 +49,10 @@ async def generate_and_score(broker, keys, prompts, rewards, extra=True):
             await broker.add(keys.rollouts, encode(r))
             await broker.add(keys.annotations, encode(Annotation(rollout_id=r.rollout_id, key="reward", value=value)))
             if extra:
-                await broker.add(keys.annotations, encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs",
-                                                                     value=np.zeros(3, np.float32))))
+                await broker.add(
+                    keys.annotations,
+                    encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=np.zeros(3, np.float32))),
+                )
         if extra:
             await broker.add(keys.rollouts, encode(rollout(p.group_id, 0, version=p.admitted_version, n=p.group_size)))
 
@@ -123,5 +135,10 @@ def test_a_prompt_temperature_overrides_the_generators():
     assert engine.sampling_params(7).temperature == 1.0
     assert engine.sampling_params(7, 0.0).temperature == 0.0 and engine.sampling_params(7, 0.6).temperature == 0.6
     with pytest.raises(Exception, match="temperature must be null or a number >= 0"):
-        decode(encode(Prompt(group_id="eval-0-1-0", prompt_ids=np.array([4]), group_size=2, admitted_version=0,
-                             temperature=-1.0)))
+        decode(
+            encode(
+                Prompt(
+                    group_id="eval-0-1-0", prompt_ids=np.array([4]), group_size=2, admitted_version=0, temperature=-1.0
+                )
+            )
+        )

@@ -24,8 +24,10 @@ def external(config, broker, **spec):
 
 async def judge(broker, keys, gid, values, error=""):
     for i, v in enumerate(values):
-        await broker.add(keys.annotations, encode(Annotation(rollout_id=rid(gid, i), key="judge", value=float(v),
-                                                             producer="test-judge", error=error)))
+        await broker.add(
+            keys.annotations,
+            encode(Annotation(rollout_id=rid(gid, i), key="judge", value=float(v), producer="test-judge", error=error)),
+        )
 
 
 async def test_external_scores_join_and_combine(config, broker):

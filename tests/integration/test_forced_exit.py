@@ -1,7 +1,6 @@
 """A second SIGTERM ends a role whose stop hangs: it logs what the stop waited on and takes its
 child processes (vLLM's EngineCore, for a generator) with it instead of orphaning them."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -15,8 +14,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_second_signal_exits_at_once_and_kills_the_children(redis_server, tmp_path):
     pidfile = tmp_path / "child.pid"
-    proc = subprocess.Popen([sys.executable, "-m", "tests.integration.stuck_worker", redis_server.url, str(pidfile)],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.stuck_worker", redis_server.url, str(pidfile)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 60
     while not pidfile.exists() or not pidfile.read_text():
         assert proc.poll() is None and time.time() < deadline, proc.stdout.read() if proc.poll() is not None else ""

@@ -60,13 +60,24 @@ def results(redis_server, tmp_path_factory) -> dict:
     base = load_file(str(model / "model.safetensors"))
     save_file(_perturbed(base), str(tmp / "perturbed.safetensors"))
     save_file(_peaked(base, PEAK), str(tmp / "peaked.safetensors"))
-    spec = {"redis_url": redis_server.url, "run": f"gen-{uuid.uuid4().hex[:6]}", "run_dir": str(tmp / "run"),
-            "model": str(model), "perturbed": str(tmp / "perturbed.safetensors"),
-            "peaked": str(tmp / "peaked.safetensors")}
+    spec = {
+        "redis_url": redis_server.url,
+        "run": f"gen-{uuid.uuid4().hex[:6]}",
+        "run_dir": str(tmp / "run"),
+        "model": str(model),
+        "perturbed": str(tmp / "perturbed.safetensors"),
+        "peaked": str(tmp / "peaked.safetensors"),
+    }
     (tmp / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp / "spec.json"), str(tmp / "out.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), str(tmp / "spec.json"), str(tmp / "out.json")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"gen_script failed:\n{proc.stderr[-6000:]}"
     out = json.loads((tmp / "out.json").read_text())
     out["_model"], out["_tmp"] = str(model), tmp
@@ -82,7 +93,7 @@ def _hf_logprobs(model_dir: str, weights: Path, rollout: dict) -> torch.Tensor:
     m.load_state_dict(load_file(str(weights)))
     ids = torch.tensor([rollout["prompt_ids"] + rollout["completion_ids"]])
     with torch.no_grad():
-        logits = m(ids).logits[0, len(rollout["prompt_ids"]) - 1:-1] / TEMPERATURE
+        logits = m(ids).logits[0, len(rollout["prompt_ids"]) - 1 : -1] / TEMPERATURE
     lp = torch.log_softmax(logits.float(), dim=-1)
     return lp.gather(1, torch.tensor(rollout["completion_ids"])[:, None])[:, 0]
 

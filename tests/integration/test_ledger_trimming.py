@@ -15,8 +15,18 @@ def prompt(i: int) -> bytes:
 
 
 def rollout(gid: str, s: int) -> bytes:
-    return encode(Rollout(rollout_id=f"{gid}:{s}", group_id=gid, sample=s, group_size=2, prompt_ids=np.array([5]),
-                          completion_ids=np.array([6]), logprobs=np.array([-1.0]), version=0))
+    return encode(
+        Rollout(
+            rollout_id=f"{gid}:{s}",
+            group_id=gid,
+            sample=s,
+            group_size=2,
+            prompt_ids=np.array([5]),
+            completion_ids=np.array([6]),
+            logprobs=np.array([-1.0]),
+            version=0,
+        )
+    )
 
 
 async def test_close_group_is_once_and_releases_atomically(broker):
@@ -90,7 +100,7 @@ async def test_trim_keeps_everything_some_group_has_not_consumed(broker, config)
     await broker.ack(stream, "trainer", [e.id for e in got if e.id != ids[120]])
     removed = await trim_stream(broker, stream, ["reward", "trainer"])
     left = [e.id for e in await broker.read(stream, "0", count=1000)]
-    assert 0 < removed <= 120 and ids[120] in left and left == ids[len(ids) - len(left):]
+    assert 0 < removed <= 120 and ids[120] in left and left == ids[len(ids) - len(left) :]
     # The held entry is still claimable after the trim; acking it lets the trim go further.
     await broker.ack(stream, "trainer", [ids[120]])
     await trim_stream(broker, stream, ["reward", "trainer"])

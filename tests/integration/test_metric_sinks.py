@@ -27,13 +27,24 @@ def _free_port() -> int:
 
 
 def _record(step: int) -> dict:
-    return {"step": step, "reward_mean": 0.25 * step, "loss": float("nan"), "staleness_hist": {"0": 6, "1": 2},
-            "samples": 8, "note": "text is skipped"}
+    return {
+        "step": step,
+        "reward_mean": 0.25 * step,
+        "loss": float("nan"),
+        "staleness_hist": {"0": 6, "1": 2},
+        "samples": 8,
+        "note": "text is skipped",
+    }
 
 
 def test_scalars_flattens_nested_and_skips_non_numbers():
-    assert scalars(_record(2)) == {"step": 2.0, "reward_mean": 0.5, "staleness_hist/0": 6.0, "staleness_hist/1": 2.0,
-                                   "samples": 8.0}
+    assert scalars(_record(2)) == {
+        "step": 2.0,
+        "reward_mean": 0.5,
+        "staleness_hist/0": 6.0,
+        "staleness_hist/1": 2.0,
+        "samples": 8.0,
+    }
 
 
 def test_no_sinks_is_a_null_sink(tmp_path):
@@ -48,8 +59,9 @@ def test_tensorboard_and_prometheus_receive_every_step(tmp_path):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     port = _free_port()
-    cfg = Config(run=RunConfig(name="sinks"), metrics=MetricsConfig(sinks=["tensorboard", "prometheus"],
-                                                                    prometheus_port=port))
+    cfg = Config(
+        run=RunConfig(name="sinks"), metrics=MetricsConfig(sinks=["tensorboard", "prometheus"], prometheus_port=port)
+    )
     w = MetricsWriter(tmp_path, cfg)
     for step in (1, 2, 3):
         w.write(_record(step))

@@ -86,20 +86,40 @@ async def test_the_producer_user_stays_inside_its_grant(acl_server, admin, run_n
         # Outside, on every version: other keys of the run, other runs, plain reads, destructive and
         # admin commands, and writing the end mark.
         denied = [
-            c.get(keys.weights_latest), c.set(keys.weights_latest, "x"), c.xadd(keys.prompts, {"d": b"x"}),
-            c.xrange(keys.prompts), c.xreadgroup("judge", "j", {keys.prompts: ">"}),
-            c.xadd(other.annotations, {"d": b"x"}), c.xrange(other.annotations), c.get(other.run_end),
-            c.xreadgroup("judge", "j", {other.rollouts: ">"}), c.delete(keys.rollouts), c.set(keys.rollouts, "x"),
-            c.expire(keys.annotations, 1), c.xtrim(keys.annotations, 0), c.xdel(keys.rollouts, got[0].id),
-            c.xgroup_destroy(keys.rollouts, "trainer"), c.xgroup_setid(keys.rollouts, "trainer", "$"),
-            c.keys("*"), c.flushall(), c.config_get("*"), c.execute_command("ACL", "LIST"),
-            c.eval("return 1", 0), c.incr(keys.trainer_version), c.set(keys.run_end, "{}"), c.delete(keys.run_end),
+            c.get(keys.weights_latest),
+            c.set(keys.weights_latest, "x"),
+            c.xadd(keys.prompts, {"d": b"x"}),
+            c.xrange(keys.prompts),
+            c.xreadgroup("judge", "j", {keys.prompts: ">"}),
+            c.xadd(other.annotations, {"d": b"x"}),
+            c.xrange(other.annotations),
+            c.get(other.run_end),
+            c.xreadgroup("judge", "j", {other.rollouts: ">"}),
+            c.delete(keys.rollouts),
+            c.set(keys.rollouts, "x"),
+            c.expire(keys.annotations, 1),
+            c.xtrim(keys.annotations, 0),
+            c.xdel(keys.rollouts, got[0].id),
+            c.xgroup_destroy(keys.rollouts, "trainer"),
+            c.xgroup_setid(keys.rollouts, "trainer", "$"),
+            c.keys("*"),
+            c.flushall(),
+            c.config_get("*"),
+            c.execute_command("ACL", "LIST"),
+            c.eval("return 1", 0),
+            c.incr(keys.trainer_version),
+            c.set(keys.run_end, "{}"),
+            c.delete(keys.run_end),
             c.set(keys.worker("producer", "someone-else"), "{}"),
         ]
         if major >= 7:  # selectors: each command only on the keys it is for
-            denied += [c.xadd(keys.rollouts, {"d": b"x"}), c.xrange(keys.annotations),
-                       c.xreadgroup("judge", "j", {keys.annotations: ">"}), c.xadd(keys.run_end, {"d": b"x"}),
-                       c.get(keys.rollouts)]
+            denied += [
+                c.xadd(keys.rollouts, {"d": b"x"}),
+                c.xrange(keys.annotations),
+                c.xreadgroup("judge", "j", {keys.annotations: ">"}),
+                c.xadd(keys.run_end, {"d": b"x"}),
+                c.get(keys.rollouts),
+            ]
         for call in denied:
             with pytest.raises(NoPermissionError):
                 await call
@@ -133,8 +153,15 @@ async def test_the_sdk_runs_under_the_restricted_user(acl_server, admin, run_nam
     await publish(admin, keys, 4)
     pb = await connect(url, retries=0)
     try:
-        worker = ProducerWorker(lambda rs: [1.0] * len(rs), spec_of(lambda rs: [], key="judge"), pb, run_name,
-                                "judge-0", claim_idle_ms=200, block_ms=50)
+        worker = ProducerWorker(
+            lambda rs: [1.0] * len(rs),
+            spec_of(lambda rs: [], key="judge"),
+            pb,
+            run_name,
+            "judge-0",
+            claim_idle_ms=200,
+            block_ms=50,
+        )
         got = await run_until(worker, admin, keys, 4)  # exits cleanly although heartbeats may not be permitted
     finally:
         await pb.close()

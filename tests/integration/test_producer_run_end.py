@@ -32,9 +32,26 @@ class Producer:
 
     def __init__(self, url: str, run: str, *extra: str):
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "streamrl.cli", "reward", "--fn", "length_judge:judge", "--run", run,
-             "--broker", url, "--id", "judge-0", *extra],
-            cwd=EXAMPLES, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            [
+                sys.executable,
+                "-m",
+                "streamrl.cli",
+                "reward",
+                "--fn",
+                "length_judge:judge",
+                "--run",
+                run,
+                "--broker",
+                url,
+                "--id",
+                "judge-0",
+                *extra,
+            ],
+            cwd=EXAMPLES,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -48,7 +65,7 @@ class Producer:
             code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            raise AssertionError(f"still running {timeout}s later:\n" + self.text())
+            raise AssertionError(f"still running {timeout}s later:\n" + self.text()) from None
         self._reader.join(5)
         return code
 

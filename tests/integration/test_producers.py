@@ -26,9 +26,17 @@ pytestmark = pytest.mark.anyio
 
 
 def rollout(i: int, length: int) -> Rollout:
-    return Rollout(rollout_id=f"g{i // 4}:{i % 4}", group_id=f"g{i // 4}", sample=i % 4, group_size=4,
-                   prompt_ids=np.array([1, 2]), completion_ids=np.arange(length), logprobs=np.zeros(length),
-                   version=0, text="x" * length)
+    return Rollout(
+        rollout_id=f"g{i // 4}:{i % 4}",
+        group_id=f"g{i // 4}",
+        sample=i % 4,
+        group_size=4,
+        prompt_ids=np.array([1, 2]),
+        completion_ids=np.arange(length),
+        logprobs=np.zeros(length),
+        version=0,
+        text="x" * length,
+    )
 
 
 async def publish(broker, keys, n: int, garbage: bool = True) -> None:
@@ -88,8 +96,9 @@ async def test_sdk_sync_function_failures_become_error_annotations(broker, run_n
         return [float("nan") if r.sample == 3 else [0.5, 0.5] if r.sample == 2 else 1.0 for r in rollouts]
 
     await publish(broker, keys, 8, garbage=False)
-    worker = ProducerWorker(flaky, spec_of(flaky, key="judge", batch_size=4), broker, run_name, "j-0",
-                            claim_idle_ms=200, block_ms=50)
+    worker = ProducerWorker(
+        flaky, spec_of(flaky, key="judge", batch_size=4), broker, run_name, "j-0", claim_idle_ms=200, block_ms=50
+    )
     got = {a.rollout_id: a for a in await run_until(worker, broker, keys, 8)}
     assert got["g0:0"].value == 1.0 and not got["g0:0"].error
     assert "returned nan" in got["g0:3"].error
@@ -105,8 +114,15 @@ async def test_a_dead_replicas_pending_rollouts_are_taken_over(broker, run_name)
     await publish(broker, keys, 6, garbage=False)
     taken = await broker.read_group(keys.rollouts, "judge", "judge-crashed", count=6)  # read, never acked
     assert len(taken) == 6
-    worker = ProducerWorker(lambda rs: [0.5] * len(rs), spec_of(lambda rs: [], key="judge"), broker, run_name,
-                            "judge-1", claim_idle_ms=200, block_ms=50)
+    worker = ProducerWorker(
+        lambda rs: [0.5] * len(rs),
+        spec_of(lambda rs: [], key="judge"),
+        broker,
+        run_name,
+        "judge-1",
+        claim_idle_ms=200,
+        block_ms=50,
+    )
     got = await run_until(worker, broker, keys, 6)
     assert {a.producer for a in got} == {"judge-1"}
     info = {g["name"]: g for g in await broker.group_info(keys.rollouts)}
@@ -114,8 +130,12 @@ async def test_a_dead_replicas_pending_rollouts_are_taken_over(broker, run_name)
 
 
 def producer_add(url: str, run: str, name: str) -> str:
-    res = subprocess.run([sys.executable, "-m", "streamrl.cli", "producer", "add", name, "--key", name, "--run", run,
-                          "--broker", url], capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "producer", "add", name, "--key", name, "--run", run, "--broker", url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     assert "streamrl reward --fn" in res.stdout
     return res.stdout.splitlines()[0]
@@ -159,8 +179,12 @@ async def test_producer_list_and_remove(redis_server, broker, run_name):
     keys = Keys(run_name)
 
     def cli(*args):
-        res = subprocess.run([sys.executable, "-m", "streamrl.cli", "producer", *args, "--run", run_name,
-                              "--broker", redis_server.url], capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "streamrl.cli", "producer", *args, "--run", run_name, "--broker", redis_server.url],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 0, res.stderr
         return res.stdout
 
@@ -175,10 +199,28 @@ async def test_producer_list_and_remove(redis_server, broker, run_name):
 async def test_reward_cli_serves_a_decorated_function(redis_server, broker, run_name, tmp_path):
     keys = Keys(run_name)
     await publish(broker, keys, 8)
-    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "reward", "--fn", "length_judge:judge", "--run",
-                             run_name, "--broker", redis_server.url, "--run-dir", str(tmp_path), "--id", "judge-cli"],
-                            cwd=Path(__file__).resolve().parents[2] / "examples" / "python",
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "reward",
+            "--fn",
+            "length_judge:judge",
+            "--run",
+            run_name,
+            "--broker",
+            redis_server.url,
+            "--run-dir",
+            str(tmp_path),
+            "--id",
+            "judge-cli",
+        ],
+        cwd=Path(__file__).resolve().parents[2] / "examples" / "python",
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         got = await annotations(broker, keys, 8, timeout=60)
         assert {a.producer for a in got} == {"judge-cli"} and all(a.key == "judge" for a in got)
@@ -198,12 +240,30 @@ async def test_a_hung_sync_call_times_out_and_does_not_hold_up_the_exit(redis_se
     (tmp_path / "hung_judge.py").write_text(
         "import time\nfrom streamrl.sdk import producer\n\n"
         "@producer(key='judge', batch_size=8, timeout_s=0.5)\n"
-        "def judge(rollouts):\n    time.sleep(120)\n    return [0.0] * len(rollouts)\n")
+        "def judge(rollouts):\n    time.sleep(120)\n    return [0.0] * len(rollouts)\n"
+    )
     keys = Keys(run_name)
     await publish(broker, keys, 4, garbage=False)
-    proc = subprocess.Popen([sys.executable, "-m", "streamrl.cli", "reward", "--fn", "hung_judge:judge", "--run",
-                             run_name, "--broker", redis_server.url, "--id", "judge-hung"], cwd=tmp_path,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "reward",
+            "--fn",
+            "hung_judge:judge",
+            "--run",
+            run_name,
+            "--broker",
+            redis_server.url,
+            "--id",
+            "judge-hung",
+        ],
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         got = await annotations(broker, keys, 4, timeout=60)
         assert all(a.error == "timed out after 0.5s" for a in got), [a.error for a in got]

@@ -44,9 +44,19 @@ def f32(values) -> bytes:
 
 def rollout(gid: str, sample: int, size: int = 2, tokens=(6, 7, 8), nonce: str = "n0", **extra) -> dict:
     """A rollout with only its required fields (plus `extra`)."""
-    return {"schema": 1, "kind": "rollout", "rollout_id": f"{gid}:{sample}:{nonce}", "group_id": gid,
-            "sample": sample, "group_size": size, "prompt_ids": i32([4, 5]), "completion_ids": i32(tokens),
-            "logprobs": f32([-1.0] * len(tokens)), "version": 0, **extra}
+    return {
+        "schema": 1,
+        "kind": "rollout",
+        "rollout_id": f"{gid}:{sample}:{nonce}",
+        "group_id": gid,
+        "sample": sample,
+        "group_size": size,
+        "prompt_ids": i32([4, 5]),
+        "completion_ids": i32(tokens),
+        "logprobs": f32([-1.0] * len(tokens)),
+        "version": 0,
+        **extra,
+    }
 
 
 def annotation(rid: str, key: str, value, **extra) -> dict:
@@ -109,9 +119,11 @@ async def wire(config, broker):
 async def test_entries_carry_one_msgpack_map_in_field_d_and_bad_ones_are_dead_lettered(wire):
     """Entries: one field `d` holding a msgpack map. Dead letters: JSON line + newline + the payload; acked."""
     w = await wire()
-    ids = [await w.xadd(w.keys.annotations, pack(annotation("g0:0:n0", "reward", 1.0)), field="payload"),
-           await w.xadd(w.keys.annotations, b"\xc1\xc1 not msgpack"),
-           await w.xadd(w.keys.annotations, msgpack.packb([1, 2, 3]))]
+    ids = [
+        await w.xadd(w.keys.annotations, pack(annotation("g0:0:n0", "reward", 1.0)), field="payload"),
+        await w.xadd(w.keys.annotations, b"\xc1\xc1 not msgpack"),
+        await w.xadd(w.keys.annotations, msgpack.packb([1, 2, 3])),
+    ]
     await w.polls()
     dead = await w.dead()
     assert [rec["entry_id"] for rec, _ in dead] == ids
@@ -148,20 +160,31 @@ async def test_required_optional_and_unknown_fields(wire):
     for i in range(2):  # only required fields, plus one this schema does not define
         await w.xadd(w.keys.rollouts, rollout("g0", i, tokens=(6, 7), from_the_future=1))
         await w.xadd(w.keys.annotations, annotation(f"g0:{i}:n0", "reward", float(i), confidence=0.9))
-    bad = [{k: v for k, v in annotation("g0:0:n0", "reward", 1.0, producer="judge-h-1").items() if k != "value"},
-           annotation("g0:0:n0", 7, 1.0, producer="judge-h-2"),
-           annotation("g0:0:n0", "reward", "0.5", producer="judge-h-3"),
-           {k: v for k, v in rollout("g1", 0).items() if k != "logprobs"}]
+    bad = [
+        {k: v for k, v in annotation("g0:0:n0", "reward", 1.0, producer="judge-h-1").items() if k != "value"},
+        annotation("g0:0:n0", 7, 1.0, producer="judge-h-2"),
+        annotation("g0:0:n0", "reward", "0.5", producer="judge-h-3"),
+        {k: v for k, v in rollout("g1", 0).items() if k != "logprobs"},
+    ]
     for payload in bad:
         await w.xadd(w.keys.annotations if payload["kind"] == "annotation" else w.keys.rollouts, payload)
     batch = await w.batch()
     r = batch.rollouts[0]
-    assert (r.finish_reason, r.text, r.prompt_text, r.meta, r.worker, r.version_switches) == ("length", "", "", {}, "", [])
+    assert (r.finish_reason, r.text, r.prompt_text, r.meta, r.worker, r.version_switches) == (
+        "length",
+        "",
+        "",
+        {},
+        "",
+        [],
+    )
     np.testing.assert_allclose(batch.rewards, [0.0, 1.0])
     reasons = {rec["reason"].split(":")[0]: rec["reason"] for rec, _ in await w.dead()}
     assert "missing required field(s) value" in reasons["annotation 'reward' from producer 'judge-h-1' for rollout 'g0"]
     assert "annotation.key must be a string" in reasons["annotation 7 from producer 'judge-h-2' for rollout 'g0"]
-    assert "must be a number or float32 bytes" in reasons["annotation 'reward' from producer 'judge-h-3' for rollout 'g0"]
+    assert (
+        "must be a number or float32 bytes" in reasons["annotation 'reward' from producer 'judge-h-3' for rollout 'g0"]
+    )
     assert any("rollout is missing required field(s) logprobs" in v for v in reasons.values())
     minimal = decode(pack({"schema": 1, "kind": "control", "action": "stop"}))  # Run end: the stop message
     assert minimal == Control(action="stop", version=-1, reason="")
@@ -185,15 +208,16 @@ async def test_each_key_accepts_only_its_shape(wire):
     """Annotation keys: reward and external keys take one number in float32 range, ref_logprobs one
     float32 per completion token, any other key anything (never read, acked with its group); a misfit
     is dead-lettered naming key, producer and rollout."""
-    w = await wire(**{"annotations__external": [ExternalAnnotation(key="judge", timeout_s=60)],
-                      "loss__kl_beta": 0.1})
+    w = await wire(**{"annotations__external": [ExternalAnnotation(key="judge", timeout_s=60)], "loss__kl_beta": 0.1})
     for i in range(2):
         await w.xadd(w.keys.rollouts, rollout("g0", i))
-    misfits = [annotation("g0:0:n0", "reward", f32([1.0]), producer="p-reward"),
-               annotation("g0:0:n0", "judge", f32([0.5, 0.5]), producer="p-judge"),
-               annotation("g0:0:n0", "judge", 1e39, producer="p-huge"),
-               annotation("g0:0:n0", "ref_logprobs", -1.0, producer="p-ref-number"),
-               annotation("g0:0:n0", "ref_logprobs", f32([-1.0, -1.0]), producer="p-ref-short")]
+    misfits = [
+        annotation("g0:0:n0", "reward", f32([1.0]), producer="p-reward"),
+        annotation("g0:0:n0", "judge", f32([0.5, 0.5]), producer="p-judge"),
+        annotation("g0:0:n0", "judge", 1e39, producer="p-huge"),
+        annotation("g0:0:n0", "ref_logprobs", -1.0, producer="p-ref-number"),
+        annotation("g0:0:n0", "ref_logprobs", f32([-1.0, -1.0]), producer="p-ref-short"),
+    ]
     for a in misfits:
         await w.xadd(w.keys.annotations, a)
     await w.xadd(w.keys.annotations, annotation("g0:0:n0", "notes", f32([1.0, 2.0]), producer="p-notes"))

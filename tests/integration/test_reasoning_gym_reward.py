@@ -16,8 +16,11 @@ pytestmark = pytest.mark.anyio
 
 def gym_config(base, dataset: str, **gym) -> Config:
     data = base.model_dump()
-    data.update(task={"name": "reasoning_gym"}, reward={"fn": "reasoning_gym", "count": 1},
-                reasoning_gym={"dataset": dataset, "size": 6, **gym})
+    data.update(
+        task={"name": "reasoning_gym"},
+        reward={"fn": "reasoning_gym", "count": 1},
+        reasoning_gym={"dataset": dataset, "size": 6, **gym},
+    )
     return Config.model_validate(data)
 
 
@@ -33,10 +36,24 @@ async def test_reward_worker_scores_real_items_with_their_scorer(config, broker,
     worker = RewardWorker(cfg, broker, "reward-0")
     await worker.start()
     for i, (item, text) in enumerate(zip(items, completions)):
-        await broker.add(worker.keys.rollouts, encode(Rollout(
-            rollout_id=f"g{i}:0", group_id=f"g{i}", sample=0, group_size=1, prompt_ids=np.array([4]),
-            completion_ids=np.array([5]), logprobs=np.array([-1.0]), version=0, text=text,
-            prompt_text=item["text"], meta=item["meta"])))
+        await broker.add(
+            worker.keys.rollouts,
+            encode(
+                Rollout(
+                    rollout_id=f"g{i}:0",
+                    group_id=f"g{i}",
+                    sample=0,
+                    group_size=1,
+                    prompt_ids=np.array([4]),
+                    completion_ids=np.array([5]),
+                    logprobs=np.array([-1.0]),
+                    version=0,
+                    text=text,
+                    prompt_text=item["text"],
+                    meta=item["meta"],
+                )
+            ),
+        )
     while await worker.step():
         pass
     out = {a.rollout_id: a for a in (decode(e.data) for e in await broker.read(worker.keys.annotations))}

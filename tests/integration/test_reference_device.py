@@ -44,8 +44,16 @@ async def test_reference_on_cpu_while_the_trainer_is_on_cuda(config, broker, tin
     worker = ReferenceWorker(cfg, broker, "reference-0")
     await worker.start()
     assert {p.device.type for p in worker.model.parameters()} == {"cpu"}
-    r = Rollout(rollout_id="g0:0", group_id="g0", sample=0, group_size=1, prompt_ids=np.array([4, 5]),
-                completion_ids=np.array([6, 7, 8]), logprobs=np.zeros(3), version=0)
+    r = Rollout(
+        rollout_id="g0:0",
+        group_id="g0",
+        sample=0,
+        group_size=1,
+        prompt_ids=np.array([4, 5]),
+        completion_ids=np.array([6, 7, 8]),
+        logprobs=np.zeros(3),
+        version=0,
+    )
     await broker.add(worker.keys.rollouts, encode(r))
     assert await worker.step()
     (entry,) = await broker.read(worker.keys.annotations)
@@ -72,9 +80,21 @@ async def test_eval_rollouts_get_no_reference_logprobs(config, broker, tiny_dir)
     worker = ReferenceWorker(cfg, broker, "reference-0")
     await worker.start()
     for gid in ("eval-0-1-0", "g0"):
-        await broker.add(worker.keys.rollouts, encode(Rollout(
-            rollout_id=f"{gid}:0", group_id=gid, sample=0, group_size=1, prompt_ids=np.array([4, 5]),
-            completion_ids=np.array([6]), logprobs=np.zeros(1), version=0)))
+        await broker.add(
+            worker.keys.rollouts,
+            encode(
+                Rollout(
+                    rollout_id=f"{gid}:0",
+                    group_id=gid,
+                    sample=0,
+                    group_size=1,
+                    prompt_ids=np.array([4, 5]),
+                    completion_ids=np.array([6]),
+                    logprobs=np.zeros(1),
+                    version=0,
+                )
+            ),
+        )
     assert await worker.step()
     assert [decode(e.data).rollout_id for e in await broker.read(worker.keys.annotations)] == ["g0:0"]
     info = {g["name"]: g for g in await broker.group_info(worker.keys.rollouts)}

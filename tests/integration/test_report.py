@@ -19,19 +19,40 @@ from streamrl.metrics import MetricsWriter
 def _run_dir(tmp_path):
     w = MetricsWriter(tmp_path)
     for step in (1, 2, 3):
-        w.write({"step": step, "reward_mean": 0.1 * step, "reward_std": 0.05, "samples": 8, "tokens": 100,
-                 "staleness_hist": {"0": 4, "1": 4}, "staleness_hist_tokens": {"0": 50, "1": 50},
-                 "wait_s": 10.0 if step == 1 else 0.5, "train_s": 1.5, "publish_stall_s": 0.0,
-                 "overlap_frac": 0.5, "loss": 0.2 / step, "kl": 0.01})
+        w.write(
+            {
+                "step": step,
+                "reward_mean": 0.1 * step,
+                "reward_std": 0.05,
+                "samples": 8,
+                "tokens": 100,
+                "staleness_hist": {"0": 4, "1": 4},
+                "staleness_hist_tokens": {"0": 50, "1": 50},
+                "wait_s": 10.0 if step == 1 else 0.5,
+                "train_s": 1.5,
+                "publish_stall_s": 0.0,
+                "overlap_frac": 0.5,
+                "loss": 0.2 / step,
+                "kl": 0.01,
+            }
+        )
     w.close()
     logs = tmp_path / "logs"
     logs.mkdir()
-    gen = [{"event": "engine_started", "seconds": 4.0, "role": "generator", "worker_id": "generator-0"},
-           {"event": "weights_loaded", "switch_latency_s": 0.1, "paused_s": 0.02, "joining": False},
-           {"event": "weights_loaded", "switch_latency_s": 0.3, "paused_s": 0.04, "joining": False},
-           {"event": "weights_loaded", "switch_latency_s": 9.0, "paused_s": 0.04, "joining": True},
-           {"event": "stopped", "role": "generator", "worker_id": "generator-0", "busy_fraction": 0.7,
-            "tokens_generated": 600, "uptime_s": 10.0}]
+    gen = [
+        {"event": "engine_started", "seconds": 4.0, "role": "generator", "worker_id": "generator-0"},
+        {"event": "weights_loaded", "switch_latency_s": 0.1, "paused_s": 0.02, "joining": False},
+        {"event": "weights_loaded", "switch_latency_s": 0.3, "paused_s": 0.04, "joining": False},
+        {"event": "weights_loaded", "switch_latency_s": 9.0, "paused_s": 0.04, "joining": True},
+        {
+            "event": "stopped",
+            "role": "generator",
+            "worker_id": "generator-0",
+            "busy_fraction": 0.7,
+            "tokens_generated": 600,
+            "uptime_s": 10.0,
+        },
+    ]
     (logs / "generator-0.jsonl").write_text("\n".join(json.dumps(g) for g in gen) + "\n{cut by a crash")
     return tmp_path
 
@@ -50,7 +71,12 @@ def test_report_command_writes_every_plot(tmp_path, capsys):
     run_dir = _run_dir(tmp_path)
     assert main(["report", str(run_dir), "--json"]) == 0
     assert sorted(p.name for p in (run_dir / "report").iterdir()) == [
-        "busy.png", "losses.png", "reward.png", "staleness.png", "throughput.png"]
+        "busy.png",
+        "losses.png",
+        "reward.png",
+        "staleness.png",
+        "throughput.png",
+    ]
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 3
 
 
@@ -85,8 +111,16 @@ def test_report_shows_evaluation_during_training(tmp_path, capsys):
         row = {"step": step, "reward_mean": 0.2, "samples": 8, "tokens": 100, "wait_s": 0.5, "train_s": 1.0}
         if step in (1, 3, 4):  # rounds of versions 0, 2 and 4 land in the next rows (the last: the final weights)
             v = {1: 0, 3: 2, 4: 4}[step]
-            row.update({"eval/step": v, "eval/pass@1": 0.1 * v, "eval/pass@4": 0.2 * v, "eval/mean@4": 0.15 * v,
-                        "eval/maj@4": 0.05 * v, "eval/prompts": 8})
+            row.update(
+                {
+                    "eval/step": v,
+                    "eval/pass@1": 0.1 * v,
+                    "eval/pass@4": 0.2 * v,
+                    "eval/mean@4": 0.15 * v,
+                    "eval/maj@4": 0.05 * v,
+                    "eval/prompts": 8,
+                }
+            )
         w.write(row)
     w.close()
     s = summarize(tmp_path)

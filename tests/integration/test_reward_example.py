@@ -31,9 +31,19 @@ SPEC = "length_reward:score"
 
 
 def _rollout(i: int, text: str, meta: dict) -> Rollout:
-    return Rollout(rollout_id=f"g{i}:0", group_id=f"g{i}", sample=0, group_size=1, prompt_ids=np.array([4]),
-                   completion_ids=np.array([5]), logprobs=np.array([-1.0]), version=0, text=text,
-                   prompt_text="digits:", meta=meta)
+    return Rollout(
+        rollout_id=f"g{i}:0",
+        group_id=f"g{i}",
+        sample=0,
+        group_size=1,
+        prompt_ids=np.array([4]),
+        completion_ids=np.array([5]),
+        logprobs=np.array([-1.0]),
+        version=0,
+        text=text,
+        prompt_text="digits:",
+        meta=meta,
+    )
 
 
 def test_loader_resolves_the_example(monkeypatch):
@@ -63,16 +73,29 @@ async def test_reward_worker_scores_with_the_example(config, broker, monkeypatch
     while await worker.step():
         pass
     out = {a.rollout_id: a for a in (decode(e.data) for e in await broker.read(worker.keys.annotations))}
-    assert {k: (a.value, a.error) for k, a in out.items()} == {"g0:0": (0.5, ""), "g1:0": (1.0, ""),
-                                                              "g2:0": (0.25, "")}
+    assert {k: (a.value, a.error) for k, a in out.items()} == {"g0:0": (0.5, ""), "g1:0": (1.0, ""), "g2:0": (0.25, "")}
 
 
 async def test_readme_command_runs_the_example_in_a_fresh_worker(config, broker, redis_server, tmp_path):
     """`PYTHONPATH=examples/rewards streamrl ... reward.fn=length_reward:score`, as a separate process."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), "examples/rewards"])}
-    cmd = [sys.executable, "-m", "streamrl.cli", "worker", "reward", "--broker", redis_server.url,
-           "--run", config.run.name, "--set", f"reward.fn={SPEC}", "--set", f"model.path={tmp_path}",
-           "--id", "reward-0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "worker",
+        "reward",
+        "--broker",
+        redis_server.url,
+        "--run",
+        config.run.name,
+        "--set",
+        f"reward.fn={SPEC}",
+        "--set",
+        f"model.path={tmp_path}",
+        "--id",
+        "reward-0",
+    ]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         keys = RewardWorker(config, broker, "probe").keys

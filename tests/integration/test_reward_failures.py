@@ -25,9 +25,19 @@ class Owner(Worker):
 
 
 def rollout(gid: str, sample: int, text: str) -> Rollout:
-    return Rollout(rollout_id=new_rollout_id(gid, sample), group_id=gid, sample=sample, group_size=GROUP_SIZE,
-                   prompt_ids=np.array([4, 5]), completion_ids=np.array([6, 7, 8]), logprobs=np.array([-1.0] * 3),
-                   version=0, prompt_text="ab", text=text, meta={"length": 4, "chars": "ab"})
+    return Rollout(
+        rollout_id=new_rollout_id(gid, sample),
+        group_id=gid,
+        sample=sample,
+        group_size=GROUP_SIZE,
+        prompt_ids=np.array([4, 5]),
+        completion_ids=np.array([6, 7, 8]),
+        logprobs=np.array([-1.0] * 3),
+        version=0,
+        prompt_text="ab",
+        text=text,
+        meta={"length": 4, "chars": "ab"},
+    )
 
 
 async def score_groups(cfg, broker, groups: int, text=lambda g, s: f"ab{g}-{s}") -> Assembler:
@@ -56,8 +66,13 @@ def configure(config, fn: str, **changes):
     return cfg
 
 
-@pytest.mark.parametrize("fn, error", [("always_raise", "reward function raised ValueError: grader unavailable"),
-                                       ("always_nan", "reward function returned nan")])
+@pytest.mark.parametrize(
+    "fn, error",
+    [
+        ("always_raise", "reward function raised ValueError: grader unavailable"),
+        ("always_nan", "reward function returned nan"),
+    ],
+)
 async def test_an_always_failing_reward_stops_after_the_bound(config, broker, fn, error):
     cfg = configure(config, fn, rollout__max_consecutive_failed_groups=5, rollout__groups_per_step=2)
     asm = await score_groups(cfg, broker, groups=8)
@@ -101,8 +116,9 @@ async def test_on_error_drop_discards_groups_and_score_trains_them(config, broke
     assert asm.counters["failed"] == len(bad) and not set(batch.group_ids) & {f"g{g}" for g in bad}
 
     config.run.name = run_name + "-score"  # a fresh namespace on the same server
-    cfg = configure(config, "fail_one_in_five", rollout__groups_per_step=groups, reward__on_error="score",
-                    reward__error_value=-1.0)
+    cfg = configure(
+        config, "fail_one_in_five", rollout__groups_per_step=groups, reward__on_error="score", reward__error_value=-1.0
+    )
     asm = await score_groups(cfg, broker, groups)
     batch = await asyncio.wait_for(asm.next_batch(0), 20)
     assert asm.counters["failed"] == 0 and len(batch.group_ids) == groups

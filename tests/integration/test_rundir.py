@@ -37,12 +37,29 @@ def test_earlier_run_and_the_finished_message(tmp_path):
     (tmp_path / "config.yaml").write_text("run: {name: tiny}\n")
     (tmp_path / "checkpoints").mkdir()
     assert earlier_run(tmp_path) == "config.yaml, checkpoints"
-    s = {"admitted": 24, "trained": 24, "dropped_stale": 0, "filtered": 0, "failed": 0, "requeued": 0,
-         "in_flight": 0, "lost": 0, "double_trained": 0, "invariant_holds": True, "trained_steps": 3,
-         "checkpointed_version": 3}
+    s = {
+        "admitted": 24,
+        "trained": 24,
+        "dropped_stale": 0,
+        "filtered": 0,
+        "failed": 0,
+        "requeued": 0,
+        "in_flight": 0,
+        "lost": 0,
+        "double_trained": 0,
+        "invariant_holds": True,
+        "trained_steps": 3,
+        "checkpointed_version": 3,
+    }
     text = describe_finished(tmp_path, s)
-    for piece in ("has finished", "3 steps trained", "groups admitted 24 = trained 24 + dropped_stale 0",
-                  "invariant holds", f"streamrl up --resume {tmp_path}", str(tmp_path / "summary.json")):
+    for piece in (
+        "has finished",
+        "3 steps trained",
+        "groups admitted 24 = trained 24 + dropped_stale 0",
+        "invariant holds",
+        f"streamrl up --resume {tmp_path}",
+        str(tmp_path / "summary.json"),
+    ):
         assert piece in text, text
     (tmp_path / "summary.json").write_text("{torn")
     assert finished_summary(tmp_path) is None

@@ -27,11 +27,10 @@ import pytest
 import torch
 
 from streamrl.checkpoint import list_checkpoints, load_checkpoint
-from streamrl.config import Config
+from streamrl.config import Config, TinyModelConfig
 from streamrl.export import checkpoint_model_state, export_checkpoint
 from streamrl.metrics import read_metrics
 from streamrl.tiny import build_tiny_model
-from streamrl.config import TinyModelConfig
 from tests.integration.test_train_engine import make_batch
 from workers.dist import launch
 
@@ -44,8 +43,13 @@ def _rows(n: int, seed: int) -> list[dict]:
     """Prompt/completion pairs of ragged lengths (3..40 tokens), so rows pack several documents."""
     rng = random.Random(seed)
     letters = "abcdefghijklmnopqrstuvwxyz0123456789"
-    return [{"prompt": "".join(rng.choices(letters, k=rng.randint(1, 12)) + [":"]),
-             "completion": "".join(rng.choices(letters, k=rng.randint(1, 27)))} for _ in range(n)]
+    return [
+        {
+            "prompt": "".join(rng.choices(letters, k=rng.randint(1, 12)) + [":"]),
+            "completion": "".join(rng.choices(letters, k=rng.randint(1, 27))),
+        }
+        for _ in range(n)
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +66,29 @@ def data(tmp_path_factory) -> Path:
 
 
 def sft_config(tiny: Path, data: Path, backend: str, **sft) -> Config:
-    return Config.model_validate({
-        "model": {"path": str(tiny)},
-        "sft": {"data": str(data), "batch_size": 16, "max_seq_len": 48, "micro_batch_tokens": 96,
-                "eval_fraction": 0.25, "eval_every": 2, **sft},
-        "trainer": {"backend": backend, "steps": 4, "lr": 3e-3, "lr_schedule": "cosine", "warmup_steps": 1,
-                    "checkpoint_every": 2, "checkpoint_keep": 3},
-    })
+    return Config.model_validate(
+        {
+            "model": {"path": str(tiny)},
+            "sft": {
+                "data": str(data),
+                "batch_size": 16,
+                "max_seq_len": 48,
+                "micro_batch_tokens": 96,
+                "eval_fraction": 0.25,
+                "eval_every": 2,
+                **sft,
+            },
+            "trainer": {
+                "backend": backend,
+                "steps": 4,
+                "lr": 3e-3,
+                "lr_schedule": "cosine",
+                "warmup_steps": 1,
+                "checkpoint_every": 2,
+                "checkpoint_keep": 3,
+            },
+        }
+    )
 
 
 def _one_step(cfg: Config, out: str, rank: int, world: int) -> None:
@@ -119,9 +139,16 @@ def test_cross_document_attention_would_change_the_loss(tiny, data):
 
     one_running = torch.arange(t["input_ids"].shape[1])[None]
     with torch.no_grad():
-        separate = [float(torch.nn.functional.cross_entropy(
-            model(input_ids=torch.from_numpy(s.ids)[None]).logits[0, :-1][torch.from_numpy(s.mask[1:]) > 0],
-            torch.from_numpy(s.ids[1:])[torch.from_numpy(s.mask[1:]) > 0], reduction="sum")) for s in samples]
+        separate = [
+            float(
+                torch.nn.functional.cross_entropy(
+                    model(input_ids=torch.from_numpy(s.ids)[None]).logits[0, :-1][torch.from_numpy(s.mask[1:]) > 0],
+                    torch.from_numpy(s.ids[1:])[torch.from_numpy(s.mask[1:]) > 0],
+                    reduction="sum",
+                )
+            )
+            for s in samples
+        ]
     want = sum(separate) / float(keep.sum())
     assert loss(t["position_ids"]) == pytest.approx(want, rel=PACK_RTOL)
     assert abs(loss(one_running) - want) > 1e-3
@@ -183,8 +210,8 @@ def test_resume_continues_exactly(runs, tiny, data, tmp_path, backend):
 
 
 def _engine_logprobs(cfg: Config, ckpt: str, out: str, rank: int, world: int) -> None:
-    from workers.trainer_engines import make_engine
     from workers.train_engine import pad_batch
+    from workers.trainer_engines import make_engine
 
     engine = make_engine(cfg, cfg.model.path, rank, world)
     load_checkpoint(engine, Path(ckpt))
@@ -212,8 +239,10 @@ def test_export_loads_in_transformers_with_the_trainers_logprobs(runs, tiny, tmp
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
     model = AutoModelForCausalLM.from_pretrained(out)
-    assert AutoTokenizer.from_pretrained(out)("digits:", add_special_tokens=False)["input_ids"] == \
-        AutoTokenizer.from_pretrained(tiny)("digits:", add_special_tokens=False)["input_ids"]
+    assert (
+        AutoTokenizer.from_pretrained(out)("digits:", add_special_tokens=False)["input_ids"]
+        == AutoTokenizer.from_pretrained(tiny)("digits:", add_special_tokens=False)["input_ids"]
+    )
     assert GenerationConfig.from_pretrained(out).eos_token_id == 2
     want = trainer_logprobs(runs[backend], tmp_path)
     base = AutoModelForCausalLM.from_pretrained(tiny)
@@ -221,8 +250,8 @@ def test_export_loads_in_transformers_with_the_trainers_logprobs(runs, tiny, tmp
         seq = torch.as_tensor(np.concatenate([r.prompt_ids, r.completion_ids]).astype(np.int64))[None]
         p = len(r.prompt_ids)
         with torch.no_grad():
-            got = torch.log_softmax(model(input_ids=seq).logits[0, p - 1:-1], -1).gather(-1, seq[0, p:, None])[:, 0]
-            was = torch.log_softmax(base(input_ids=seq).logits[0, p - 1:-1], -1).gather(-1, seq[0, p:, None])[:, 0]
+            got = torch.log_softmax(model(input_ids=seq).logits[0, p - 1 : -1], -1).gather(-1, seq[0, p:, None])[:, 0]
+            was = torch.log_softmax(base(input_ids=seq).logits[0, p - 1 : -1], -1).gather(-1, seq[0, p:, None])[:, 0]
         np.testing.assert_allclose(got.numpy(), want[i], atol=LP_ATOL, rtol=0)
         assert (got - was).abs().max() > 1e-2  # the export holds the trained weights, not the base model's
     # An earlier step exports too, and differs.
@@ -267,13 +296,27 @@ def test_export_gives_the_trainers_logprobs_in_vllm(runs, tmp_path):
     pytest.importorskip("vllm")
     out = export_checkpoint(runs["hf"], tmp_path / "hf")
     rollouts = make_batch(100).rollouts
-    spec = {"model": str(out), "seqs": [np.concatenate([r.prompt_ids, r.completion_ids]).astype(int).tolist() for r in rollouts],
-            "prompt_lens": [len(r.prompt_ids) for r in rollouts]}
+    spec = {
+        "model": str(out),
+        "seqs": [np.concatenate([r.prompt_ids, r.completion_ids]).astype(int).tolist() for r in rollouts],
+        "prompt_lens": [len(r.prompt_ids) for r in rollouts],
+    }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     got = json.loads((tmp_path / "out.json").read_text())
     for vllm_lp, engine_lp in zip(got, trainer_logprobs(runs["hf"], tmp_path), strict=True):
@@ -284,10 +327,15 @@ def _vllm_probe(spec: dict) -> list[list[float]]:
     from vllm import LLM, SamplingParams
 
     llm = LLM(model=spec["model"], dtype="float32", max_model_len=256, enforce_eager=True, seed=0)
-    outs = llm.generate([{"prompt_token_ids": s} for s in spec["seqs"]],
-                        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0), use_tqdm=False)
-    return [[o.prompt_logprobs[t][s[t]].logprob for t in range(p, len(s))]
-            for o, s, p in zip(outs, spec["seqs"], spec["prompt_lens"])]
+    outs = llm.generate(
+        [{"prompt_token_ids": s} for s in spec["seqs"]],
+        SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0),
+        use_tqdm=False,
+    )
+    return [
+        [o.prompt_logprobs[t][s[t]].logprob for t in range(p, len(s))]
+        for o, s, p in zip(outs, spec["seqs"], spec["prompt_lens"])
+    ]
 
 
 if __name__ == "__main__":

@@ -41,8 +41,9 @@ def test_datasets_saved_to_disk_with_splits_and_chat_rows(tmp_path):
     import datasets
 
     chat = {"messages": [{**m, "tool_calls": m.get("tool_calls")} for m in CONVERSATION], "tools": json.dumps(TOOLS)}
-    dd = datasets.DatasetDict({"train": datasets.Dataset.from_list([chat] * 6),
-                               "test": datasets.Dataset.from_list([chat] * 2)})
+    dd = datasets.DatasetDict(
+        {"train": datasets.Dataset.from_list([chat] * 6), "test": datasets.Dataset.from_list([chat] * 2)}
+    )
     dd.save_to_disk(str(tmp_path / "dd"))
     train, held = load_splits(SFTConfig(data=str(tmp_path / "dd"), eval_split="test"), TaskConfig(), seed=0)
     assert (len(train), len(held)) == (6, 2)
@@ -61,8 +62,9 @@ def test_datasets_saved_to_disk_with_splits_and_chat_rows(tmp_path):
 
 def test_load_dataset_with_data_files(tmp_path):
     (tmp_path / "a.json").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    train, _ = load_splits(SFTConfig(data="json", data_files=str(tmp_path / "a.json"), eval_fraction=0),
-                           TaskConfig(), seed=0)
+    train, _ = load_splits(
+        SFTConfig(data="json", data_files=str(tmp_path / "a.json"), eval_fraction=0), TaskConfig(), seed=0
+    )
     assert len(train) == 20 and train[3] == ROWS[3]
 
 
@@ -100,9 +102,18 @@ def test_two_ranks_train_the_same_step_as_one_and_skip_bad_rows(tmp_path):
     tiny = build_tiny_model(TinyModelConfig(init_std=0.2), tmp_path / "tiny", seed=0)
     rows = ROWS + [{"question": "no prompt/completion"}]
     (tmp_path / "d.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    cfg = Config.model_validate({"model": {"path": str(tiny)},
-                                 "sft": {"data": str(tmp_path / "d.jsonl"), "batch_size": 21, "eval_fraction": 0,
-                                         "micro_batch_tokens": 32, "max_seq_len": 16}})
+    cfg = Config.model_validate(
+        {
+            "model": {"path": str(tiny)},
+            "sft": {
+                "data": str(tmp_path / "d.jsonl"),
+                "batch_size": 21,
+                "eval_fraction": 0,
+                "micro_batch_tokens": 32,
+                "max_seq_len": 16,
+            },
+        }
+    )
     got = {}
     for world in (1, 2):
         cfg.trainer.world_size = world

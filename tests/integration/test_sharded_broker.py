@@ -45,15 +45,28 @@ async def sharded(two_servers):
 
 
 def _rollout(group: int, sample: int, group_size: int) -> bytes:
-    return encode(Rollout(rollout_id=f"g{group}:{sample}:s0", group_id=f"g{group}", sample=sample, group_size=group_size,
-                          prompt_ids=np.arange(5), completion_ids=np.arange(8) + sample,
-                          logprobs=np.full(8, -0.25, np.float32), version=0))
+    return encode(
+        Rollout(
+            rollout_id=f"g{group}:{sample}:s0",
+            group_id=f"g{group}",
+            sample=sample,
+            group_size=group_size,
+            prompt_ids=np.arange(5),
+            completion_ids=np.arange(8) + sample,
+            logprobs=np.full(8, -0.25, np.float32),
+            version=0,
+        )
+    )
 
 
 async def test_job_path_joins_across_two_servers(sharded, two_servers, run_name):
-    cfg = Config(run=RunConfig(name=run_name), broker=BrokerConfig(url=two_servers[0].url, claim_idle_ms=200, block_ms=50),
-                 rollout=RolloutConfig(group_size=2, groups_per_step=2), reward=RewardConfig(fn="bench.broker:bench_reward"),
-                 loss=LossConfig(kl_beta=0.001))
+    cfg = Config(
+        run=RunConfig(name=run_name),
+        broker=BrokerConfig(url=two_servers[0].url, claim_idle_ms=200, block_ms=50),
+        rollout=RolloutConfig(group_size=2, groups_per_step=2),
+        reward=RewardConfig(fn="bench.broker:bench_reward"),
+        loss=LossConfig(kl_beta=0.001),
+    )
     keys = Keys(run_name)
     reward, reference = RewardWorker(cfg, sharded, "reward-0"), BenchReference(cfg, sharded, "reference-0")
     trainer = Worker(cfg, sharded, "trainer-0")
@@ -76,7 +89,10 @@ async def test_job_path_joins_across_two_servers(sharded, two_servers, run_name)
         assert s0.xlen(keys.rollouts) == 4 and not s1.exists(keys.rollouts)
         assert s1.xlen(keys.annotations) == 8 and not s0.exists(keys.annotations)
         assert {g["name"].decode(): g["pending"] for g in s0.xinfo_groups(keys.rollouts)} == {
-            "reward": 0, "reference": 0, "trainer": 0}
+            "reward": 0,
+            "reference": 0,
+            "trainer": 0,
+        }
         assert s1.xinfo_groups(keys.annotations)[0]["pending"] == 0
     finally:
         s0.close()

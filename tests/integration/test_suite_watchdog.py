@@ -22,7 +22,7 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[2]
-HUNG_TEST = '''
+HUNG_TEST = """
 import asyncio
 import pytest
 
@@ -44,7 +44,7 @@ async def test_hangs(broker):
 
 async def test_never_reached(broker):
     pass
-'''
+"""
 
 
 def test_a_hung_async_test_ends_the_session(tmp_path):
@@ -54,9 +54,14 @@ def test_a_hung_async_test_ends_the_session(tmp_path):
     (tests / "test_hung.py").write_text(HUNG_TEST)
     env = {**os.environ, "PYTHONPATH": str(ROOT), "STREAMRL_TEST_HANG_GRACE_S": "3"}
     t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp",
-                           str(tmp_path / "base"), "tests"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=90)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "base"), "tests"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     elapsed = time.monotonic() - t0
     out = proc.stdout + proc.stderr
     assert proc.returncode == 1, out

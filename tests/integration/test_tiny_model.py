@@ -94,7 +94,7 @@ def test_loads_in_transformers_and_round_trips_text(tiny_dir: Path):
         torch.tensor([ids]), max_new_tokens=8, min_new_tokens=8, do_sample=True, top_k=0, pad_token_id=tok.pad_token_id
     )
     assert out.shape == (1, len(ids) + 8)
-    assert len(tok.decode(out[0, len(ids):], skip_special_tokens=True)) >= 1
+    assert len(tok.decode(out[0, len(ids) :], skip_special_tokens=True)) >= 1
 
 
 _VLLM_SCRIPT = textwrap.dedent(

@@ -34,8 +34,8 @@ from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TinyMode
 from streamrl.tiny import build_tiny_model
 from tests.integration.test_train_engine import make_batch
 from workers.dist import broadcast_object, launch
-from workers.trainer_engines import make_engine
 from workers.train_engine import pad_batch
+from workers.trainer_engines import make_engine
 
 REPO = Path(__file__).resolve().parents[2]
 LP_ATOL, VLLM_ATOL = 1e-5, 1e-4
@@ -60,17 +60,36 @@ def _shard_logprobs(engine, batch: Batch) -> list[torch.Tensor]:
     return [logp[i, : len(r.completion_ids)].cpu() for i, r in enumerate(shard.rollouts)]
 
 
-def _rank_main(model_path: str, batch: Batch, out: str, backend: str, mbs: int, ac: bool, tp: int,
-               rank: int, world: int, chunk: int = 4) -> None:
+def _rank_main(
+    model_path: str,
+    batch: Batch,
+    out: str,
+    backend: str,
+    mbs: int,
+    ac: bool,
+    tp: int,
+    rank: int,
+    world: int,
+    chunk: int = 4,
+) -> None:
     """Every rank: log-probs before/after one step, the full state dicts, the metrics (to files).
     chunk = trainer.logprob_chunk_tokens (4: several chunks per micro-batch; 0: full logits)."""
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
-    cfg = Config(generator=GeneratorConfig(temperature=1.0),
-                 trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device="cpu",
-                                       backend=backend, activation_checkpointing=ac,
-                                       parallelism=ParallelismConfig(tp=tp), logprob_chunk_tokens=chunk))
+    cfg = Config(
+        generator=GeneratorConfig(temperature=1.0),
+        trainer=TrainerConfig(
+            world_size=world,
+            micro_batch_size=mbs,
+            lr=1e-3,
+            device="cpu",
+            backend=backend,
+            activation_checkpointing=ac,
+            parallelism=ParallelismConfig(tp=tp),
+            logprob_chunk_tokens=chunk,
+        ),
+    )
     batch = broadcast_object(batch if rank == 0 else None)
     engine = make_engine(cfg, model_path, rank, world)
     lp0 = _shard_logprobs(engine, batch)
@@ -82,8 +101,11 @@ def _rank_main(model_path: str, batch: Batch, out: str, backend: str, mbs: int, 
     # Ranks of one tensor-parallel group hold the same rows: only the first of each writes them.
     if rank % tp == 0:
         torch.save({"lp0": lp0, "lp1": lp1}, out_dir / f"lp_dp{engine.dp_rank}.pt")
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(
-        {"metrics": metrics, "none": [initial is None, final is None], "dp": [engine.dp_rank, engine.dp_size]}))
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps(
+            {"metrics": metrics, "none": [initial is None, final is None], "dp": [engine.dp_rank, engine.dp_size]}
+        )
+    )
     if rank == 0:
         save_file(initial, out_dir / "initial.safetensors")
         save_file(final, out_dir / "final.safetensors")
@@ -122,13 +144,15 @@ def runs(tiny, batch, tmp_path_factory) -> dict[str, Path]:
     # several chunks change the summation order, which Adam's first step amplifies past these
     # tolerances on near-zero gradients; test_chunked_titan_step_has_the_full_logits_gradient
     # compares several chunks on the gradient itself).
-    specs = {"titan1": (1, "torchtitan", 3, True, 2048), "titan2": (2, "torchtitan", 2, False, 2048),
-             "hf1": (1, "hf", 3, False, 0)}
+    specs = {
+        "titan1": (1, "torchtitan", 3, True, 2048),
+        "titan2": (2, "torchtitan", 2, False, 2048),
+        "hf1": (1, "hf", 3, False, 0),
+    }
     out = {}
     for name, (world, backend, mbs, ac, chunk) in specs.items():
         out[name] = tmp_path_factory.mktemp(name)
-        launch(world, functools.partial(_rank_main, str(tiny), batch, str(out[name]), backend, mbs, ac, 1,
-                                        chunk=chunk))
+        launch(world, functools.partial(_rank_main, str(tiny), batch, str(out[name]), backend, mbs, ac, 1, chunk=chunk))
     return out
 
 
@@ -155,8 +179,11 @@ def test_one_step_matches_world_1_and_the_hf_backend(runs, other, atol):
     assert m1["grad_norm"] > 1e-3 and m1["grad_norm"] == pytest.approx(m2["grad_norm"], rel=1e-5)
     for key in set(m1) - {"time_s", "padded_tokens"}:  # padding depends on the split
         assert m1[key] == pytest.approx(m2[key], rel=1e-5, abs=1e-6), key
-    w1, w2, w0 = _read(runs["titan1"], "final.safetensors"), _read(runs[other], "final.safetensors"), \
-        _read(runs["titan1"], "initial.safetensors")
+    w1, w2, w0 = (
+        _read(runs["titan1"], "final.safetensors"),
+        _read(runs[other], "final.safetensors"),
+        _read(runs["titan1"], "initial.safetensors"),
+    )
     assert max((w1[k] - w0[k]).abs().max().item() for k in w1) > 5e-4, "the step must move the weights"
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], atol=atol, rtol=0, msg=lambda m, k=k: f"{k}: {m}")
@@ -205,8 +232,9 @@ def test_chunked_titan_step_has_the_full_logits_gradient(tiny, batch, tmp_path, 
 
 
 @pytest.mark.anyio
-async def test_vllm_gives_the_engine_logprobs_before_and_after_a_store_round_trip(runs, batch, tiny, config,
-                                                                                broker, tmp_path):
+async def test_vllm_gives_the_engine_logprobs_before_and_after_a_store_round_trip(
+    runs, batch, tiny, config, broker, tmp_path
+):
     from streamrl.weights import make_loader, make_publisher
     from streamrl.weightstores.shm import shm_root
 
@@ -227,12 +255,28 @@ async def test_vllm_gives_the_engine_logprobs_before_and_after_a_store_round_tri
 
 def _run_probe(tiny: Path, local: str, batch: Batch, tmp_path: Path) -> dict:
     seqs = [np.concatenate([r.prompt_ids, r.completion_ids]).astype(int).tolist() for r in batch.rollouts]
-    spec = {"model": str(tiny), "reload": local, "seqs": seqs, "prompt_lens": [len(r.prompt_ids) for r in batch.rollouts]}
+    spec = {
+        "model": str(tiny),
+        "reload": local,
+        "seqs": seqs,
+        "prompt_lens": [len(r.prompt_ids) for r in batch.rollouts],
+    }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-           "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    env = {
+        **os.environ,
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "PYTHONPATH": str(REPO),
+        "OMP_NUM_THREADS": "1",
+    }
+    proc = subprocess.run(
+        [sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     return json.loads((tmp_path / "out.json").read_text())
 
@@ -246,8 +290,10 @@ def _vllm_probe(spec: dict) -> dict:
 
     def logprobs() -> list[list[float]]:
         outs = llm.generate([{"prompt_token_ids": s} for s in spec["seqs"]], params, use_tqdm=False)
-        return [[o.prompt_logprobs[t][s[t]].logprob for t in range(p, len(s))]
-                for o, s, p in zip(outs, spec["seqs"], spec["prompt_lens"])]
+        return [
+            [o.prompt_logprobs[t][s[t]].logprob for t in range(p, len(s))]
+            for o, s, p in zip(outs, spec["seqs"], spec["prompt_lens"])
+        ]
 
     before = logprobs()
     llm.collective_rpc("reload_weights", kwargs={"weights_path": spec["reload"]})

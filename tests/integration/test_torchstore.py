@@ -23,7 +23,10 @@ pytestmark = pytest.mark.anyio
 
 def _state(seed: int) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"model.embed_tokens.weight": torch.randn(64, 16, generator=g), "model.norm.weight": torch.randn(16, generator=g)}
+    return {
+        "model.embed_tokens.weight": torch.randn(64, 16, generator=g),
+        "model.norm.weight": torch.randn(16, generator=g),
+    }
 
 
 async def test_torchstore_publish_fetch_gc(config: Config, broker, tmp_path: Path):

@@ -37,15 +37,26 @@ def make_batch(vocab: int, seed: int = 0) -> Batch:
     rng = np.random.default_rng(seed)
     shapes = [(3, 5), (6, 2), (2, 7), (4, 4), (5, 3), (1, 6)]
     rollouts = [
-        Rollout(rollout_id=f"g{i // 2}:{i % 2}", group_id=f"g{i // 2}", sample=i % 2, group_size=2,
-                prompt_ids=rng.integers(4, vocab, p).astype(np.int32),
-                completion_ids=rng.integers(4, vocab, c).astype(np.int32),
-                logprobs=np.zeros(c, np.float32), version=0)
+        Rollout(
+            rollout_id=f"g{i // 2}:{i % 2}",
+            group_id=f"g{i // 2}",
+            sample=i % 2,
+            group_size=2,
+            prompt_ids=rng.integers(4, vocab, p).astype(np.int32),
+            completion_ids=rng.integers(4, vocab, c).astype(np.int32),
+            logprobs=np.zeros(c, np.float32),
+            version=0,
+        )
         for i, (p, c) in enumerate(shapes)
     ]
-    return Batch(rollouts=rollouts, group_index=np.arange(6) // 2, rewards=np.zeros(6, np.float32),
-                 advantages=np.array([1, -1] * 3, np.float32), ref_logprobs=None,
-                 staleness=np.zeros(6, np.int64))
+    return Batch(
+        rollouts=rollouts,
+        group_index=np.arange(6) // 2,
+        rewards=np.zeros(6, np.float32),
+        advantages=np.array([1, -1] * 3, np.float32),
+        ref_logprobs=None,
+        staleness=np.zeros(6, np.int64),
+    )
 
 
 def reference_logprobs(model, batch: Batch) -> list[np.ndarray]:
@@ -70,17 +81,35 @@ def _save_shard_logprobs(engine: TrainEngine, batch: Batch, path: Path) -> None:
     torch.save(rows, path)
 
 
-def _rank_main(model_path: str, batch: Batch, out: str, mbs: int, ac: bool, extra_steps: int,
-               rank: int, world: int, device: str = "cpu") -> None:
+def _rank_main(
+    model_path: str,
+    batch: Batch,
+    out: str,
+    mbs: int,
+    ac: bool,
+    extra_steps: int,
+    rank: int,
+    world: int,
+    device: str = "cpu",
+) -> None:
     """Runs on every rank: the sequence of engine calls whose results the tests inspect."""
     from safetensors.torch import save_file
 
     torch.set_num_threads(1)
     out_dir = Path(out)
     # logprob_chunk_tokens=4: several chunks per micro-batch, so every comparison below covers them.
-    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
-                 trainer=TrainerConfig(world_size=world, micro_batch_size=mbs, lr=1e-3, device=device,
-                                       activation_checkpointing=ac, grad_clip=1.0, logprob_chunk_tokens=4))
+    cfg = Config(
+        generator=GeneratorConfig(temperature=TEMPERATURE),
+        trainer=TrainerConfig(
+            world_size=world,
+            micro_batch_size=mbs,
+            lr=1e-3,
+            device=device,
+            activation_checkpointing=ac,
+            grad_clip=1.0,
+            logprob_chunk_tokens=4,
+        ),
+    )
     batch = broadcast_object(batch if rank == 0 else None)
     engine = TrainEngine(cfg, model_path, rank, world)
     _save_shard_logprobs(engine, batch, out_dir / f"lp0_rank{rank}.pt")
@@ -92,8 +121,9 @@ def _rank_main(model_path: str, batch: Batch, out: str, mbs: int, ac: bool, extr
     # keeps training) would no longer match world 2 in test_world_2_and_world_1_give_the_same_step.
     history = [metrics] + [engine.train_step(batch) for _ in range(extra_steps)]
     _save_shard_logprobs(engine, batch, out_dir / f"lpN_rank{rank}.pt")
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(
-        {"history": history, "initial_is_none": initial is None, "final_is_none": final is None}))
+    (out_dir / f"rank{rank}.json").write_text(
+        json.dumps({"history": history, "initial_is_none": initial is None, "final_is_none": final is None})
+    )
     if rank == 0:
         torch.save(initial, out_dir / "initial.pt")
         weights = out_dir / "weights"
@@ -223,9 +253,11 @@ def test_nccl_ranks_on_gpu_match_the_cpu_run(runs, batch, tiny, tmp_path):
 
 def _optional_inputs_main(model_path: str, batch: Batch, out: str, rank: int, world: int) -> None:
     """decoupled_ppo + entropy bonus + KL: the engine fills prox_logprobs, entropy, ref_logprobs."""
-    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
-                 loss=LossConfig(name="decoupled_ppo", kl_beta=0.1, entropy_coef=0.01),
-                 trainer=TrainerConfig(device="cpu", micro_batch_size=4))
+    cfg = Config(
+        generator=GeneratorConfig(temperature=TEMPERATURE),
+        loss=LossConfig(name="decoupled_ppo", kl_beta=0.1, entropy_coef=0.01),
+        trainer=TrainerConfig(device="cpu", micro_batch_size=4),
+    )
     engine = TrainEngine(cfg, model_path, rank, world)
     assert engine.requirements == {"prox_logprobs", "entropy", "ref_logprobs"}
     bare = copy.copy(batch)
@@ -252,15 +284,32 @@ def test_prox_entropy_and_ref_inputs_reach_the_loss(tiny, batch, tmp_path):
     assert 0 < m["entropy"] < np.log(100) and m["skipped_step"] == 0 and np.isfinite(m["grad_norm"])
 
 
-def _grads_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int,
-                backend: str = "hf", micro_batch_tokens: int = 0) -> None:
+def _grads_main(
+    model_path: str,
+    batch: Batch,
+    out: str,
+    chunk: int,
+    rank: int,
+    world: int,
+    backend: str = "hf",
+    micro_batch_tokens: int = 0,
+) -> None:
     """One step with an entropy bonus and a KL term; the full gradient of every weight to a file."""
     from workers.trainer_engines import make_engine
 
-    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
-                 loss=LossConfig(kl_beta=0.1, entropy_coef=0.01),
-                 trainer=TrainerConfig(world_size=world, device="cpu", micro_batch_size=2, logprob_chunk_tokens=chunk,
-                                       grad_clip=1e9, backend=backend, micro_batch_tokens=micro_batch_tokens))
+    cfg = Config(
+        generator=GeneratorConfig(temperature=TEMPERATURE),
+        loss=LossConfig(kl_beta=0.1, entropy_coef=0.01),
+        trainer=TrainerConfig(
+            world_size=world,
+            device="cpu",
+            micro_batch_size=2,
+            logprob_chunk_tokens=chunk,
+            grad_clip=1e9,
+            backend=backend,
+            micro_batch_tokens=micro_batch_tokens,
+        ),
+    )
     # (grad_clip 1e9: no clipping, the raw gradients are compared)
     batch = broadcast_object(batch if rank == 0 else None)
     batch = copy.copy(batch)
@@ -304,8 +353,11 @@ def test_token_budget_micro_batches_give_the_same_gradient(tiny, batch, tmp_path
     launch(2, functools.partial(_grads_main, str(tiny), batch, str(by_tokens), 0, micro_batch_tokens=16))
     a, b = torch.load(by_count / "grads.pt"), torch.load(by_tokens / "grads.pt")
     assert a["metrics"]["grad_norm"] == pytest.approx(b["metrics"]["grad_norm"], rel=1e-5)
-    assert a["metrics"]["input_tokens"] == b["metrics"]["input_tokens"] == sum(
-        len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts)
+    assert (
+        a["metrics"]["input_tokens"]
+        == b["metrics"]["input_tokens"]
+        == sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts)
+    )
     assert b["metrics"]["padded_tokens"] < a["metrics"]["padded_tokens"]
     for name, g in a["grads"].items():
         torch.testing.assert_close(b["grads"][name], g, atol=1e-6, rtol=1e-5, msg=name)
@@ -339,8 +391,9 @@ def test_hf_hidden_states_path_equals_the_logits_path_in_float64(tiny, batch, ar
     want_lp, want = grads(lp_full * t["mask"].double(), ent_full * t["mask"].double())
     head = check_plain_head(model)
     hidden = decoder_hidden_states(model, t["input_ids"], t["attention_mask"])
-    lp, ent = gathered_logprobs(hidden, head.weight, head.bias, t["positions"], t["targets"], t["lengths"],
-                                TEMPERATURE, 5, True)
+    lp, ent = gathered_logprobs(
+        hidden, head.weight, head.bias, t["positions"], t["targets"], t["lengths"], TEMPERATURE, 5, True
+    )
     got_lp, got = grads(lp, ent)
     torch.testing.assert_close(got_lp, want_lp, rtol=0, atol=1e-12)
     for (name, _), g, w in zip(model.named_parameters(), got, want, strict=True):
@@ -382,8 +435,10 @@ def test_reference_worker_logprobs_match_the_plain_forward(hf_model, batch):
 
 def _engine_logprobs_main(model_path: str, batch: Batch, out: str, chunk: int, rank: int, world: int) -> None:
     torch.set_num_threads(1)
-    cfg = Config(generator=GeneratorConfig(temperature=TEMPERATURE),
-                 trainer=TrainerConfig(world_size=world, device="cpu", logprob_chunk_tokens=chunk))
+    cfg = Config(
+        generator=GeneratorConfig(temperature=TEMPERATURE),
+        trainer=TrainerConfig(world_size=world, device="cpu", logprob_chunk_tokens=chunk),
+    )
     _save_shard_logprobs(TrainEngine(cfg, model_path, rank, world), batch, Path(out) / f"lp_rank{rank}.pt")
 
 

@@ -25,7 +25,13 @@ REPO = Path(__file__).resolve().parents[2]
 def test_seeded_long_prompts_over_the_step_budget_all_finish(tmp_path):
     model = build_tiny_model(TinyModelConfig(max_position_embeddings=1024), tmp_path / "model", seed=0)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("long_prompts_script.py")), str(model)],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).with_name("long_prompts_script.py")), str(model)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, f"engine failed:\n{proc.stderr[-4000:]}"
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == [8] * 8

@@ -1,6 +1,6 @@
 """The versioned weight store against a real redis-server: shm and dir backends.
 
-    pytest tests/integration/test_weights.py
+pytest tests/integration/test_weights.py
 """
 
 from __future__ import annotations
@@ -28,8 +28,10 @@ pytestmark = pytest.mark.anyio
 
 def _state(seed: int, n: int = 64) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    return {"model.embed_tokens.weight": torch.randn(n, 16, generator=g),
-            "model.norm.weight": torch.randn(16, generator=g)}
+    return {
+        "model.embed_tokens.weight": torch.randn(n, 16, generator=g),
+        "model.norm.weight": torch.randn(16, generator=g),
+    }
 
 
 @pytest.fixture(params=["shm", "dir"])
@@ -94,7 +96,7 @@ async def test_gc_keeps_newest_and_fetched_copies_survive(store_cfg: Config, bro
 async def test_failed_write_leaves_nothing(store_cfg: Config, broker, tmp_path: Path):
     store = make_publisher(store_cfg, broker, tmp_path)
     await store.publish(1, _state(1))
-    with pytest.raises(Exception):
+    with pytest.raises(Exception):  # noqa: B017 (whatever safetensors raises: the point is what is left)
         await store.publish(2, {"w": "not a tensor"})  # safetensors refuses it mid-write
     assert (await store.latest()).version == 1
     assert sorted(p.name for p in store.root.iterdir() if not p.name.startswith("fetched-")) == ["v1"]
@@ -134,8 +136,9 @@ async def test_gc_removes_copies_of_dead_readers(config: Config, broker, tmp_pat
     cfg = config.model_copy(update={"weights": WeightsConfig(backend="shm")})
     store = make_publisher(cfg, broker, tmp_path)
     try:
-        dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                              capture_output=True, text=True, check=True)
+        dead = subprocess.run(
+            [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True
+        )
         stale = store.root / f"fetched-{int(dead.stdout)}" / "v0"
         stale.mkdir(parents=True)
         live = store.root / f"fetched-{os.getpid()}" / "v0"

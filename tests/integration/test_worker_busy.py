@@ -64,8 +64,11 @@ async def test_busy_fraction_is_the_share_of_steps_that_did_work(config, broker)
 async def test_report_shows_every_worker_that_logged_busy(config, broker, tmp_path):
     logs = tmp_path / "logs"
     logs.mkdir()
-    for worker in (HalfBusy(config, broker, "reward-0"), HalfBusy(config, broker, "reward-1"),
-                   OwnMeasure(config, broker, "generator-0")):
+    for worker in (
+        HalfBusy(config, broker, "reward-0"),
+        HalfBusy(config, broker, "reward-1"),
+        OwnMeasure(config, broker, "generator-0"),
+    ):
         (logs / f"{worker.worker_id}.jsonl").write_text(json.dumps(await _stopped(worker)) + "\n")
     w = MetricsWriter(tmp_path)
     for step in (1, 2):

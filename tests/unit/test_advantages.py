@@ -1,6 +1,6 @@
 """Group-relative advantages, DAPO dynamic sampling and overlong shaping (numpy, no I/O).
 
-    pytest tests/unit/test_advantages.py -q
+pytest tests/unit/test_advantages.py -q
 """
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ def test_group_modes_by_hand():
     r = np.array([1.0, 0.0, 0.0, 1.0, 1.0])  # mean 0.6, sample std sqrt(0.3)
     assert group_advantages(r, "group_mean") == pytest.approx([0.4, -0.6, -0.6, 0.4, 0.4])
     sd = np.sqrt(0.3)
-    assert group_advantages(r, "group_norm", eps=0.0) == pytest.approx([0.4 / sd, -0.6 / sd, -0.6 / sd, 0.4 / sd, 0.4 / sd])
+    assert group_advantages(r, "group_norm", eps=0.0) == pytest.approx(
+        [0.4 / sd, -0.6 / sd, -0.6 / sd, 0.4 / sd, 0.4 / sd]
+    )
     # leave-one-out: 1 - mean(0,0,1,1) = 0.5 ; 0 - mean(1,0,1,1) = -0.75
     assert group_advantages(r, "loo") == pytest.approx([0.5, -0.75, -0.75, 0.5, 0.5])
 

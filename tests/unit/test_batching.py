@@ -1,6 +1,6 @@
 """pad_batch / token_logprobs / num_micro_batches: the pure tensor plumbing of the train engine.
 
-    pytest tests/unit/test_batching.py
+pytest tests/unit/test_batching.py
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import torch
 
 from streamrl.batch import Batch
 from streamrl.errors import StreamRLError
-from streamrl.messages import Rollout
 from streamrl.logprobs import token_logprobs
+from streamrl.messages import Rollout
 from workers.train_engine import num_micro_batches, pad_batch, plan_micro_batches
 
 PAD = 0
@@ -22,15 +22,23 @@ def make_batch(shapes: list[tuple[int, int]], with_ref: bool = False, seed: int 
     """Rollouts with (prompt_len, completion_len) shapes; ids start at 5 so no real token equals PAD."""
     rng = np.random.default_rng(seed)
     rollouts = [
-        Rollout(rollout_id=f"g{i}:0", group_id=f"g{i}", sample=0, group_size=1,
-                prompt_ids=rng.integers(5, 50, p).astype(np.int32),
-                completion_ids=rng.integers(5, 50, c).astype(np.int32),
-                logprobs=-rng.random(c).astype(np.float32), version=0)
+        Rollout(
+            rollout_id=f"g{i}:0",
+            group_id=f"g{i}",
+            sample=0,
+            group_size=1,
+            prompt_ids=rng.integers(5, 50, p).astype(np.int32),
+            completion_ids=rng.integers(5, 50, c).astype(np.int32),
+            logprobs=-rng.random(c).astype(np.float32),
+            version=0,
+        )
         for i, (p, c) in enumerate(shapes)
     ]
     n = len(rollouts)
     return Batch(
-        rollouts=rollouts, group_index=np.arange(n), rewards=np.zeros(n, np.float32),
+        rollouts=rollouts,
+        group_index=np.arange(n),
+        rewards=np.zeros(n, np.float32),
         advantages=np.linspace(-1, 1, n).astype(np.float32),
         ref_logprobs=[-rng.random(c).astype(np.float32) for _, c in shapes] if with_ref else None,
         staleness=np.zeros(n, np.int64),
@@ -114,9 +122,18 @@ def test_token_logprobs_match_a_direct_log_softmax():
     assert token_logprobs(logits, t["positions"], t["targets"], 1.0, with_entropy=False)[1] is None
 
 
-@pytest.mark.parametrize(("n", "world", "mbs", "expected"), [
-    (8, 1, 8, 1), (8, 1, 3, 3), (8, 2, 2, 2), (5, 2, 2, 2), (5, 2, 1, 3), (1, 2, 4, 1), (64, 4, 64, 1),
-])
+@pytest.mark.parametrize(
+    ("n", "world", "mbs", "expected"),
+    [
+        (8, 1, 8, 1),
+        (8, 1, 3, 3),
+        (8, 2, 2, 2),
+        (5, 2, 2, 2),
+        (5, 2, 1, 3),
+        (1, 2, 4, 1),
+        (64, 4, 64, 1),
+    ],
+)
 def test_micro_batch_count_is_the_same_on_every_rank(n, world, mbs, expected):
     k = num_micro_batches(n, world, mbs)
     assert k == expected
@@ -167,8 +184,12 @@ def test_token_budget_plan_covers_every_row_once_within_the_budget(world):
 
 
 def _padded_tokens(batch, plans) -> int:
-    return sum(pad_batch(batch.shard(r, len(plans)).select(mb), PAD)["input_ids"].numel()
-               for r, plan in enumerate(plans) for mb in plan if mb)
+    return sum(
+        pad_batch(batch.shard(r, len(plans)).select(mb), PAD)["input_ids"].numel()
+        for r, plan in enumerate(plans)
+        for mb in plan
+        if mb
+    )
 
 
 def test_token_budget_cuts_padding_against_row_count_slices():
@@ -178,13 +199,21 @@ def test_token_budget_cuts_padding_against_row_count_slices():
     by_tokens = _padded_tokens(batch, plan_micro_batches(batch, 1, 4, 48))
     assert real <= by_tokens < by_count, (real, by_tokens, by_count)
     # The count-based plan is the contiguous slicing the trainer always did.
-    assert plan_micro_batches(batch, 2, 4, 0) == [[list(range(0, 2)), list(range(2, 5))],
-                                                  [list(range(0, 3)), list(range(3, 6))]]
+    assert plan_micro_batches(batch, 2, 4, 0) == [
+        [list(range(0, 2)), list(range(2, 5))],
+        [list(range(0, 3)), list(range(3, 6))],
+    ]
 
 
-@pytest.mark.parametrize("name,agg", [(n, a) for n in ("grpo", "gspo", "cispo", "decoupled_ppo")
-                                      for a in ("token_mean", "seq_mean", "fixed_horizon")
-                                      if n != "gspo" or a == "seq_mean"])  # gspo refuses other aggregations
+@pytest.mark.parametrize(
+    "name,agg",
+    [
+        (n, a)
+        for n in ("grpo", "gspo", "cispo", "decoupled_ppo")
+        for a in ("token_mean", "seq_mean", "fixed_horizon")
+        if n != "gspo" or a == "seq_mean"
+    ],
+)  # gspo refuses other aggregations
 def test_token_budget_micro_batches_give_the_full_batch_gradient(name, agg):
     """Sorted, token-packed micro-batches on 2 ranks (each re-padded to its own length) give the
     gradient and metrics of one full-batch pass: the losses only sum rows over global normalisers."""
@@ -203,9 +232,18 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(name, agg):
         logits = torch.log_softmax(theta[None, None, :] + 0.1 * ctx.gather(1, t["positions"])[..., None], -1)
         lp = logits.gather(-1, t["targets"][..., None])[..., 0]
         ent = -(logits.exp() * logits).sum(-1)
-        inp = LossInputs(lp, t["old_logprobs"].double(), t["advantages"].double(), t["mask"].double(),
-                         ref_logprobs=t["ref_logprobs"].double(), prox_logprobs=lp.detach(), entropy=ent,
-                         total_tokens=total_tokens, total_seqs=total_seqs, dp_world_size=world)
+        inp = LossInputs(
+            lp,
+            t["old_logprobs"].double(),
+            t["advantages"].double(),
+            t["mask"].double(),
+            ref_logprobs=t["ref_logprobs"].double(),
+            prox_logprobs=lp.detach(),
+            entropy=ent,
+            total_tokens=total_tokens,
+            total_seqs=total_seqs,
+            dp_world_size=world,
+        )
         loss, metrics = compute_loss(cfg, inp)
         loss.backward()
         return metrics

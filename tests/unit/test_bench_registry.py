@@ -16,8 +16,13 @@ def _bench_modules() -> set[str]:
     found = set()
     for path in BENCH_DIR.glob("*.py"):
         names = {n.name for n in ast.parse(path.read_text()).body if isinstance(n, ast.FunctionDef)}
-        names |= {t.id for n in ast.parse(path.read_text()).body if isinstance(n, ast.Assign)
-                  for t in n.targets if isinstance(t, ast.Name)}
+        names |= {
+            t.id
+            for n in ast.parse(path.read_text()).body
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+            if isinstance(t, ast.Name)
+        }
         if {"HELP", "add_arguments", "run"} <= names:
             found.add(path.stem)
     return found

@@ -10,8 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from streamrl.logprobs import chunked_logprobs, gathered_logprobs
-from streamrl.logprobs import token_logprobs
+from streamrl.logprobs import chunked_logprobs, gathered_logprobs, token_logprobs
 
 N, D, V, T = 37, 6, 50, 0.7
 
@@ -35,7 +34,7 @@ def objective(logp, ent, seed: int = 1):
     """A loss that weighs every token differently, so a wrong per-token gradient shows."""
     g = torch.Generator().manual_seed(seed)
     a = torch.randn(logp.shape, generator=g, dtype=logp.dtype)
-    out = (a * logp).sum() + (logp ** 2).sum()
+    out = (a * logp).sum() + (logp**2).sum()
     return out if ent is None else out + (torch.randn(ent.shape, generator=g, dtype=ent.dtype) * ent).sum()
 
 

@@ -80,11 +80,14 @@ def test_supervisor_devices_pin_each_role_process_to_its_gpus(tmp_path):
     assert sup.child_env("reward", "reward-0").get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-@pytest.mark.parametrize("sets, fix", [
-    (["supervisor.devices={generator: ['0;1']}"], 'e.g. ["0", "1"]'),
-    (["weights.backend=cuda_ipc", "supervisor.devices={generator: ['1']}"], "set weights.backend=shm"),
-    (["trainer.device=cuda", "trainer.world_size=2", "supervisor.devices={trainer: ['0']}"], "one GPU per rank"),
-])
+@pytest.mark.parametrize(
+    "sets, fix",
+    [
+        (["supervisor.devices={generator: ['0;1']}"], 'e.g. ["0", "1"]'),
+        (["weights.backend=cuda_ipc", "supervisor.devices={generator: ['1']}"], "set weights.backend=shm"),
+        (["trainer.device=cuda", "trainer.world_size=2", "supervisor.devices={trainer: ['0']}"], "one GPU per rank"),
+    ],
+)
 def test_bad_supervisor_devices_name_the_fix(sets, fix):
     with pytest.raises(ConfigError, match=re.escape(fix)):
         load_config(overrides=sets)

@@ -49,8 +49,10 @@ def task(**kw) -> TaskConfig:
 
 
 def expected(rows: list[dict]) -> list[dict]:
-    return [{"text": f"Q: {r['q']}\nA:", "meta": {"task": "dataset", "answer": str(r["a"]), "level": r["level"]}}
-            for r in rows]
+    return [
+        {"text": f"Q: {r['q']}\nA:", "meta": {"task": "dataset", "answer": str(r["a"]), "level": r["level"]}}
+        for r in rows
+    ]
 
 
 def test_local_jsonl_and_parquet_give_the_same_items(tmp_path):
@@ -66,8 +68,10 @@ def test_hf_folder_split_and_builder_with_data_files(tmp_path):
     write_jsonl(folder / "test.jsonl", RECORDS[4:])
     assert load_task(task(path=str(folder)), seed=0) == expected(RECORDS[:4])
     assert load_task(task(dataset={"path": str(folder), "split": "test"}), seed=0) == expected(RECORDS[4:])
-    files = {"train": str(write_parquet(tmp_path / "p" / "a.parquet", RECORDS[:3])),
-             "test": str(write_parquet(tmp_path / "p" / "b.parquet", RECORDS[3:]))}
+    files = {
+        "train": str(write_parquet(tmp_path / "p" / "a.parquet", RECORDS[:3])),
+        "test": str(write_parquet(tmp_path / "p" / "b.parquet", RECORDS[3:])),
+    }
     cfg = task(dataset={"path": "parquet", "data_files": files, "split": "test"})
     assert load_task(cfg, seed=0) == expected(RECORDS[3:])
 
@@ -82,8 +86,9 @@ def test_streaming_reads_only_max_items(tmp_path):
 
 
 def test_chat_messages_use_the_tokenizer_chat_template(tmp_path):
-    rows = [{"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}],
-             "answer": "4"}]
+    rows = [
+        {"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "2+2?"}], "answer": "4"}
+    ]
     cfg = task(path=str(write_jsonl(tmp_path / "chat.jsonl", rows)), fields={"messages": "messages"})
     tok = build_tokenizer()
     with pytest.raises(ConfigError, match="needs a tokenizer with a chat template"):
@@ -98,8 +103,10 @@ def test_gsm8k_is_a_preset_of_the_same_loader(tmp_path):
     folder = tmp_path / "gsm"
     write_parquet(folder / "train.parquet", rows)
     items = load_task(TaskConfig(name="gsm8k", path=str(folder)), seed=0)
-    assert items == [{"text": "6*7?\nAnswer:", "meta": {"task": "gsm8k", "answer": "42"}},
-                     {"text": "big?\nAnswer:", "meta": {"task": "gsm8k", "answer": "1250"}}]
+    assert items == [
+        {"text": "6*7?\nAnswer:", "meta": {"task": "gsm8k", "answer": "42"}},
+        {"text": "big?\nAnswer:", "meta": {"task": "gsm8k", "answer": "1250"}},
+    ]
 
 
 def test_errors_name_the_record_and_the_fix(tmp_path):
@@ -119,8 +126,12 @@ def test_errors_name_the_record_and_the_fix(tmp_path):
 
 def test_preflight_checks_the_eval_task_too(tmp_path):
     good = str(write_jsonl(tmp_path / "d.jsonl", RECORDS))
-    cfg = Config.model_validate({"task": {**TASK, "path": good},
-                                 "eval": {"every_steps": 5, "task": {**TASK, "path": str(tmp_path / "test.jsonl")}}})
+    cfg = Config.model_validate(
+        {
+            "task": {**TASK, "path": good},
+            "eval": {"every_steps": 5, "task": {**TASK, "path": str(tmp_path / "test.jsonl")}},
+        }
+    )
     assert "eval.task.path=" in check_task(cfg) and "set eval.task.path" in check_task(cfg)
     cfg.eval.every_steps = None  # eval off: its task is not read
     assert check_task(cfg) is None

@@ -13,7 +13,9 @@ class EngineDeadError(Exception):
 
 def test_engine_dead_inside_a_task_group_is_recognised():
     assert _is_engine_dead(EngineDeadError("core died"))
-    assert _is_engine_dead(ExceptionGroup("unhandled errors in a TaskGroup", [EngineDeadError("a"), EngineDeadError("b")]))
+    assert _is_engine_dead(
+        ExceptionGroup("unhandled errors in a TaskGroup", [EngineDeadError("a"), EngineDeadError("b")])
+    )
     nested = ExceptionGroup("outer", [ValueError("x"), ExceptionGroup("inner", [EngineDeadError("c")])])
     assert _is_engine_dead(nested)
     assert not _is_engine_dead(ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("transient")]))

@@ -27,9 +27,14 @@ def test_spec_parsing_and_config_errors():
         Config.model_validate({"task": {"name": "env"}, "env": {"fn": "charclass_dialog"}})
 
 
-@pytest.mark.parametrize("game, fix", [("GuessTheNumbr-v0", "did you mean GuessTheNumber-v0"),
-                                       ("TicTacToe-v0", "runs single-player games"),
-                                       ("Wordle-v0", "needs data that is not installed")])
+@pytest.mark.parametrize(
+    "game, fix",
+    [
+        ("GuessTheNumbr-v0", "did you mean GuessTheNumber-v0"),
+        ("TicTacToe-v0", "runs single-player games"),
+        ("Wordle-v0", "needs data that is not installed"),
+    ],
+)
 def test_unusable_games_fail_at_start_with_the_fix(game, fix):
     with pytest.raises(ConfigError, match=fix):
         resolve_env(f"textarena:{game}")
@@ -46,7 +51,7 @@ def test_prompts_are_the_games_first_observations_and_steps_return_only_new_text
     items = load_task(cfg.task, 7, job=cfg)
     assert [i["meta"]["seed"] for i in items] == [7, 8, 9]
     assert all("Guess The Number" in i["text"] for i in items)
-    (obs, _, done), = play(resolve_env(GAME), items[0], ["[10]"])
+    ((obs, _, done),) = play(resolve_env(GAME), items[0], ["[10]"])
     assert obs.startswith("\n[Player] [10]") and "Guess The Number" not in obs
     assert done or "target number is" in obs
 

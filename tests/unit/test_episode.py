@@ -10,10 +10,10 @@ from streamrl.messages import Observation, Rollout, StepRequest, decode, encode
 
 def episode() -> EpisodeSample:
     s = EpisodeSample([1, 40])
-    s.add_model([5, 6], [-0.5, -0.25], version=3)   # turn 1, weights v3
-    s.add_observation([70, 71, 72])                  # env answer
-    s.add_model([7], [-1.0], version=3)              # turn 2 starts on v3 ...
-    s.add_model([8, 9], [-2.0, -3.0], version=4)     # ... and a switch to v4 lands mid-turn
+    s.add_model([5, 6], [-0.5, -0.25], version=3)  # turn 1, weights v3
+    s.add_observation([70, 71, 72])  # env answer
+    s.add_model([7], [-1.0], version=3)  # turn 2 starts on v3 ...
+    s.add_model([8, 9], [-2.0, -3.0], version=4)  # ... and a switch to v4 lands mid-turn
     s.add_observation([73])
     s.add_model([10], [-0.1], version=5)
     return s
@@ -73,8 +73,15 @@ def test_prefix_break_rule():
 
 
 def test_step_request_and_observation_round_trip_and_validate():
-    req = StepRequest(episode_id="g1:0:ab", group_id="g1", sample=0, turn=1, item={"text": "?", "meta": {"cls": "x"}},
-                      actions=["a", "b"], reply_to="generator-0")
+    req = StepRequest(
+        episode_id="g1:0:ab",
+        group_id="g1",
+        sample=0,
+        turn=1,
+        item={"text": "?", "meta": {"cls": "x"}},
+        actions=["a", "b"],
+        reply_to="generator-0",
+    )
     assert decode(encode(req)) == req
     obs = Observation(episode_id="g1:0:ab", turn=1, text="digits:", reward=0.5, done=True, env_worker="env-0")
     assert decode(encode(obs)) == obs
@@ -82,8 +89,12 @@ def test_step_request_and_observation_round_trip_and_validate():
         fields = {**req.__dict__, **bad}
         with pytest.raises(DecodeError, match=why):
             decode(encode(StepRequest(**fields)))
-    for bad, why in ((dict(done=1), "done must be a bool"), (dict(reward=float("nan")), "NaN"),
-                     (dict(text=5), "text must be a string"), (dict(error_kind="x"), "error_kind")):
+    for bad, why in (
+        (dict(done=1), "done must be a bool"),
+        (dict(reward=float("nan")), "NaN"),
+        (dict(text=5), "text must be a string"),
+        (dict(error_kind="x"), "error_kind"),
+    ):
         with pytest.raises(DecodeError, match=why):
             decode(encode(Observation(**{**obs.__dict__, **bad})))
 
@@ -92,14 +103,31 @@ def test_episode_metrics_of_a_batch():
     from streamrl.episode import episode_metrics
 
     def r(turns, steps, env_tokens):
-        return Rollout(rollout_id="g0:0", group_id="g0", sample=0, group_size=1, prompt_ids=np.array([1]),
-                       completion_ids=np.array([5]), logprobs=np.array([-1.0]), version=0,
-                       meta={"turns": turns, "env_step_s": steps, "env_tokens": env_tokens})
+        return Rollout(
+            rollout_id="g0:0",
+            group_id="g0",
+            sample=0,
+            group_size=1,
+            prompt_ids=np.array([1]),
+            completion_ids=np.array([5]),
+            logprobs=np.array([-1.0]),
+            version=0,
+            meta={"turns": turns, "env_step_s": steps, "env_tokens": env_tokens},
+        )
+
     m = episode_metrics([r(2, [0.1, 0.3], 5), r(1, [0.2], 0)])
     assert m["turns_mean"] == 1.5 and m["env_tokens"] == 5
     assert m["env_step_s_p50"] == pytest.approx(0.2) and 0.29 < m["env_step_s_p99"] <= 0.3
-    single = Rollout(rollout_id="g0:0", group_id="g0", sample=0, group_size=1, prompt_ids=np.array([1]),
-                     completion_ids=np.array([5]), logprobs=np.array([-1.0]), version=0)
+    single = Rollout(
+        rollout_id="g0:0",
+        group_id="g0",
+        sample=0,
+        group_size=1,
+        prompt_ids=np.array([1]),
+        completion_ids=np.array([5]),
+        logprobs=np.array([-1.0]),
+        version=0,
+    )
     assert episode_metrics([single]) == {}
 
 
@@ -107,11 +135,21 @@ def test_an_episode_checkpoint_round_trips_and_continues_where_it_stopped():
     from streamrl.messages import EpisodeState
 
     s = episode()
-    st = EpisodeState(episode_id="g0:0:a", group_id="g0", sample=0, turn=2, actions=["a", "b", "c"],
-                      texts=["a", "x", "b", "y", "c"], step_s=[0.1, 0.2], env_reward=1.5, **s.rollout_fields())
+    st = EpisodeState(
+        episode_id="g0:0:a",
+        group_id="g0",
+        sample=0,
+        turn=2,
+        actions=["a", "b", "c"],
+        texts=["a", "x", "b", "y", "c"],
+        step_s=[0.1, 0.2],
+        env_reward=1.5,
+        **s.rollout_fields(),
+    )
     back = decode(encode(st), expect=EpisodeState)
-    r = EpisodeSample.restore(back.prompt_ids, back.completion_ids, back.logprobs, back.version,
-                              back.version_switches, back.obs_spans)
+    r = EpisodeSample.restore(
+        back.prompt_ids, back.completion_ids, back.logprobs, back.version, back.version_switches, back.obs_spans
+    )
     assert r.context == s.context and r.model_tokens == s.model_tokens
     assert np.array_equal(np.float32(r.logprobs), np.float32(s.logprobs))  # float32 on the wire, as in a rollout
     assert r.token_versions().tolist() == s.token_versions().tolist() and r.obs_spans == s.obs_spans

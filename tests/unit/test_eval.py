@@ -91,8 +91,9 @@ def test_ids_and_answer_keys():
 
 def test_eval_config():
     assert Config().eval.every_steps is None
-    cfg = Config.model_validate({"eval": {"every_steps": 10, "samples": 4, "pass_k": [1, 2],
-                                          "task": {"name": "charclass", "num_prompts": 8}}})
+    cfg = Config.model_validate(
+        {"eval": {"every_steps": 10, "samples": 4, "pass_k": [1, 2], "task": {"name": "charclass", "num_prompts": 8}}}
+    )
     assert cfg.eval.task.num_prompts == 8
     with pytest.raises(ValidationError, match=r"eval.pass_k=\[8\] needs every k in \[1, eval.samples=4\]"):
         EvalConfig(samples=4, pass_k=[8])

@@ -33,12 +33,19 @@ def test_streak_bound_none_never_stops():
 
 def test_dead_letter_causes_and_first_record():
     counts = FailureCounts()
-    for reason in ["reward function raised ValueError: boom", "reward function returned nan",
-                   "reward function raised ValueError: other"]:
+    for reason in [
+        "reward function raised ValueError: boom",
+        "reward function returned nan",
+        "reward function raised ValueError: other",
+    ]:
         counts.add(parse_record(f'{{"reason": "{reason}", "worker": "reward-0", "stream": "s"}}\n'.encode() + b"\xff"))
     counts.add(parse_record(b"not json"))
     line = counts.line()
-    assert "4 entries" in line and "reward function raised ValueError: 2" in line and "reward function returned nan: 1" in line
+    assert (
+        "4 entries" in line
+        and "reward function raised ValueError: 2" in line
+        and "reward function returned nan: 1" in line
+    )
     assert "first: reward function raised ValueError: boom [reward-0, s]" in line
     assert cause("token ids outside the vocabulary [0, 5)") == "token ids outside the vocabulary [0, 5)"
 

@@ -11,8 +11,11 @@ from workers.join_policy import TIMEOUT_PRODUCER, JoinPolicy
 
 
 def policy(*external, reward_weight=1.0, kl_beta=0.0) -> JoinPolicy:
-    return JoinPolicy(Config.model_validate({"loss": {"kl_beta": kl_beta},
-                                             "annotations": {"reward_weight": reward_weight, "external": list(external)}}))
+    return JoinPolicy(
+        Config.model_validate(
+            {"loss": {"kl_beta": kl_beta}, "annotations": {"reward_weight": reward_weight, "external": list(external)}}
+        )
+    )
 
 
 def test_required_annotations_include_external_keys():
@@ -21,8 +24,16 @@ def test_required_annotations_include_external_keys():
     assert cfg.annotations.external[1].on_timeout == "default" and cfg.annotations.external[1].timeout_s == 30
 
 
-@pytest.mark.parametrize("bad", ["[{key: reward}]", "[{key: j}, {key: j}]", "[{key: 'a b'}]",
-                                 "[{key: j, on_timeout: retry}]", "[{key: j, timeout_s: 0}]"])
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "[{key: reward}]",
+        "[{key: j}, {key: j}]",
+        "[{key: 'a b'}]",
+        "[{key: j, on_timeout: retry}]",
+        "[{key: j, timeout_s: 0}]",
+    ],
+)
 def test_bad_external_specs_are_rejected_with_the_field(bad):
     with pytest.raises(ConfigError, match="annotations.external"):
         load_config(None, [f"annotations.external={bad}"])
@@ -37,8 +48,10 @@ def test_missing_lists_keys_any_rollout_lacks():
 
 
 def test_verdicts_wait_then_apply_each_keys_policy():
-    p = policy({"key": "judge", "timeout_s": 5, "on_timeout": "default"},
-               {"key": "sandbox", "timeout_s": 10, "on_timeout": "drop"})
+    p = policy(
+        {"key": "judge", "timeout_s": 5, "on_timeout": "default"},
+        {"key": "sandbox", "timeout_s": 10, "on_timeout": "drop"},
+    )
     assert p.verdict(set(), 0) == "ready"
     assert p.verdict({"judge"}, 4.9) == "wait"
     assert p.verdict({"judge"}, 5.0) == "default"
@@ -58,10 +71,18 @@ def test_errors_fail_builtin_keys_and_follow_policy_for_external_ones():
 
 def test_combine_is_the_configured_weighted_sum_and_keeps_each_part():
     p = policy({"key": "judge", "weight": 0.5}, {"key": "len", "weight": -2.0}, reward_weight=0.25)
-    rows = [{"reward": Annotation("g:0", "reward", 1.0), "judge": Annotation("g:0", "judge", 0.4),
-             "len": Annotation("g:0", "len", 0.1)},
-            {"reward": Annotation("g:1", "reward", 0.0), "judge": Annotation("g:1", "judge", 1),
-             "len": Annotation("g:1", "len", 0.0)}]
+    rows = [
+        {
+            "reward": Annotation("g:0", "reward", 1.0),
+            "judge": Annotation("g:0", "judge", 0.4),
+            "len": Annotation("g:0", "len", 0.1),
+        },
+        {
+            "reward": Annotation("g:1", "reward", 0.0),
+            "judge": Annotation("g:1", "judge", 1),
+            "len": Annotation("g:1", "len", 0.0),
+        },
+    ]
     parts = p.components(rows)
     assert list(parts) == ["reward", "judge", "len"]
     np.testing.assert_allclose(parts["judge"], [0.4, 1.0])

@@ -18,7 +18,7 @@ async def test_barrier_waits_for_every_live_episode_and_leavers_release_it():
     wb = asyncio.create_task(ls.wait("b"))
     await asyncio.sleep(0.01)
     assert not wa.done() and not wb.done()  # c has not answered yet
-    await ls.leave("c")                      # c's episode ended instead
+    await ls.leave("c")  # c's episode ended instead
     await asyncio.wait_for(asyncio.gather(wa, wb), 1)
     # The next round starts empty: a alone waits for b again.
     wa = asyncio.create_task(ls.wait("a"))

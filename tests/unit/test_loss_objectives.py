@@ -112,7 +112,9 @@ def make_batch():
         lv = [-1.0 - 0.3 * t - 0.1 * b for t in range(n)]
         lbv = [lv[t] - lrs[t] for t in range(n)]
         lpv = [lv[t] - PROX_GAP[b][t] for t in range(n)]
-        l[b, :n], lb[b, :n], lprox[b, :n], mask[b, :n] = (torch.tensor(x, dtype=torch.float64) for x in (lv, lbv, lpv, [1.0] * n))
+        l[b, :n], lb[b, :n], lprox[b, :n], mask[b, :n] = (
+            torch.tensor(x, dtype=torch.float64) for x in (lv, lbv, lpv, [1.0] * n)
+        )
         seqs.append((lv, lbv, lpv, ADV[b]))
     return l, lb, lprox, mask, seqs
 
@@ -174,8 +176,9 @@ def test_ppo_clip_fractions_and_ratio_metrics():
     assert m["abs_log_ratio_mean"] == pytest.approx(sum(abs(x) for x in flat) / ntok)
 
 
-@pytest.mark.parametrize("name", ["grpo", "gspo", "cispo", "sapo", "tis", "decoupled_ppo", "clipped_reinforce",
-                                  "reinforce"])
+@pytest.mark.parametrize(
+    "name", ["grpo", "gspo", "cispo", "sapo", "tis", "decoupled_ppo", "clipped_reinforce", "reinforce"]
+)
 def test_equal_rewards_give_zero_policy_gradient(name):
     from streamrl.advantages import batch_advantages
 

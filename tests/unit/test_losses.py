@@ -1,6 +1,6 @@
 """Loss registry, config validation, KL estimators, and exact micro-batch / data-parallel scaling.
 
-    pytest tests/unit/test_losses.py -q
+pytest tests/unit/test_losses.py -q
 """
 
 from __future__ import annotations
@@ -16,11 +16,19 @@ from pydantic import ValidationError
 from streamrl.config import Config, LossConfig
 from streamrl.errors import ConfigError
 from streamrl.losses import (
-    BUILTIN_LOSSES, LossInputs, LossSettings, available_losses, compute_loss, get_objective,
-    loss_requirements, loss_settings, register_loss, resolve_loss,
+    BUILTIN_LOSSES,
+    LossInputs,
+    LossSettings,
+    available_losses,
+    compute_loss,
+    get_objective,
+    loss_requirements,
+    loss_settings,
+    register_loss,
+    resolve_loss,
 )
-from streamrl.preflight import check_loss_fn
 from streamrl.losses.core import kl_estimate
+from streamrl.preflight import check_loss_fn
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +78,12 @@ def test_each_objective_declares_its_settings_and_defaults():
     assert (sapo.sapo_tau_pos, sapo.sapo_tau_neg, sapo.aggregation) == (1.0, 1.05, "seq_mean")  # the paper's
     assert resolved(name="sapo", aggregation="token_mean").aggregation == "token_mean"  # a default, not fixed
     grpo = resolved()
-    assert (grpo.eps_high, grpo.aggregation, grpo.advantage, grpo.dual_clip_c) == (0.2, "token_mean", "group_norm", None)
+    assert (grpo.eps_high, grpo.aggregation, grpo.advantage, grpo.dual_clip_c) == (
+        0.2,
+        "token_mean",
+        "group_norm",
+        None,
+    )
     dr = resolved(name="dr_grpo")
     assert (dr.advantage, dr.aggregation, dr.horizon) == ("group_mean", "fixed_horizon", Config().generator.max_tokens)
     assert resolved(name="tis").tis_cap == 2.0 and resolved(name="decoupled_ppo").behav_weight_cap == 5.0
@@ -101,8 +114,10 @@ def test_resolving_does_not_change_the_config():
     before = cfg.model_dump()
     assert resolve_loss(cfg).horizon == 24
     assert cfg.model_dump() == before and cfg.loss.horizon is None
-    assert resolve_loss(cfg.model_copy(update={"generator": cfg.generator.model_copy(update={"max_tokens": 8})})
-                        ).horizon == 8  # follows generator.max_tokens, not a value written at validation
+    assert (
+        resolve_loss(cfg.model_copy(update={"generator": cfg.generator.model_copy(update={"max_tokens": 8})})).horizon
+        == 8
+    )  # follows generator.max_tokens, not a value written at validation
     assert loss_settings(LossConfig(name="dr_grpo", horizon=5), max_tokens=24).horizon == 5
 
 
@@ -110,7 +125,10 @@ def test_requirements_and_missing_inputs():
     assert loss_requirements(LossConfig()) == set()
     assert isinstance(LossSettings(), LossConfig)
     assert loss_requirements(LossConfig(name="decoupled_ppo", kl_beta=0.1, entropy_coef=0.01)) == {
-        "prox_logprobs", "ref_logprobs", "entropy"}
+        "prox_logprobs",
+        "ref_logprobs",
+        "entropy",
+    }
     x = torch.zeros(2, 3)
     with pytest.raises(ValueError, match="needs LossInputs.prox_logprobs"):
         compute_loss(LossConfig(name="decoupled_ppo"), LossInputs(x, x, torch.zeros(2), torch.ones(2, 3)))
@@ -159,8 +177,16 @@ def _inputs(theta, rows, base):
 
 
 # Every objective with every aggregation it allows (dr_grpo, dapo and gspo fix theirs).
-@pytest.mark.parametrize("name,agg", [(n, a) for n in sorted(BUILTIN_LOSSES) if n not in ("dr_grpo", "dapo")
-                                      for a in AGGS if n != "gspo" or a == "seq_mean"])
+@pytest.mark.parametrize(
+    "name,agg",
+    [
+        (n, a)
+        for n in sorted(BUILTIN_LOSSES)
+        if n not in ("dr_grpo", "dapo")
+        for a in AGGS
+        if n != "gspo" or a == "seq_mean"
+    ],
+)
 def test_microbatch_and_rank_split_gives_the_full_batch_gradient(name, agg):
     g = torch.Generator().manual_seed(1)
     B, T, P = 8, 6, 3
@@ -168,17 +194,32 @@ def test_microbatch_and_rank_split_gives_the_full_batch_gradient(name, agg):
     mask = (torch.arange(T)[None] < lengths[:, None]).double()
     feats = torch.randn(B, T, P, generator=g, dtype=torch.float64)
     l_old = -torch.rand(B, T, generator=g, dtype=torch.float64) * 3
-    base = (feats, l_old, l_old + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64),
-            l_old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64),
-            torch.randn(B, generator=g, dtype=torch.float64), mask)
+    base = (
+        feats,
+        l_old,
+        l_old + 0.2 * torch.randn(B, T, generator=g, dtype=torch.float64),
+        l_old + 0.3 * torch.randn(B, T, generator=g, dtype=torch.float64),
+        torch.randn(B, generator=g, dtype=torch.float64),
+        mask,
+    )
     theta0 = 0.3 * torch.randn(P, generator=g, dtype=torch.float64)
     eps = {"eps_low": 0.2, "eps_high": 0.25} if "eps_low" in get_objective(name).settings.model_fields else {}
     cfg = LossConfig(name=name, aggregation=agg, horizon=6, kl_beta=0.05, entropy_coef=0.01, **eps)
 
     def run(rows, tokens, seqs, world, theta):
         lp, ref, prox, adv, m, ent = _inputs(theta, rows, base)
-        inp = LossInputs(lp, base[1][rows], adv, m, ref_logprobs=ref, prox_logprobs=prox,
-                         entropy=ent, total_tokens=tokens, total_seqs=seqs, dp_world_size=world)
+        inp = LossInputs(
+            lp,
+            base[1][rows],
+            adv,
+            m,
+            ref_logprobs=ref,
+            prox_logprobs=prox,
+            entropy=ent,
+            total_tokens=tokens,
+            total_seqs=seqs,
+            dp_world_size=world,
+        )
         loss, metrics = compute_loss(cfg, inp)
         loss.backward()
         return metrics

@@ -1,6 +1,6 @@
 """The wire codec (streamrl/messages.py): round trips, the packed-array format, and rejections.
 
-    pytest tests/unit/test_messages.py
+pytest tests/unit/test_messages.py
 """
 
 from __future__ import annotations
@@ -15,14 +15,36 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from streamrl.errors import DecodeError
-from streamrl.messages import (MAX_ENTRY_BYTES, SCHEMA_VERSION, Annotation, Control, Prompt, Rollout, decode,
-                               encode, pack_f32, pack_i32)
+from streamrl.messages import (
+    MAX_ENTRY_BYTES,
+    SCHEMA_VERSION,
+    Annotation,
+    Control,
+    Prompt,
+    Rollout,
+    decode,
+    encode,
+    pack_f32,
+    pack_i32,
+)
 
 
 def _rollout(**kw) -> Rollout:
-    base = dict(rollout_id="g7:1", group_id="g7", sample=1, group_size=4, prompt_ids=np.array([5, 6, 7]),
-                completion_ids=np.array([1, -2, 70000]), logprobs=np.array([-0.25, -1.5, -3.0]), version=3,
-                version_switches=[[2, 4]], finish_reason="stop", text="abc", meta={"answer": "42"}, worker="gen-0")
+    base = dict(
+        rollout_id="g7:1",
+        group_id="g7",
+        sample=1,
+        group_size=4,
+        prompt_ids=np.array([5, 6, 7]),
+        completion_ids=np.array([1, -2, 70000]),
+        logprobs=np.array([-0.25, -1.5, -3.0]),
+        version=3,
+        version_switches=[[2, 4]],
+        finish_reason="stop",
+        text="abc",
+        meta={"answer": "42"},
+        worker="gen-0",
+    )
     return Rollout(**{**base, **kw})
 
 
@@ -47,15 +69,28 @@ def _blob(data: dict) -> bytes:
     return msgpack.packb(data, use_bin_type=True)
 
 
-@pytest.mark.parametrize("msg", [
-    Prompt(group_id="g1", prompt_ids=np.array([1, 2, 3]), group_size=8, admitted_version=2, text="hi",
-           meta={"answer": 3}, index=11),
-    _rollout(),
-    _rollout(completion_ids=np.array([], dtype=np.int32), logprobs=np.array([], dtype=np.float32), version_switches=[]),
-    Annotation(rollout_id="g7:1", key="reward", value=0.75, producer="reward-0"),
-    Annotation(rollout_id="g7:1", key="ref_logprobs", value=np.array([-0.5, -1.0], dtype=np.float32)),
-    Control(action="weights", version=5, reason="published"),
-], ids=lambda m: m.kind)
+@pytest.mark.parametrize(
+    "msg",
+    [
+        Prompt(
+            group_id="g1",
+            prompt_ids=np.array([1, 2, 3]),
+            group_size=8,
+            admitted_version=2,
+            text="hi",
+            meta={"answer": 3},
+            index=11,
+        ),
+        _rollout(),
+        _rollout(
+            completion_ids=np.array([], dtype=np.int32), logprobs=np.array([], dtype=np.float32), version_switches=[]
+        ),
+        Annotation(rollout_id="g7:1", key="reward", value=0.75, producer="reward-0"),
+        Annotation(rollout_id="g7:1", key="ref_logprobs", value=np.array([-0.5, -1.0], dtype=np.float32)),
+        Control(action="weights", version=5, reason="published"),
+    ],
+    ids=lambda m: m.kind,
+)
 def test_round_trip(msg):
     back = decode(encode(msg))
     assert _same(back, msg)
@@ -84,34 +119,40 @@ def _with(msg, **changes) -> bytes:
     return _blob({**_raw(msg), **changes})
 
 
-@pytest.mark.parametrize("blob, reason", [
-    (_with(Control(action="stop"), schema=SCHEMA_VERSION + 1), "unknown schema version"),
-    (_blob({"kind": "control", "action": "stop"}), "unknown schema version"),
-    (_with(Control(action="stop"), kind="telegram"), "unknown message kind"),
-    (_with(Control(action="stop"), version="3"), "control.version must be an int"),
-    (_with(Control(action="stop"), version=True), "control.version must be an int"),
-    (_with(_rollout(), group_id=7), "rollout.group_id must be a string"),
-    (_with(_rollout(), meta=[1, 2]), "rollout.meta must be a map"),
-    (_with(_rollout(), version_switches={"2": 4}), "rollout.version_switches must be a list"),
-    (_with(_rollout(), version_switches=[[2]]), "version_switches must be"),
-    (_with(_rollout(), logprobs=pack_f32([-0.1, float("nan"), -0.3])), "NaN or inf"),
-    (_with(_rollout(), logprobs=pack_f32([-0.1, float("-inf"), -0.3])), "NaN or inf"),
-    (_with(_rollout(), logprobs=pack_f32([-0.1, -0.2])), "differ in length"),
-    (_with(_rollout(), completion_ids=b"\x01\x02\x03"), "divisible by 4"),
-    (_with(_rollout(), completion_ids=[1, 2, 3]), "int32 array must be bytes"),
-    (_with(_rollout(), sample=4), "sample must be in [0, group_size)"),
-    (_blob({"schema": SCHEMA_VERSION, "kind": "rollout", "rollout_id": "x"}), "missing required field(s) group_id"),
-    (_with(Prompt(group_id="g", prompt_ids=np.array([1]), group_size=1, admitted_version=0), group_size=0),
-     "group_size must be >= 1"),
-    (_with(Annotation(rollout_id="r", key="reward", value=1.0), value=float("nan")), "NaN or inf"),
-    (_with(Annotation(rollout_id="r", key="reward", value=1.0), value="0.5"), "must be a number"),
-    (_with(Annotation(rollout_id="r", key="reward", value=1.0), value=1e39), "beyond the float32 range"),
-    (_with(Annotation(rollout_id="r", key="reward", value=1.0), value=True), "must be a number"),
-    (_with(Annotation(rollout_id="r", key="k", value=1.0), value=pack_f32([1.0, float("inf")])), "NaN or inf"),
-    (b"\xc1\xc1 definitely not msgpack", "not valid msgpack"),
-    (msgpack.packb([1, 2, 3]), "must be a msgpack map"),
-    (msgpack.packb({1: "int key"}), "not valid msgpack"),
-], ids=lambda v: v if isinstance(v, str) else None)
+@pytest.mark.parametrize(
+    "blob, reason",
+    [
+        (_with(Control(action="stop"), schema=SCHEMA_VERSION + 1), "unknown schema version"),
+        (_blob({"kind": "control", "action": "stop"}), "unknown schema version"),
+        (_with(Control(action="stop"), kind="telegram"), "unknown message kind"),
+        (_with(Control(action="stop"), version="3"), "control.version must be an int"),
+        (_with(Control(action="stop"), version=True), "control.version must be an int"),
+        (_with(_rollout(), group_id=7), "rollout.group_id must be a string"),
+        (_with(_rollout(), meta=[1, 2]), "rollout.meta must be a map"),
+        (_with(_rollout(), version_switches={"2": 4}), "rollout.version_switches must be a list"),
+        (_with(_rollout(), version_switches=[[2]]), "version_switches must be"),
+        (_with(_rollout(), logprobs=pack_f32([-0.1, float("nan"), -0.3])), "NaN or inf"),
+        (_with(_rollout(), logprobs=pack_f32([-0.1, float("-inf"), -0.3])), "NaN or inf"),
+        (_with(_rollout(), logprobs=pack_f32([-0.1, -0.2])), "differ in length"),
+        (_with(_rollout(), completion_ids=b"\x01\x02\x03"), "divisible by 4"),
+        (_with(_rollout(), completion_ids=[1, 2, 3]), "int32 array must be bytes"),
+        (_with(_rollout(), sample=4), "sample must be in [0, group_size)"),
+        (_blob({"schema": SCHEMA_VERSION, "kind": "rollout", "rollout_id": "x"}), "missing required field(s) group_id"),
+        (
+            _with(Prompt(group_id="g", prompt_ids=np.array([1]), group_size=1, admitted_version=0), group_size=0),
+            "group_size must be >= 1",
+        ),
+        (_with(Annotation(rollout_id="r", key="reward", value=1.0), value=float("nan")), "NaN or inf"),
+        (_with(Annotation(rollout_id="r", key="reward", value=1.0), value="0.5"), "must be a number"),
+        (_with(Annotation(rollout_id="r", key="reward", value=1.0), value=1e39), "beyond the float32 range"),
+        (_with(Annotation(rollout_id="r", key="reward", value=1.0), value=True), "must be a number"),
+        (_with(Annotation(rollout_id="r", key="k", value=1.0), value=pack_f32([1.0, float("inf")])), "NaN or inf"),
+        (b"\xc1\xc1 definitely not msgpack", "not valid msgpack"),
+        (msgpack.packb([1, 2, 3]), "must be a msgpack map"),
+        (msgpack.packb({1: "int key"}), "not valid msgpack"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else None,
+)
 def test_malformed_payloads_raise_decode_error_with_the_reason(blob, reason):
     with pytest.raises(DecodeError) as err:
         decode(blob)
@@ -161,12 +202,20 @@ def rollouts(draw) -> Rollout:
     n = len(completion)
     switch_at = sorted(draw(st.lists(st.integers(0, n), max_size=3)))
     return Rollout(
-        rollout_id=draw(st.text(max_size=20)), group_id=draw(st.text(max_size=20)), sample=draw(st.integers(0, size - 1)),
-        group_size=size, prompt_ids=np.array(draw(_ids), dtype=np.int32), completion_ids=np.array(completion, dtype=np.int32),
+        rollout_id=draw(st.text(max_size=20)),
+        group_id=draw(st.text(max_size=20)),
+        sample=draw(st.integers(0, size - 1)),
+        group_size=size,
+        prompt_ids=np.array(draw(_ids), dtype=np.int32),
+        completion_ids=np.array(completion, dtype=np.int32),
         logprobs=np.array(draw(st.lists(_logprob, min_size=n, max_size=n)), dtype=np.float32),
-        version=draw(st.integers(0, 2**40)), version_switches=[[i, draw(st.integers(0, 2**40))] for i in switch_at],
-        finish_reason=draw(st.sampled_from(["stop", "length", "abort"])), text=draw(st.text(max_size=50)),
-        meta=draw(st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8), max_size=3)),
+        version=draw(st.integers(0, 2**40)),
+        version_switches=[[i, draw(st.integers(0, 2**40))] for i in switch_at],
+        finish_reason=draw(st.sampled_from(["stop", "length", "abort"])),
+        text=draw(st.text(max_size=50)),
+        meta=draw(
+            st.dictionaries(st.text(max_size=8), st.integers(-(2**63), 2**64 - 1) | st.text(max_size=8), max_size=3)
+        ),
         finished_at=draw(st.floats(0, 2e9)),
     )
 

@@ -26,7 +26,8 @@ def test_trainer_restarts_only_when_configured():
 def test_exit_descriptions_name_the_signal_and_oom_only_with_evidence():
     assert describe_exit(-signal.SIGKILL) == "killed by SIGKILL"  # kill -9, a runtime, ...: not "out of memory"
     assert describe_exit(-signal.SIGKILL, "killed by the kernel's OOM killer: out of memory (kernel log: ...)") == (
-        "killed by SIGKILL — killed by the kernel's OOM killer: out of memory (kernel log: ...)")
+        "killed by SIGKILL — killed by the kernel's OOM killer: out of memory (kernel log: ...)"
+    )
     assert describe_exit(-signal.SIGSEGV) == "killed by SIGSEGV"
     assert describe_exit(3) == "exited with code 3"
 

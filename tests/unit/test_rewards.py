@@ -78,7 +78,10 @@ def test_resolve_builtins_and_module_paths():
 @pytest.mark.parametrize(
     "spec, match",
     [
-        ("nonsense", r"not a built-in reward \(charclass, env, math, math_regex, reasoning_gym, think_format\); use one of those or `package.module:function`"),
+        (
+            "nonsense",
+            r"not a built-in reward \(charclass, env, math, math_regex, reasoning_gym, think_format\); use one of those or `package.module:function`",
+        ),
         ("no_such_module_xyz:fn", r"cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
         ("streamrl.rewards:nope", r"has no function 'nope'; define `def NAME"),
         ("streamrl.rewards:BUILTIN_REWARDS", r"has no function 'BUILTIN_REWARDS'"),

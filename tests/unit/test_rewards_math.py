@@ -20,7 +20,7 @@ from streamrl.rewards_math import math_verify_reward, think_format_reward
         ("#### 1,250 dollars", "1250", 1.0),
         ("first #### 4 then #### 9", "9", 1.0),
         ("so the answer is \\boxed{12}", "12", 1.0),
-        ("The answer is $\\frac{1}{2}$", "0.5", 1.0),   # symbolic: the regex reward scores this 0
+        ("The answer is $\\frac{1}{2}$", "0.5", 1.0),  # symbolic: the regex reward scores this 0
         ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", 1.0),
         ("<think>7 is not it; 6*7 = 42</think> \\boxed{42}", "42", 1.0),  # the reasoning's numbers are ignored
         ("<think>the answer is 42</think> \\boxed{41}", "42", 0.0),
@@ -48,12 +48,12 @@ def test_math_verify_runs_on_the_reward_workers_scoring_thread():
     [
         ("<think>6*7 is 42</think> 42", 1.0),
         ("  <think>\nreason\n</think>\n\\boxed{1}", 1.0),
-        ("<think></think> 42", 0.5),                 # empty reasoning
-        ("<think>reason</think>", 0.5),              # no answer after the block
-        ("hi <think>reason</think> 42", 0.5),        # text before the block
+        ("<think></think> 42", 0.5),  # empty reasoning
+        ("<think>reason</think>", 0.5),  # no answer after the block
+        ("hi <think>reason</think> 42", 0.5),  # text before the block
         ("<think>a</think><think>b</think> 42", 0.5),
         ("<think>never closed 42", 0.0),
-        ("</think> reason <think> 42", 0.0),         # tags in the wrong order
+        ("</think> reason <think> 42", 0.0),  # tags in the wrong order
         ("42", 0.0),
     ],
 )
@@ -66,8 +66,13 @@ def test_builtin_names_agree_with_the_config():
 
 
 def test_components_sum_with_weights_and_keep_each_part():
-    cfg = RewardConfig(components=[{"fn": "math", "weight": 1.0}, {"fn": "think_format", "weight": 0.2},
-                                   {"fn": "streamrl.rewards_math:think_format_reward", "name": "fmt2", "weight": -1}])
+    cfg = RewardConfig(
+        components=[
+            {"fn": "math", "weight": 1.0},
+            {"fn": "think_format", "weight": 0.2},
+            {"fn": "streamrl.rewards_math:think_format_reward", "name": "fmt2", "weight": -1},
+        ]
+    )
     fn = make_reward(cfg)
     out = fn("q", "<think>6*7</think> \\boxed{42}", {"answer": "42"})
     assert isinstance(out, Scored) and out == pytest.approx(1.0 + 0.2 - 1.0)

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from streamrl.config import Config, SFTConfig
-from streamrl.sft_data import SampleError, charclass_demos, step_indices, tokenize_row
+from streamrl.sft_data import Sample, SampleError, charclass_demos, step_indices, tokenize_row
 from streamrl.sft_pack import collate, document_mask, plan_micro_batches
-from streamrl.sft_data import Sample
 from streamrl.tiny import build_tokenizer
 
 # Qwen2.5-style ChatML: tools in the system turn, tool results as user turns, tool calls after content.
@@ -83,6 +81,7 @@ def test_columnar_rows_with_none_keys_and_json_tools(tok):
     # parquet/datasets rows carry every key, None where absent, and tools often as a JSON string.
     messages = [{**m, "tool_calls": m.get("tool_calls")} for m in CONVERSATION]
     import json
+
     s = tokenize_row(tok, {"messages": messages, "tools": json.dumps(TOOLS)}, SFTConfig())
     ref = tokenize_row(tok, {"messages": CONVERSATION, "tools": TOOLS}, SFTConfig())
     assert np.array_equal(s.ids, ref.ids) and np.array_equal(s.mask, ref.mask)
@@ -91,8 +90,10 @@ def test_columnar_rows_with_none_keys_and_json_tools(tok):
 def test_a_template_that_rewrites_history_is_reported(tok):
     t = build_tokenizer()
     # Renders only the newest assistant message: earlier turns change once later ones follow.
-    t.chat_template = ("{% for m in messages %}{% if m.role != 'assistant' or loop.last %}{{ m.role }}:{{ m.content }}\n"
-                       "{% endif %}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}")
+    t.chat_template = (
+        "{% for m in messages %}{% if m.role != 'assistant' or loop.last %}{{ m.role }}:{{ m.content }}\n"
+        "{% endif %}{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"
+    )
     with pytest.raises(SampleError, match="assistant_turns=last"):
         tokenize_row(t, {"messages": CONVERSATION}, SFTConfig(assistant_turns="all"))
     s = tokenize_row(t, {"messages": CONVERSATION}, SFTConfig(assistant_turns="last"))
@@ -101,11 +102,14 @@ def test_a_template_that_rewrites_history_is_reported(tok):
 
 def test_a_template_error_is_one_bad_row():
     t = build_tokenizer()
-    t.chat_template = ("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
-                       "{{ raise_exception('unknown role ' + m.role) }}{% endif %}{{ m.content }}{% endfor %}")
+    t.chat_template = (
+        "{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+        "{{ raise_exception('unknown role ' + m.role) }}{% endif %}{{ m.content }}{% endfor %}"
+    )
     with pytest.raises(SampleError, match="unknown role robot"):
-        tokenize_row(t, {"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]},
-                     SFTConfig())
+        tokenize_row(
+            t, {"messages": [{"role": "robot", "content": "x"}, {"role": "assistant", "content": "y"}]}, SFTConfig()
+        )
 
 
 def test_prompt_completion_pairs(tok):

@@ -1,6 +1,6 @@
 """The sharded broker's routing rule (pure): stable, placement first, hash tags.
 
-    pytest tests/unit/test_sharding.py
+pytest tests/unit/test_sharding.py
 """
 
 from __future__ import annotations

@@ -115,5 +115,9 @@ def test_default_config_is_vllm_cpu_compatible():
     # it follows generator.max_tokens (no validator writes it), unless set
     longer = Config.model_validate({"generator": {"max_tokens": 24}})
     assert load_task(longer.task, seed=0, max_tokens=longer.generator.max_tokens)[0]["meta"]["length"] == 24
-    assert Config.model_validate({"generator": {"max_tokens": 24}, "task": {"charclass_length": 8}}
-                                 ).task.charclass_chars(24) == 8
+    assert (
+        Config.model_validate({"generator": {"max_tokens": 24}, "task": {"charclass_length": 8}}).task.charclass_chars(
+            24
+        )
+        == 8
+    )

@@ -1,6 +1,6 @@
 """The torchtitan backend's pure parts: config.json -> torchtitan spec, rope settings, parallelism config.
 
-    pytest tests/unit/test_titan_models.py
+pytest tests/unit/test_titan_models.py
 """
 
 from __future__ import annotations
@@ -13,14 +13,33 @@ from streamrl.config_files import load_config
 from streamrl.errors import ConfigError
 from workers.titan_models import rope_settings, spec_from_hf
 
-LLAMA = {"model_type": "llama", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-         "num_attention_heads": 2, "num_key_value_heads": 1, "max_position_embeddings": 256, "vocab_size": 100,
-         "rms_norm_eps": 1e-5, "tie_word_embeddings": False, "rope_parameters": {"rope_theta": 10000.0,
-                                                                                 "rope_type": "default"}}
-QWEN3 = {"model_type": "qwen3", "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
-         "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-         "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "tie_word_embeddings": True,
-         "rope_parameters": {"rope_theta": 1_000_000.0, "rope_type": "default"}}
+LLAMA = {
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 256,
+    "vocab_size": 100,
+    "rms_norm_eps": 1e-5,
+    "tie_word_embeddings": False,
+    "rope_parameters": {"rope_theta": 10000.0, "rope_type": "default"},
+}
+QWEN3 = {
+    "model_type": "qwen3",
+    "hidden_size": 2048,
+    "intermediate_size": 6144,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "vocab_size": 151936,
+    "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "rope_parameters": {"rope_theta": 1_000_000.0, "rope_type": "default"},
+}
 
 
 def test_rope_theta_from_transformers_5_and_4():
@@ -45,9 +64,16 @@ def test_llama_spec_takes_the_checkpoint_shape_sdpa_and_eps():
 
 
 def test_llama3_rope_scaling_maps_to_torchtitan():
-    hf = LLAMA | {"rope_parameters": {"rope_theta": 500000.0, "rope_type": "llama3", "factor": 32.0,
-                                      "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                      "original_max_position_embeddings": 8192}}
+    hf = LLAMA | {
+        "rope_parameters": {
+            "rope_theta": 500000.0,
+            "rope_type": "llama3",
+            "factor": 32.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        }
+    }
     rope = spec_from_hf(hf).config.layers[0].attention.rope
     assert rope.scaling == "llama" and rope.scaling_factor == 32.0 and rope.original_max_position_embeddings == 8192
 
@@ -61,12 +87,15 @@ def test_qwen3_spec_has_qk_norm_head_dim_and_tied_embeddings():
     assert attn.rope.theta == 1_000_000.0
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"model_type": "mistral"}, "model_type='mistral'"),
-    ({"attention_bias": True}, "biases"),
-    ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn"}}, "rope_type=yarn"),
-    ({"head_dim": 48}, "head_dim=48"),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"model_type": "mistral"}, "model_type='mistral'"),
+        ({"attention_bias": True}, "biases"),
+        ({"rope_parameters": {"rope_theta": 1e4, "rope_type": "yarn"}}, "rope_type=yarn"),
+        ({"head_dim": 48}, "head_dim=48"),
+    ],
+)
 def test_unsupported_checkpoints_name_the_fix(change, words):
     with pytest.raises(ConfigError, match="trainer.backend=hf") as err:
         spec_from_hf(LLAMA | change)

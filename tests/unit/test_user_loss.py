@@ -68,8 +68,12 @@ def user_pkg(tmp_path, monkeypatch):
 def test_user_objective_trains_through_compute_loss(user_pkg):
     cfg = LossConfig(name=f"{user_pkg}:scaled_reinforce")
     lp = torch.tensor([[-1.0, -2.0], [-0.5, -0.7]], dtype=torch.float64, requires_grad=True)
-    inp = LossInputs(lp, lp.detach().clone(), torch.tensor([1.0, -0.5], dtype=torch.float64),
-                     torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64))
+    inp = LossInputs(
+        lp,
+        lp.detach().clone(),
+        torch.tensor([1.0, -0.5], dtype=torch.float64),
+        torch.tensor([[1.0, 1.0], [1.0, 0.0]], dtype=torch.float64),
+    )
     loss, metrics = compute_loss(cfg, inp)
     loss.backward()
     # token_mean over 3 real tokens of -2 A l: d/dl = -2 A / 3 on real tokens, 0 on padding
@@ -90,8 +94,11 @@ def test_config_checks_syntax_only_and_preflight_imports(user_pkg):
         LossConfig(name="my_pkg.my_loss:bad-name")
     assert check_loss_fn(Config.model_validate({"loss": {"name": f"{user_pkg}:scaled_reinforce"}})) is None
     assert "cannot import module 'nowhere_pkg.mod'" in check_loss_fn(
-        Config.model_validate({"loss": {"name": "nowhere_pkg.mod:fn"}}))
-    assert "has no function 'missing'" in check_loss_fn(Config.model_validate({"loss": {"name": f"{user_pkg}:missing"}}))
+        Config.model_validate({"loss": {"name": "nowhere_pkg.mod:fn"}})
+    )
+    assert "has no function 'missing'" in check_loss_fn(
+        Config.model_validate({"loss": {"name": f"{user_pkg}:missing"}})
+    )
     with pytest.raises(ConfigError, match="has no function 'not_a_function'"):
         get_objective(f"{user_pkg}:not_a_function")
 
@@ -100,7 +107,9 @@ def test_user_objective_declares_its_own_settings(user_pkg):
     from streamrl.losses import resolve_loss
 
     lp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
-    inp = LossInputs(lp, lp.detach().clone(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64))
+    inp = LossInputs(
+        lp, lp.detach().clone(), torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2, dtype=torch.float64)
+    )
     settings = resolve_loss(Config.model_validate({"loss": {"name": f"{user_pkg}:weighted_reinforce", "weight": 3.0}}))
     assert settings.weight == 3.0
     loss, _ = compute_loss(settings, inp)
