@@ -55,7 +55,7 @@ def vllm_shim(tmp: Path) -> dict:
 
 CASES = {
     "reward_fn_misspelt": (["reward.fn=tests.integration.reward_fnz:misbehave"], "reward.fn=", "PYTHONPATH"),
-    "reward_fn_missing_function": (["reward.fn=tests.integration.reward_fns:nope"], "has no function 'nope'", "define"),
+    "reward_fn_missing_function": (["reward.fn=tests.programs.reward_fns:nope"], "has no function 'nope'", "define"),
     "dataset_missing": (["task.name=gsm8k", "task.path=/nonexistent/train.jsonl"], "task.path=", "set task.path"),
     "model_path_missing": (["model.path=/nonexistent/model"], "model.path=", "unset model.path"),
     "broker_unreachable": (["broker.url=redis://127.0.0.1:1/0"], "unreachable", "broker.url=embedded"),

@@ -154,7 +154,7 @@ def test_node_env_drives_a_job(tmp_path):
 @pytest.mark.timeout(600)
 def test_env_errors_fail_their_episodes_not_the_job(tmp_path):
     run_dir = tmp_path / "flaky"
-    proc, out = start(run_dir, "trainer.steps=4", "env.fn=tests.integration.env_fns:FlakyDialog")
+    proc, out = start(run_dir, "trainer.steps=4", "env.fn=tests.programs.env_fns:FlakyDialog")
     assert proc.wait(500) == 0, out.read_text()[-4000:]
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["invariant_holds"] and s["lost"] == 0, s

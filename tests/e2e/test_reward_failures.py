@@ -53,7 +53,7 @@ def up(run_dir: Path, *sets: str, timeout: int = 300) -> tuple[subprocess.Comple
 def test_always_failing_reward_stops_the_job_with_its_error(tmp_path, fn, cause, first):
     res, took = up(
         tmp_path / "run",
-        f"reward.fn=tests.integration.reward_fns:{fn}",
+        f"reward.fn=tests.programs.reward_fns:{fn}",
         "rollout.max_consecutive_failed_groups=12",
         "trainer.steps=3",
     )
@@ -73,7 +73,7 @@ def test_always_failing_reward_stops_the_job_with_its_error(tmp_path, fn, cause,
 def test_flaky_reward_with_on_error_score_trains_its_groups(tmp_path):
     run_dir = tmp_path / "run"
     res, took = up(
-        run_dir, "reward.fn=tests.integration.reward_fns:fail_one_in_five", "reward.on_error=score", "trainer.steps=3"
+        run_dir, "reward.fn=tests.programs.reward_fns:fail_one_in_five", "reward.on_error=score", "trainer.steps=3"
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]

@@ -1,0 +1,67 @@
+"""`streamrl bench broker` on tiny settings: it runs every role process and writes well-formed
+result.json and a plot (its speed is the bench's business, not the test's).
+
+    pytest tests/integration/bench/test_bench_broker.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _bench(tmp_path, *extra: str) -> dict:
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "bench",
+            "broker",
+            "--rollouts",
+            "96",
+            "--completion-tokens",
+            "32",
+            "--prompt-tokens",
+            "8",
+            "--group-size",
+            "4",
+            "--out",
+            str(out),
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=110,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "rollouts_per_s" in proc.stdout
+    return json.loads((out / "result.json").read_text()), out, proc.stdout
+
+
+def test_broker_bench_writes_result_and_plot(tmp_path):
+    result, out, stdout = _bench(tmp_path, "--rate", "400", "--consumers", "1")
+    assert {"rollouts_per_s", "p50_ms", "p99_ms", "mb_per_s", "baseline_rollouts_per_s", "runs"} <= set(result)
+    assert [r["mode"] for r in result["runs"]] == ["plain", "full", "full"]
+    assert result["latency_rate"] == 400
+    for r in result["runs"]:
+        assert r["rollouts"] == 96 and r["rollouts_per_s"] > 0
+        assert 0 < r["p50_ms"] <= r["p99_ms"] <= r["max_ms"]
+    full = result["runs"][1]
+    assert set(full["cpu_s"]) == {"generator", "trainer", "reward", "reference", "ext0", "redis-server"}
+    assert full["assembler"]["failed"] == 0  # every group joined: reward + ref_logprobs for all 96
+    assert (out / "broker.png").stat().st_size > 0
+    assert "plain XADD/XREAD pair" in stdout and "full path @ 400/s" in stdout
+
+
+def test_broker_bench_over_two_servers(tmp_path):
+    result, _, stdout = _bench(tmp_path, "--shards", "2", "--rate", "0", "--no-baseline")
+    assert [r["mode"] for r in result["runs"]] == ["full"]
+    assert result["runs"][0]["rollouts"] == 96
+    assert "2 redis-server(s)" in stdout

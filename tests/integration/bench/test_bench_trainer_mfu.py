@@ -1,0 +1,151 @@
+"""`streamrl bench trainer_mfu` on CPU (docs/performance.md's smoke run, tiny Qwen3 shape): --out is created up
+front, a bad --out fails before the run, nothing is written into the working directory; the chunked vs
+full-logits and token-budget variants side by side, and the checkpoint timings (the GPU run's code path).
+
+Checks the bench runs and reports what it claims to measure; the timings themselves are the bench's
+output, not asserted (a shared CI machine's seconds mean nothing).
+
+    pytest tests/integration/bench/test_bench_trainer_mfu.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.timeout(300)
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _bench(cwd: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "bench",
+        "trainer_mfu",
+        "--config",
+        str(ROOT / "configs/qwen3-1.7b-train.yaml"),
+        "--shape",
+        "qwen3-tiny",
+        "--device",
+        "cpu",
+        "--set",
+        f"model.path={model}",
+        "--rows",
+        "8",
+        "--prompt-len",
+        "8",
+        "--completion-len",
+        "8",
+        "--variants",
+        "hf",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        *extra,
+    ]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=280)
+
+
+def test_out_dir_is_created_and_the_cwd_stays_clean(tmp_path):
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    out = tmp_path / "not" / "there"
+    proc = _bench(cwd, tmp_path / "model", "--out", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    result = json.loads((out / "result.json").read_text())
+    assert result["results"]["hf"]["tokens_per_s"] > 0
+    assert (out / "trainer_mfu_hf.json").exists()
+    assert list(cwd.iterdir()) == []
+
+    proc = _bench(cwd, tmp_path / "model")  # no --out: the per-variant files are scratch
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert list(cwd.iterdir()) == []
+
+
+def test_unwritable_out_fails_before_the_run(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    t0 = time.monotonic()
+    proc = _bench(tmp_path, tmp_path / "model", "--out", str(blocker / "sub"))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert f"--out {blocker / 'sub'}: cannot write there" in proc.stderr
+    assert "rows x" not in proc.stdout  # the bench never started
+    assert not (tmp_path / "model").exists()
+    assert time.monotonic() - t0 < 60
+
+
+def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamrl.cli",
+        "bench",
+        "trainer_mfu",
+        "--out",
+        str(tmp_path / "out"),
+        "--config",
+        str(ROOT / "configs" / "qwen3-1.7b-train.yaml"),
+        "--shape",
+        "qwen3-tiny",
+        "--device",
+        "cpu",
+        "--set",
+        f"model.path={tmp_path / 'model'}",
+        "--rows",
+        "8",
+        "--prompt-len",
+        "8",
+        "--completion-len",
+        "24",
+        "--ragged",
+        "--warmup",
+        "0",
+        "--steps",
+        "1",
+        "--checkpoint",
+        "--checkpoint-dir",
+        str(tmp_path),
+        "--variants",
+        "hf,hf+nochunk+mbt=64",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "checkpoint: blocking save" in proc.stdout
+    r = json.loads((tmp_path / "out" / "result.json").read_text())
+    chunked, full = r["results"]["hf"], r["results"]["hf+nochunk+mbt=64"]
+    # Same batch, same weights: chunking and packing change the memory and padding, not the step.
+    assert chunked["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-4)
+    assert chunked["input_tokens"] == full["input_tokens"] == r["tokens_per_step"]
+    assert full["padded_tokens"] < chunked["padded_tokens"]
+    for v in (chunked, full):
+        assert v["checkpoint_sync_stall_s"] > 0 and len(v["checkpoint_async_stall_s"]) == 2
+        assert all(w >= s for s, w in zip(v["checkpoint_async_stall_s"], v["checkpoint_async_write_s"]))
+    assert not list(tmp_path.glob("trainer_mfu_ckpt_*")), "the timed checkpoints are deleted"
+
+
+def test_variant_options_set_the_trainer_section():
+    from bench.trainer_mfu import apply_variant
+    from streamrl.config import Config
+    from streamrl.errors import ConfigError
+
+    cfg = Config()
+    apply_variant(cfg, "torchtitan+ac+nochunk+mbt=4096+mbs=64")
+    t = cfg.trainer
+    assert (t.backend, t.activation_checkpointing, t.parallelism.compile) == ("torchtitan", True, False)
+    assert (t.logprob_chunk_tokens, t.micro_batch_tokens, t.micro_batch_size) == (0, 4096, 64)
+    apply_variant(cfg, "hf+chunk=512")
+    assert cfg.trainer.logprob_chunk_tokens == 512 and cfg.trainer.backend == "hf"
+    with pytest.raises(ConfigError, match="unknown option 'chunks=3'"):
+        apply_variant(cfg, "hf+chunks=3")

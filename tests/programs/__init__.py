@@ -1,0 +1,1 @@
+"""Helper programs and modules the tests run or import (not tests themselves)."""

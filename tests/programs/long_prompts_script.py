@@ -1,0 +1,36 @@
+"""Seeded requests whose prompts together exceed one step's token budget, on one real vLLM CPU
+engine; prints the number of tokens each request produced as JSON (run by test_vllm_long_prompts.py).
+
+    python tests/programs/long_prompts_script.py MODEL_DIR
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+
+async def main(model_dir: str) -> list[int]:
+    from streamrl.config import GeneratorConfig
+    from workers.vllm_engine import VLLMEngine
+
+    gen = GeneratorConfig(max_model_len=1024, max_tokens=8)
+    engine = VLLMEngine(model_dir, gen, dtype="float32", seed=0)
+    await engine.start()
+
+    async def one(i: int) -> int:
+        prompt = [4 + (i * 7 + k) % 90 for k in range(700)]  # 8 x 700 tokens > the 2048-token step budget
+        n = 0
+        async for delta in engine.stream(prompt, engine.sampling_params(seed=100 + i), f"req-{i}"):
+            n += len(delta.token_ids)
+        return n
+
+    try:
+        return list(await asyncio.gather(*(one(i) for i in range(8))))
+    finally:
+        engine.shutdown()
+
+
+if __name__ == "__main__":
+    print(json.dumps(asyncio.run(main(sys.argv[1]))))
