@@ -219,6 +219,8 @@ class EpisodeState:
     """Model turn and observation texts in order (the rollout's text)."""
     step_s: list = field(default_factory=list)
     env_reward: float = 0.0
+    counts: dict = field(default_factory=dict)
+    """The env's counters summed over the steps so far (tool_calls, tool_errors, ...)."""
     writer: str = ""
     """Generator id that wrote it (logs)."""
 
@@ -421,12 +423,13 @@ def _validate(msg: Any) -> None:
             ),
             "observation.messages must be [{role: str, content: str}, ...]",
         )
+    if isinstance(msg, (Observation, EpisodeState)):
         _check(
             all(
                 isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
                 for k, v in msg.counts.items()
             ),
-            "observation.counts must map str to finite numbers",
+            f"{msg.kind}.counts must map str to finite numbers",
         )
     if isinstance(msg, Annotation):
         v = msg.value

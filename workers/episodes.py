@@ -236,6 +236,7 @@ class EpisodeRunner:
         texts: list,
         step_s: list,
         env_reward: float,
+        counts: dict,
     ) -> None:
         st = EpisodeState(
             episode_id=episode_id,
@@ -246,6 +247,7 @@ class EpisodeRunner:
             texts=list(texts),
             step_s=list(step_s),
             env_reward=env_reward,
+            counts=dict(counts),
             writer=self.gen.worker_id,
             **s.rollout_fields(),
         )
@@ -292,6 +294,7 @@ class EpisodeRunner:
             )
             actions, texts, step_s = list(saved.actions), list(saved.texts), list(saved.step_s)
             env_reward, first = float(saved.env_reward), saved.turn
+            counts = dict(saved.counts)  # the tool calls of the turns kept count once, here
             gen.count("episodes_continued")
             await gen.broker.incr(self.keys.stat("episodes_continued"))
             gen.log.info(
@@ -311,7 +314,7 @@ class EpisodeRunner:
                 action = await self._model_turn(s, prompt, sample, turn, room)
                 actions.append(action)
                 texts.append(action)
-                await self._save_state(prompt, sample, episode_id, s, actions, texts, step_s, env_reward)
+                await self._save_state(prompt, sample, episode_id, s, actions, texts, step_s, env_reward, counts)
             req = StepRequest(
                 episode_id=episode_id,
                 group_id=prompt.group_id,

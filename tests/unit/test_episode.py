@@ -144,6 +144,7 @@ def test_an_episode_checkpoint_round_trips_and_continues_where_it_stopped():
         texts=["a", "x", "b", "y", "c"],
         step_s=[0.1, 0.2],
         env_reward=1.5,
+        counts={"tool_calls": 2, "tool_errors": 1},
         **s.rollout_fields(),
     )
     back = decode(encode(st), expect=EpisodeState)
@@ -157,6 +158,11 @@ def test_an_episode_checkpoint_round_trips_and_continues_where_it_stopped():
     r.add_model([11], [-0.2], version=6)  # a generator on newer weights continues: one more switch
     assert r.switches == [[6, 4], [9, 5], [11, 6]] and r.loss_mask().tolist()[-2:] == [0, 1]
     assert back.actions == ["a", "b", "c"] and back.env_reward == 1.5
+    assert back.counts == {"tool_calls": 2, "tool_errors": 1}  # a continued episode keeps its tool counts
+    st.counts = {"tool_calls": float("nan")}
+    with pytest.raises(DecodeError, match="episode_state.counts must map str to finite numbers"):
+        decode(encode(st))
+    st.counts = {}
     st.turn = 1
     with pytest.raises(DecodeError, match="turn must equal"):
         decode(encode(st))
