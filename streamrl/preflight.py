@@ -184,6 +184,12 @@ def _vllm_install_key() -> str | None:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
 
 
+def _stamp_dirs() -> list[Path]:
+    """Where a successful import is remembered: in the install itself (sys.prefix: the fact is about
+    that install, and a per-job STREAMRL_CACHE does not hide it), else the user's cache."""
+    return [Path(sys.prefix) / ".streamrl-preflight", cache_dir() / "preflight"]
+
+
 def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
     """vLLM imports (the generators need it). In a subprocess: it is heavy and sets process state.
     A success is remembered per install (`_vllm_install_key`): the import costs seconds on every
@@ -191,20 +197,21 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
     if cfg.generator.count == 0:
         return None
     key = _vllm_install_key()
-    stamp = cache_dir() / "preflight" / f"vllm-import-ok-{key}"
-    if key is not None and stamp.exists():
+    name = f"vllm-import-ok-{key}"
+    if key is not None and any((d / name).exists() for d in _stamp_dirs()):
         return None
     try:
         res = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"`import vllm` did not finish in {timeout_s:.0f}s; check the vLLM install (python -c 'import vllm')"
     if res.returncode == 0:
-        if key is not None:
+        for d in _stamp_dirs() if key is not None else []:
             try:
-                stamp.parent.mkdir(parents=True, exist_ok=True)
-                stamp.touch()
+                d.mkdir(parents=True, exist_ok=True)
+                (d / name).touch()
+                break
             except OSError:
-                pass  # a read-only cache only costs the import next time
+                continue  # read-only: the next place, or the import again next time
         return None
     last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
     return (

@@ -9,11 +9,13 @@ from streamrl.preflight import _vllm_install_key, check_vllm
 
 
 def test_a_success_is_stamped_and_a_changed_install_is_checked_again(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys, "prefix", str(tmp_path / "prefix"))  # the install's own folder
     monkeypatch.setenv("STREAMRL_CACHE", str(tmp_path / "cache"))
     cfg = Config()
     assert cfg.generator.count > 0
     assert check_vllm(cfg) is None
-    stamps = list((tmp_path / "cache" / "preflight").iterdir())
+    assert not (tmp_path / "cache").exists()  # remembered in the install, not in the job's cache
+    stamps = list((tmp_path / "prefix" / ".streamrl-preflight").iterdir())
     assert [p.name for p in stamps] == [f"vllm-import-ok-{_vllm_install_key()}"]
 
     # A `vllm` that fails to import, first on the path (as PYTHONPATH puts it for the subprocess):
@@ -26,4 +28,4 @@ def test_a_success_is_stamped_and_a_changed_install_is_checked_again(tmp_path, m
     assert _vllm_install_key() != stamps[0].name.removeprefix("vllm-import-ok-")
     error = check_vllm(cfg)
     assert error is not None and "broken vllm (test shim)" in error
-    assert len(list((tmp_path / "cache" / "preflight").iterdir())) == 1  # a failure is never stamped
+    assert len(list((tmp_path / "prefix" / ".streamrl-preflight").iterdir())) == 1  # a failure is never stamped
