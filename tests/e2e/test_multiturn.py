@@ -56,6 +56,9 @@ def wait_episodes_in_flight(run_dir: Path, timeout: float = 120) -> None:
             time.sleep(0.01)
 
 
+LEARN_STEPS = 50
+
+
 def kill_role(run_dir: Path, role: str) -> int:
     """SIGKILL `<role>-0` (this test's own child of `up`), its pid from its heartbeat."""
     with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
@@ -67,10 +70,12 @@ def kill_role(run_dir: Path, role: str) -> int:
 @pytest.mark.timeout(600)
 def test_multiturn_job_learns(tmp_path):
     run_dir = tmp_path / "mt"
-    proc, out = start(run_dir, "trainer.steps=40")
+    # 50 steps, the config's own run (docs/performance.md: +0.45 from the first to the last 10 steps):
+    # at 40 one clean-clone run rose only +0.29 (still rising), under the bound below.
+    proc, out = start(run_dir, f"trainer.steps={LEARN_STEPS}")
     assert proc.wait(500) == 0, out.read_text()[-4000:]
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, 41))
+    assert [r["step"] for r in rows] == list(range(1, LEARN_STEPS + 1))
     for r in rows:
         assert r["turns_mean"] > 1, "every episode should take the env's answer and a second turn"
         assert r["staleness_max"] <= 1
@@ -82,7 +87,7 @@ def test_multiturn_job_learns(tmp_path):
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
     e = s["episodes"]
-    assert e["invariant_holds"] and e["trained"] == 40 * 64 and e["episodes_failed"] == 0
+    assert e["invariant_holds"] and e["trained"] == LEARN_STEPS * 64 and e["episodes_failed"] == 0
     text = out.read_text()
     assert "turns 2.00" in text and "episodes: admitted" in text
 
