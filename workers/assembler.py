@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -40,25 +39,9 @@ from streamrl.messages import Annotation, Prompt, Rollout, encode, parse_rollout
 from streamrl.staleness import is_stale
 from workers.eval_collector import EvalCollector
 from workers.join_policy import JoinPolicy
+from workers.pending_group import PendingGroup, rollout_problem
 
 GROUP = "trainer"
-
-
-@dataclass
-class _Group:
-    group_id: str
-    group_size: int
-    rollouts: dict[str, tuple[str, Rollout]] = field(default_factory=dict)
-    """rollout_id -> (entry id, rollout): the copy of each sample that is trained."""
-    samples: dict[int, str] = field(default_factory=dict)
-    """sample -> rollout_id of its trained copy."""
-    superseded: set[str] = field(default_factory=set)
-    """Ids of later copies of a sample (acked when read; so are their annotations)."""
-    completed_at: float = 0.0
-    full_at: float = 0.0
-    """When its last rollout arrived: external annotation timeouts count from here."""
-    oldest: int | None = None
-    """Oldest token version among its rollouts (cached once the group is ready)."""
 
 
 class Assembler:
@@ -76,7 +59,7 @@ class Assembler:
         self.loss = resolve_loss(cfg)  # the objective's defaults: dapo samples dynamically, dr_grpo uses group_mean
         self.streak = FailureStreak(cfg)
         """Failed groups in a row: past the bound it raises FatalError (the trainer stops the job)."""
-        self.groups: dict[str, _Group] = {}
+        self.groups: dict[str, PendingGroup] = {}
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         """rollout_id (of a trained copy) -> key -> (entry id, annotation)."""
         self.held: dict[str, dict[str, list[tuple[str, Annotation]]]] = {}
@@ -201,20 +184,7 @@ class Assembler:
     def _invalid(self, msg) -> str:
         """Why a decodable message still cannot be used (it would break a group or the train step)."""
         if isinstance(msg, Rollout):
-            g = self.groups.get(msg.group_id)
-            if parse_rollout_id(msg.rollout_id) != (msg.group_id, msg.sample):
-                return (
-                    f"rollout_id {msg.rollout_id!r} is not '<group_id>:<sample>:<nonce>' for group "
-                    f"{msg.group_id!r}, sample {msg.sample} (streamrl.messages.new_rollout_id)"
-                )
-            if len(msg.prompt_ids) == 0:
-                return "rollout has an empty prompt"
-            if g is not None and g.group_size != msg.group_size:
-                return f"group_size {msg.group_size} differs from the group's {g.group_size}"
-            ids = np.concatenate([msg.prompt_ids, msg.completion_ids])
-            if ids.min() < 0 or (self.vocab_size is not None and ids.max() >= self.vocab_size):
-                return f"token ids outside the vocabulary [0, {self.vocab_size})"
-            return ""
+            return rollout_problem(msg, self.groups.get(msg.group_id), self.vocab_size)
         if parse_rollout_id(msg.rollout_id) is None:
             return (
                 f"annotation {msg.key!r} from producer {msg.producer!r}: rollout_id {msg.rollout_id!r} is not "
@@ -235,7 +205,7 @@ class Assembler:
             self.counters["late"] += 1
             await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
             return
-        g = self.groups.setdefault(r.group_id, _Group(r.group_id, r.group_size))
+        g = self.groups.setdefault(r.group_id, PendingGroup(r.group_id, r.group_size))
         if r.rollout_id in g.rollouts or r.rollout_id in g.superseded:
             if g.rollouts.get(r.rollout_id, ("",))[0] != entry_id:  # the same entry re-read is still needed
                 self.counters["duplicates"] += 1
@@ -275,7 +245,7 @@ class Assembler:
             if all(eid != entry_id for eid, _ in held):  # the same entry re-read is held already
                 held.append((entry_id, a))
 
-    async def _attach(self, g: _Group, entry_id: str, a: Annotation) -> None:
+    async def _attach(self, g: PendingGroup, entry_id: str, a: Annotation) -> None:
         """File an annotation of one of `g`'s trained copies: first per key wins, errors apply their policy."""
         slot = self.annotations.setdefault(a.rollout_id, {})
         if a.key in slot:
@@ -312,7 +282,7 @@ class Assembler:
         self.held.clear()
         await self.broker.ack(self.keys.annotations, GROUP, ids)
 
-    async def _check_group(self, g: _Group) -> None:
+    async def _check_group(self, g: PendingGroup) -> None:
         if g.completed_at or len(g.rollouts) < g.group_size:
             return
         g.full_at = g.full_at or time.time()
@@ -333,15 +303,15 @@ class Assembler:
             return
         self.ready.append(g.group_id)
 
-    def _reward_errors(self, g: _Group) -> list[str]:
+    def _reward_errors(self, g: PendingGroup) -> list[str]:
         """The reward errors of a group whose every rollout's reward errored, else []."""
         errors = [self.annotations[rid]["reward"][1].error for rid in g.rollouts]
         return errors if all(errors) else []
 
-    def _ordered(self, g: _Group) -> list[Rollout]:
+    def _ordered(self, g: PendingGroup) -> list[Rollout]:
         return [r for _, r in sorted(g.rollouts.values(), key=lambda er: er[1].sample)]
 
-    def _rewards(self, g: _Group) -> np.ndarray:
+    def _rewards(self, g: PendingGroup) -> np.ndarray:
         """Rewards of a group's rollouts in sample order, with DAPO's soft overlong penalty if configured."""
         rollouts = self._ordered(g)
         rewards = self.join.combine(self._components(g))
@@ -353,7 +323,7 @@ class Assembler:
             ).astype(np.float32)
         return rewards
 
-    def _components(self, g: _Group) -> dict[str, np.ndarray]:
+    def _components(self, g: PendingGroup) -> dict[str, np.ndarray]:
         """Each reward key's values (built-in `reward`, external keys) in sample order."""
         return self.join.components(
             [{k: a for k, (_, a) in self.annotations[r.rollout_id].items()} for r in self._ordered(g)]
@@ -423,7 +393,7 @@ class Assembler:
         if why == "failed":
             self.streak.failed(reason)
 
-    async def _requeue(self, g: _Group) -> None:
+    async def _requeue(self, g: PendingGroup) -> None:
         r = next(iter(g.rollouts.values()))[1]
         version = int(await self.broker.get(self.keys.trainer_version) or 0)
         # Deterministic id (streamrl.accounting counts `<id>r` as admitted): a retried requeue is idempotent.
