@@ -39,16 +39,23 @@ _LOCK = threading.Lock()
 
 
 def _parse(name: str) -> dict:
-    """`<taskset id>?k=v&...` -> verifiers' env config data. A value is a string that verifiers'
-    config coerces to its field's type, or JSON when it is an object or a list (e.g. `task={...}`)."""
+    """`<taskset id>?k=v&...` -> verifiers' env config data: `k` is a taskset config field, or
+    `env.<path>` a field of the env's config (`env.id=best-of-n`, `env.player.max_turns=3`). A value
+    is a string that verifiers' config coerces to its field's type, or JSON when it is an object or
+    a list (e.g. `task={...}`)."""
     taskset_id, _, query = name.partition("?")
-    fields = {}
+    data: dict = {"taskset": {"id": taskset_id}}
     for key, value in parse_qsl(query, keep_blank_values=True, strict_parsing=bool(query)):
         try:
-            fields[key] = json.loads(value) if value[:1] in "{[" and value else value
+            value = json.loads(value) if value[:1] in "{[" and value else value
         except ValueError:
             raise ConfigError(f"env.fn=verifiers:{name}: {key}={value!r} is not valid JSON") from None
-    return {"taskset": {"id": taskset_id, **fields}}
+        path = key.split(".")[1:] if key.startswith("env.") else ["taskset", key]
+        node = data
+        for part in path[:-1]:
+            node = node.setdefault(part, {})
+        node[path[-1]] = value
+    return data
 
 
 def _reason(exc: Exception) -> str:
@@ -70,7 +77,7 @@ def _load(name: str):
                     f"env.fn=verifiers:{name}: verifiers cannot load this env ({_reason(exc)}); "
                     "the name is a taskset id (built in, e.g. textarena, or an installed taskset package, "
                     "e.g. vf_textarena_offline from examples/verifiers on PYTHONPATH) with the taskset's "
-                    "config fields as ?key=value&..."
+                    "config fields as ?key=value&... and the env's as env.<field>=value"
                 ) from None
             _ENVS[name] = (env, [], iter(env.taskset))
         return _ENVS[name]
@@ -206,22 +213,25 @@ class VerifiersEnv(Env):
 
     async def _next(self):
         """The env's next request for a model turn, or "done" when its run() has returned."""
-        getter = asyncio.ensure_future(self._events.get())
-        await asyncio.wait([getter, self._runner], return_when=asyncio.FIRST_COMPLETED)
-        if getter.done():
-            return getter.result()
-        getter.cancel()
+        if not self._runner.done():
+            getter = asyncio.ensure_future(self._events.get())
+            await asyncio.wait([getter, self._runner], return_when=asyncio.FIRST_COMPLETED)
+            if getter.done():
+                return getter.result()
+            getter.cancel()
         if exc := self._runner.exception():
+            while isinstance(exc, BaseExceptionGroup) and exc.exceptions:  # an env's TaskGroup
+                exc = exc.exceptions[0]
             raise RuntimeError(f"verifiers env {type(self.env).__name__} raised {type(exc).__name__}: {exc}") from exc
         return "done"
 
     async def _open(self, seat: _Seat, task):
         import verifiers.v1 as vf
 
-        if self._seat is not None and self._seat is not seat:
+        if self._seat is not None:  # user-sim's two seats, best-of-n's n attempts of one seat
             raise RuntimeError(
-                f"{type(self.env).__name__} plays several agents ({self._seat.name}, {seat.name}); "
-                "streamrl plays one model conversation per episode"
+                f"{type(self.env).__name__} opens more than one agent run per episode ({self._seat.name}, "
+                f"then {seat.name}); streamrl plays one model conversation per episode"
             )
         self._seat = seat
         self.trace = vf.Trace(
@@ -247,7 +257,8 @@ class VerifiersEnv(Env):
         self.trace.nodes.append(vf.MessageNode(parent=parent, message=message, sampled=sampled))
 
     async def step(self, action: str) -> tuple[str, float, bool]:
-        self._pending.reply.set_result(action)
+        if not self._pending.reply.done():  # cancelled when run() failed elsewhere meanwhile
+            self._pending.reply.set_result(action)
         event = await self._next()
         if event == "done":
             return "", float(self.trace.reward), True

@@ -115,3 +115,20 @@ def test_specs_that_cannot_run_fail_at_start_with_the_fix():
     box = SPEC + '&task={"rewards":{"box":{"fn":"tests.programs.vf_rewards:needs_a_box"}}}'
     with pytest.raises(ConfigError, match="scoring needs what streamrl does not run .*box"):
         resolve_env(box)
+
+
+def test_the_agents_turn_limit_from_the_envs_config_ends_the_exchange_unscored():
+    # TextArenaEnv stops at a `terminated` segment without recording the game's outcome.
+    limited = SPEC + "&env.player.max_turns=2"
+    (item,) = items(limited, 1, 2)
+    env, out = play(limited, item, ["[continue]", "[continue]", "[continue]"])
+    assert [done for _, _, done in out] == [False, True] and out[-1][1] == 0.0
+    assert env.trace.num_turns == 2 and "game_reward" in env.trace.rewards and "game_outcome" not in env.trace.info
+
+
+def test_an_env_that_opens_a_second_agent_run_fails_the_episode_with_the_reason():
+    # verifiers' own best-of-n env plays n attempts of one seat at once.
+    multi = SPEC + "&env.id=best-of-n&env.n=2"
+    (item,) = items(multi, 1, 0)
+    with pytest.raises(RuntimeError, match="opens more than one agent run per episode"):
+        play(multi, item, ["[accept]"])
