@@ -1,6 +1,6 @@
 """verifiers' environments (prime-rl's `verifiers` 0.4), unchanged, as streamrl envs.
 
-    env.fn: verifiers:<taskset id>[?<taskset field>=<value>&...]
+    env.fn: verifiers:<taskset id>[?<taskset field>=<value>&env.<env field>=<value>&...]
     task.name: env            # prompts: the taskset's tasks, from index run.seed on
     reward.fn: env            # the rewards the env and the task record on the episode's trace
 

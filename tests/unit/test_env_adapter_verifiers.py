@@ -132,3 +132,13 @@ def test_an_env_that_opens_a_second_agent_run_fails_the_episode_with_the_reason(
     (item,) = items(multi, 1, 0)
     with pytest.raises(RuntimeError, match="opens more than one agent run per episode"):
         play(multi, item, ["[accept]"])
+
+
+def test_a_plain_taskset_runs_in_verifiers_single_agent_env_one_answer_scored_by_the_task():
+    # SingleAgentEnv (what a taskset without its own Env gets): the model answers the prompt once
+    # and only the task's scoring gives the reward (here the plugged format reward, weight 0.5).
+    single = PLUGGED + "&env.id=single-agent"
+    (item,) = items(single, 1, 0)
+    env, out = play(single, item, ["[accept]", "never sent"])
+    assert type(env.env).__name__ == "SingleAgentEnv"
+    assert out == [("", 0.5, True)] and list(env.trace.rewards) == ["bracketed"]
