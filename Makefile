@@ -31,8 +31,9 @@ lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
+# Two xdist workers: the e2e tests one after another on one, the rest on the other (tests/conftest.py).
 test: lint
-	$(BIN)/python -m pytest -q --durations=25 tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadscope --max-worker-restart 0 --durations=25 tests
 
 test-fast: setup
 	$(BIN)/python -m pytest -q tests/unit

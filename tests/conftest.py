@@ -63,3 +63,24 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
     return Config(
         run=RunConfig(name=run_name), broker=BrokerConfig(url=redis_server.url, claim_idle_ms=200, block_ms=50)
     )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`), scheduled
+    here: all e2e tests form one unit, run one after another on one worker, while the other worker
+    takes the unit and integration tests a file at a time (a file's module fixtures, e.g. a started
+    vLLM generator, are built once, on one worker). Each e2e test is a whole job (five or more
+    processes on the CI machine's two cores); two at once would double each other's wall time and
+    strain their time bounds. (xdist's own `--dist loadgroup` cannot do this under pytest 9: it
+    renames tests through a node attribute pytest 9 no longer reads.)"""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class E2EOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            # xdist's documented extension point: the unit of work a test belongs to
+            path = nodeid.split("::", 1)[0]
+            return "tests/e2e" if path.startswith("tests/e2e/") else path
+
+    return E2EOnOneWorker(config, log)
