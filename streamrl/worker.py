@@ -191,8 +191,8 @@ class Worker:
 
 def freeze_startup_heap() -> None:
     """Move everything alive after start-up (modules, torch, a model, the config) out of the cyclic
-    garbage collector's reach: its full collections otherwise walk those ~10^5 objects again and again
-    while the loop allocates messages (the trainer's intake: ~12% of its CPU, docs/performance.md).
+    garbage collector's reach: its full collections otherwise walk all of them again and again while
+    the loop allocates messages (the trainer's intake; measured in docs/performance.md, "Message path").
     Start-up's own garbage is collected first, so nothing collectable is frozen."""
     gc.collect()
     gc.freeze()
