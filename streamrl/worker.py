@@ -193,7 +193,8 @@ def freeze_startup_heap() -> None:
     """Move everything alive after start-up (modules, torch, a model, the config) out of the cyclic
     garbage collector's reach: its full collections otherwise walk all of them again and again while
     the loop allocates messages (the trainer's intake; measured in docs/performance.md, "Message path").
-    Start-up's own garbage is collected first, so nothing collectable is frozen."""
+    Start-up's own garbage is collected first, so nothing collectable is frozen; what start-up keeps
+    (engines, models, tables) lives as long as the worker, so freezing it loses nothing."""
     gc.collect()
     gc.freeze()
 
