@@ -5,8 +5,8 @@
 
 A generator process publishes encoded rollouts (128-token prompt, N-token completion with
 logprobs; a group's samples together, as vLLM finishes fixed-length samples in one step); the
-real RewardWorker (a constant reward function), a reference process (Worker.read, a per-token
-`ref_logprobs` annotation like workers/reference.py minus the model), `--consumers` external
+real RewardWorker (a constant reward function), a reference process (the annotator loop of
+workers/reference.py minus the model: a per-token `ref_logprobs` annotation), `--consumers` external
 annotators, and the real Assembler (join, complete groups, advantages, acks) in a trainer
 process. Three runs, side by side: a plain XADD/XREAD reader/writer pair without consumer
 groups (baseline), the full path at full speed, and the full path rate-limited (latency).
@@ -36,6 +36,7 @@ from bench.common import (
     write_result,
 )
 from brokers.sharded import parse_placement
+from streamrl.annotator import Annotator
 from streamrl.broker import Keys
 from streamrl.config import BrokerConfig, Config, LossConfig, ReferenceConfig, RewardConfig, RolloutConfig, RunConfig
 from streamrl.messages import Annotation, Rollout, decode, encode, new_rollout_id
@@ -149,25 +150,21 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
     run_async(main())
 
 
-class BenchReference(Worker):
-    """workers/reference.py without the model: a per-token `ref_logprobs` annotation for each rollout."""
+class BenchReference(Annotator):
+    """workers/reference.py without the model: the same annotator loop, `ref_logprobs` copied from the rollout."""
 
     role = "reference"
+    key = "ref_logprobs"
+    group = "reference"
 
     async def start(self) -> None:
-        await self.broker.ensure_group(self.keys.rollouts, "reference")
+        await self.broker.ensure_group(self.keys.rollouts, self.group)
 
-    async def step(self) -> bool:
-        items = await self.read(self.keys.rollouts, "reference", count=self.cfg.reference.batch_size, expect=Rollout)
-        if not items:
-            return False
-        out = [
-            encode(Annotation(rollout_id=r.rollout_id, key="ref_logprobs", value=r.logprobs, producer=self.worker_id))
-            for _, r in items
-        ]
-        await self.broker.add_many(self.keys.annotations, out)
-        await self.broker.ack(self.keys.rollouts, "reference", [e.id for e, _ in items])
-        return True
+    def batch_size(self) -> int:
+        return self.cfg.reference.batch_size
+
+    async def annotate(self, rollouts: list[Rollout]) -> list[tuple]:
+        return [(r.logprobs, "") for r in rollouts]
 
 
 class ExternalAnnotator(Worker):
@@ -215,6 +212,7 @@ class BenchTrainer(Worker):
 
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()
+        self.cpu0 = time.process_time()  # the run's CPU, not the start-up's (torch's import: ~1 s)
         # No start_intake(): with no train step to overlap, next_batch's own polling is the intake.
 
     async def step(self) -> bool:
@@ -241,7 +239,7 @@ class BenchTrainer(Worker):
                         "joined": self.joined,
                         "batched": self.batched,
                         "counters": dict(self.assembler.counters),
-                        "cpu_s": time.process_time(),
+                        "cpu_s": time.process_time() - self.cpu0,
                     },
                 )
             )
@@ -327,7 +325,10 @@ def _server_cpu_s(servers: Servers) -> float:
         with redis.Redis.from_url(url) as c:
             info = c.info("cpu")
             c.flushall()  # a fresh keyspace per run; the memory of the last one is freed
-        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+        # *_children: the AOF rewrites' forked children, which compete for the same cores.
+        total += sum(
+            float(info[k]) for k in ("used_cpu_user", "used_cpu_sys", "used_cpu_user_children", "used_cpu_sys_children")
+        )
     return total
 
 

@@ -47,6 +47,38 @@ end
 return out
 """
 
+# KEYS: streams. ARGV: group, then per stream its id count and ids. Several streams' XACKs in one
+# round trip: the trainer acks a batch's rollouts and annotations together (docs/performance.md).
+_ACK_MANY = """
+local n, i = 0, 2
+for k = 1, #KEYS do
+  local last = i + tonumber(ARGV[i])
+  for first = i + 1, last, 500 do
+    n = n + redis.call('XACK', KEYS[k], ARGV[1], unpack(ARGV, first, math.min(first + 499, last)))
+  end
+  i = last + 1
+end
+return n
+"""
+# KEYS: stream to add to, stream to ack. ARGV: field, maxlen ('' for none), group, id count, ids...,
+# payloads... An annotator's batch: its annotations appended and its rollouts acked atomically, in one
+# round trip (the ack can never land without the annotations it stands for).
+_ADD_AND_ACK = """
+local nids = tonumber(ARGV[4])
+local out = {}
+for i = 5 + nids, #ARGV do
+  if ARGV[2] == '' then
+    out[#out + 1] = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[i])
+  else
+    out[#out + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', ARGV[1], ARGV[i])
+  end
+end
+for first = 5, 4 + nids, 500 do
+  redis.call('XACK', KEYS[2], ARGV[3], unpack(ARGV, first, math.min(first + 499, 4 + nids)))
+end
+return out
+"""
+
 _LAG_SCRIPT = """
 local n, last = 0, ARGV[1]
 while n < tonumber(ARGV[2]) do
@@ -229,6 +261,37 @@ class RedisBroker:
 
     async def ack(self, stream: str, group: str, ids: list[str]) -> int:
         return int(await self.client.xack(stream, group, *ids)) if ids else 0
+
+    async def ack_many(self, group: str, ids: dict[str, list[str]]) -> int:
+        streams = [s for s, some in ids.items() if some]
+        if not streams:
+            return 0
+        if len(streams) == 1:
+            return await self.ack(streams[0], group, ids[streams[0]])
+        if self._batch_script:
+            args: list = [group]
+            for s in streams:
+                args += [len(ids[s]), *ids[s]]
+            try:
+                return int(await self.script(_ACK_MANY, streams, args))
+            except NoPermissionError:
+                self._batch_script = False
+        return sum([await self.ack(s, group, ids[s]) for s in streams])
+
+    async def add_and_ack(
+        self, stream: str, items: list[bytes], ack_stream: str, group: str, ids: list[str], maxlen: int | None = None
+    ) -> list[str]:
+        if not ids:
+            return await self.add_many(stream, items, maxlen)
+        if self._batch_script:
+            try:
+                args = [FIELD, maxlen or "", group, len(ids), *ids, *items]
+                return [_s(i) for i in await self.script(_ADD_AND_ACK, [stream, ack_stream], args)]
+            except NoPermissionError:
+                self._batch_script = False
+        added = await self.add_many(stream, items, maxlen)
+        await self.ack(ack_stream, group, ids)
+        return added
 
     async def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
         if ids:

@@ -106,6 +106,21 @@ class ShardedBroker:
     async def ack(self, stream: str, group: str, ids: list[str]) -> int:
         return await self.of(stream).ack(stream, group, ids)
 
+    async def ack_many(self, group: str, ids: dict[str, list[str]]) -> int:
+        by_shard: dict[int, dict[str, list[str]]] = defaultdict(dict)
+        for s, some in ids.items():
+            by_shard[shard_of(s, len(self.shards), self.placement)][s] = some
+        return sum(await asyncio.gather(*(self.shards[i].ack_many(group, part) for i, part in by_shard.items())))
+
+    async def add_and_ack(
+        self, stream: str, items: list[bytes], ack_stream: str, group: str, ids: list[str], maxlen: int | None = None
+    ) -> list[str]:
+        if self.of(stream) is self.of(ack_stream):
+            return await self.of(stream).add_and_ack(stream, items, ack_stream, group, ids, maxlen)
+        added = await self.add_many(stream, items, maxlen)  # on two servers: the ack strictly after the add
+        await self.ack(ack_stream, group, ids)
+        return added
+
     async def touch(self, stream: str, group: str, consumer: str, ids: list[str]) -> None:
         await self.of(stream).touch(stream, group, consumer, ids)
 

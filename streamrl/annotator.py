@@ -197,8 +197,8 @@ class Annotator(Worker):
                     )
                 )
             )
-        await self.broker.add_many(self.keys.annotations, out)
-        await self.broker.ack(self.keys.rollouts, self.group, [e.id for e, _ in items])
+        ids = [e.id for e, _ in items]
+        await self.broker.add_and_ack(self.keys.annotations, out, self.keys.rollouts, self.group, ids)
         self.count("scored", len(items))
 
     async def close(self) -> None:

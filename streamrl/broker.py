@@ -50,6 +50,15 @@ class Broker(Protocol):
     async def ack(self, stream: str, group: str, ids: list[str]) -> int:
         """Acknowledge entries (only after their effect is durable)."""
 
+    async def ack_many(self, group: str, ids: dict[str, list[str]]) -> int:
+        """Acknowledge entries of several streams ({stream: ids}) in one round trip where they share a server."""
+
+    async def add_and_ack(
+        self, stream: str, items: list[bytes], ack_stream: str, group: str, ids: list[str], maxlen: int | None = None
+    ) -> list[str]:
+        """Append `items` to `stream` and then ack `ids` of `ack_stream` (the entries they were made
+        from): atomically in one round trip where both streams share a server; the ack never comes first."""
+
     async def claim_idle(
         self, stream: str, group: str, consumer: str, min_idle_ms: int, count: int = 64
     ) -> list[Entry]:

@@ -10,6 +10,7 @@ protocol, decoding, dead-letters) is the worker's `consumer` (streamrl/consumer.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import socket
@@ -83,6 +84,7 @@ class Worker:
             await self.start()
         except NOT_TRANSIENT as exc:
             raise startup_failure(self.role, exc) from exc
+        freeze_startup_heap()
         background = [asyncio.create_task(self._heartbeat_loop()), asyncio.create_task(self._keepalive_loop())]
         self.log.info("started", pid=os.getpid())
         self._loop_started = time.monotonic()
@@ -185,6 +187,16 @@ class Worker:
     @property
     def caught_up(self) -> dict[str, bool]:
         return self.consumer.caught_up
+
+
+def freeze_startup_heap() -> None:
+    """Move everything alive after start-up (modules, torch, a model, the config) out of the cyclic
+    garbage collector's reach: its full collections otherwise walk all of them again and again while
+    the loop allocates messages (the trainer's intake; measured in docs/performance.md, "Message path").
+    Start-up's own garbage is collected first, so nothing collectable is frozen; what start-up keeps
+    (engines, models, tables) lives as long as the worker, so freezing it loses nothing."""
+    gc.collect()
+    gc.freeze()
 
 
 def startup_failure(role: str, exc: BaseException) -> FatalError:

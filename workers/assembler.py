@@ -230,7 +230,7 @@ class Assembler:
             else:
                 await self._attach(g, eid, a)
         if r.group_id not in self.closed:
-            await self._check_group(g)
+            await self._check_group(g, r.rollout_id)
 
     async def _add_annotation(self, entry_id: str, a: Annotation) -> None:
         group_id = parse_rollout_id(a.rollout_id)[0]
@@ -264,7 +264,7 @@ class Assembler:
             if self.join.on_error(a.key) != "default":
                 await self._close(g.group_id, "failed", reason=f"{a.key}: {a.error}")
                 return
-        await self._check_group(g)
+        await self._check_group(g, a.rollout_id)
 
     async def _ack_unknown(self) -> None:
         """Every rollout added before the last read has been read: held annotations name no rollout."""
@@ -282,10 +282,13 @@ class Assembler:
         self.held.clear()
         await self.broker.ack(self.keys.annotations, GROUP, ids)
 
-    async def _check_group(self, g: PendingGroup) -> None:
+    async def _check_group(self, g: PendingGroup, changed: str = "") -> None:
+        """Move `g` to `ready` if it is complete; `changed`: the rollout id whose entry was just filed."""
         if g.completed_at or len(g.rollouts) < g.group_size:
             return
         g.full_at = g.full_at or time.time()
+        if changed and self.join.missing([changed], self.annotations):
+            return  # that rollout still waits: the group does too (the whole-group check is per entry O(group))
         if self.join.missing(list(g.rollouts), self.annotations):
             return
         g.completed_at = time.time()
@@ -358,16 +361,14 @@ class Assembler:
         return r_ids, a_ids + held
 
     async def _ack_group(self, *group_ids: str) -> None:
-        """Ack every entry of these groups (one XACK per stream) and forget them."""
+        """Ack every entry of these groups (both streams in one round trip) and forget them."""
         r_ids, a_ids = [], []
         for group_id in group_ids:
             r, a = self._entry_ids(group_id)
             r_ids += r
             a_ids += a
-        if r_ids:
-            await self.broker.ack(self.keys.rollouts, GROUP, r_ids)
-        if a_ids:
-            await self.broker.ack(self.keys.annotations, GROUP, a_ids)
+        # One round trip for both streams: per batch this is on the trainer's critical path.
+        await self.broker.ack_many(GROUP, {self.keys.rollouts: r_ids, self.keys.annotations: a_ids})
         for group_id in group_ids:
             g = self.groups.pop(group_id, None)
             for rid in g.rollouts if g else {}:

@@ -55,10 +55,10 @@ class JoinPolicy:
 
     def invalid(self, a: Annotation) -> str:
         """Why `a` cannot be used whatever its rollout ('' if it can): a value of the wrong shape."""
-        who = f"annotation {a.key!r} from producer {a.producer!r} for rollout {a.rollout_id!r}"
         shape = self.shape(a.key)
         if shape is None or a.error:
             return ""  # an unused key is never read; an error annotation applies its key's policy
+        who = f"annotation {a.key!r} from producer {a.producer!r} for rollout {a.rollout_id!r}"
         if shape == "scalar" and isinstance(a.value, np.ndarray):
             return (
                 f"{who}: {a.key!r} is a scalar key, but the value is {len(a.value)} packed float32 values; "

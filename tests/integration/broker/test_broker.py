@@ -263,3 +263,50 @@ async def test_touch_keeps_in_progress_entries_from_being_claimed(broker, run_na
     await _asyncio.sleep(0.3)
     stolen = await broker.claim_idle(stream, "g", "thief", min_idle_ms=200)
     assert [e.id for e in stolen] == [entry.id]
+
+
+async def _pending(broker, stream: str, group: str) -> int:
+    return (await broker.client.xpending(stream, group))["pending"]
+
+
+async def _evalsha_calls(broker) -> int:
+    return int((await broker.client.info("commandstats")).get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_ack_many_acks_several_streams_in_one_round_trip(broker, run_name):
+    keys = Keys(run_name)
+    r_ids, a_ids = [], []
+    for stream, ids, n in ((keys.rollouts, r_ids, 1200), (keys.annotations, a_ids, 3)):
+        await broker.ensure_group(stream, "trainer")
+        ids += await broker.add_many(stream, [b"%d" % i for i in range(n)])
+        assert len(await broker.read_group(stream, "trainer", "t", count=n + 1, block_ms=None)) == n
+    assert await broker.ack_many("trainer", {keys.rollouts: [], keys.annotations: []}) == 0
+    assert await broker.ack_many("trainer", {keys.rollouts: r_ids[:1], keys.annotations: a_ids[:1]}) == 2
+    calls = await _evalsha_calls(broker)  # the script is loaded now (redis-py's first EVALSHA loads it)
+    # 1,198 rollout ids: past the script's 500-id slices (Lua's unpack() has a stack limit).
+    assert await broker.ack_many("trainer", {keys.rollouts: r_ids[1:-1], keys.annotations: a_ids[1:]}) == 1200
+    assert await _evalsha_calls(broker) == calls + 1
+    assert await _pending(broker, keys.rollouts, "trainer") == 1
+    assert await _pending(broker, keys.annotations, "trainer") == 0
+    assert await broker.ack_many("trainer", {keys.rollouts: r_ids, keys.annotations: a_ids}) == 1  # idempotent
+
+
+async def test_add_and_ack_publishes_then_acks_in_one_round_trip(broker, run_name):
+    keys = Keys(run_name)
+    await broker.ensure_group(keys.rollouts, "reward")
+    ids = await broker.add_many(keys.rollouts, [b"r1", b"r2"])
+    await broker.read_group(keys.rollouts, "reward", "w", count=10, block_ms=None)
+    await broker.add_and_ack(keys.annotations, [b"a0"], keys.rollouts, "reward", ids[:1])  # loads the script
+    calls = await _evalsha_calls(broker)
+    added = await broker.add_and_ack(keys.annotations, [b"a1", b"a2"], keys.rollouts, "reward", ids[1:], maxlen=100)
+    assert await _evalsha_calls(broker) == calls + 1
+    assert [e.data for e in await broker.read(keys.annotations)] == [b"a0", b"a1", b"a2"]
+    assert [e.id for e in await broker.read(keys.annotations)][1:] == added
+    assert await _pending(broker, keys.rollouts, "reward") == 0
+    # Without scripts (a restricted producer user): the same effects, the ack after the add.
+    broker._batch_script = False
+    more = await broker.add_many(keys.rollouts, [b"r3"])
+    await broker.read_group(keys.rollouts, "reward", "w", count=10, block_ms=None)
+    assert len(await broker.add_and_ack(keys.annotations, [b"a3"], keys.rollouts, "reward", more)) == 1
+    assert await _pending(broker, keys.rollouts, "reward") == 0
+    assert await broker.ack_many("reward", {keys.rollouts: more, keys.annotations: []}) == 0

@@ -137,3 +137,20 @@ async def test_scripts_run_where_their_keys_live(sharded, run_name):
     assert int(await sharded.get(keys.feeder_admitted)) == 7
     with pytest.raises(ConfigError, match="place these keys on one server"):
         await sharded.script(src, [keys.feeder_admitted, keys.annotations], [1])
+
+
+async def test_acks_and_publish_then_ack_span_servers(sharded, run_name):
+    keys = Keys(run_name)
+    ids = {}
+    for stream in (keys.rollouts, keys.annotations):
+        await sharded.ensure_group(stream, "trainer")
+        ids[stream] = await sharded.add_many(stream, [b"x", b"y"])
+        await sharded.read_group(stream, "trainer", "t", count=10, block_ms=None)
+    assert await sharded.ack_many("trainer", ids) == 4  # one call per server
+    for stream in ids:
+        assert (await sharded.group_info(stream))[0]["pending"] == 0
+    await sharded.ensure_group(keys.rollouts, "reward")
+    await sharded.read_group(keys.rollouts, "reward", "w", count=10, block_ms=None)
+    added = await sharded.add_and_ack(keys.annotations, [b"a"], keys.rollouts, "reward", ids[keys.rollouts])
+    assert [e.id for e in await sharded.read(keys.annotations)][-1:] == added
+    assert {g["name"]: g["pending"] for g in await sharded.group_info(keys.rollouts)}["reward"] == 0
