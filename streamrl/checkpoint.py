@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from streamrl.checkpoint_staging import staging_buffers
 from streamrl.errors import StreamRLError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -95,6 +96,8 @@ class PendingCheckpoint:
         self.stall_s = 0.0
         """Seconds the calling (training) thread spent in start(): waiting for the previous
         checkpoint, collecting and staging the state; the write itself is not in it."""
+        self.prepare_s = 0.0
+        """Seconds a helper thread spent allocating the staging buffers (Checkpointer.prepare)."""
         self._lock = threading.Lock()
         self._final: Path | None = None
 
@@ -143,11 +146,13 @@ def _publish(p: PendingCheckpoint) -> None:
 
 class Checkpointer:
     """One rank's checkpoint writer. start() is collective and returns once the state is staged (a
-    CPU copy, pinned on CUDA, reused across saves); the files are written on a background thread
+    CPU copy into buffers pinned on CUDA, allocated once by prepare() off the training thread and
+    reused across saves); the files are written on a background thread
     (dcp.async_save over a gloo group of its own, so it never shares a collective with training).
     One checkpoint is in flight at a time: start() and wait() first finish the previous one.
 
         ckpt = Checkpointer(run_dir, keep=2)
+        ckpt.prepare(engine)                           # after an optimizer step: buffers allocated aside
         pending = ckpt.start(engine, version, meta)   # training continues while it writes
         ckpt.wait()                                    # before exit, or pending.finalize()
     """
@@ -159,18 +164,61 @@ class Checkpointer:
         self.pending: PendingCheckpoint | None = None
         self._group = None
         self._stager = None
+        self._preparing: Future | None = None
+        """The staging buffers being allocated on a helper thread (prepare); start() waits for it."""
+        self.prepare_s = 0.0
+        """Seconds the helper thread took to allocate the staging buffers (0 until prepared)."""
 
     def _setup(self) -> None:
         if self._stager is not None:
             return
         from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
-        # BlockingAsyncStager copies tensor by tensor into CPU buffers (pinned and reused on CUDA;
-        # pinning needs CUDA). Not DefaultStager: its deepcopy-based stager in torch 2.11 has no
-        # entry for `type` objects and fails on FSDP state ("KeyError: <class 'type'>", seen on H200).
-        self._stager = BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_available())
-        if dist.is_initialized():  # collective: every rank's first start() creates it
+        # BlockingAsyncStager copies tensor by tensor into its cached CPU buffers, which
+        # streamrl.checkpoint_staging allocates (pinned on CUDA) once and every save reuses. Not
+        # DefaultStager: its deepcopy-based stager in torch 2.11 has no entry for `type` objects
+        # and fails on FSDP state ("KeyError: <class 'type'>", seen on H200).
+        self._stager = BlockingAsyncStager(cache_staged_state_dict=True)
+        if dist.is_initialized():  # collective: every rank's first prepare() or start() creates it
             self._group = dist.new_group(backend="gloo")
+
+    def prepare(self, engine) -> None:
+        """Allocate the staging buffers on a helper thread, so the first save only copies into them.
+        Collective (the gloo group): every rank calls it at the same point of the step sequence
+        (workers/rank_step.py, after each optimizer step). A no-op until the optimizer has state
+        (AdamW creates it at its first step; get_state_dict would otherwise fake a step) and once
+        done; blocking saves stage nothing."""
+        if not self.background or self._preparing is not None or not engine.optimizer.state:
+            return
+        if self._stager is not None and self._stager.state_dict_cache is not None:
+            return
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self._setup()
+        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+        state = {"model": model_sd, "optim": optim_sd}  # references: only shapes and dtypes are read
+        future: Future = Future()
+
+        def allocate() -> None:
+            t0 = time.perf_counter()
+            try:
+                buffers = staging_buffers(state)
+            except BaseException as exc:  # start() re-raises it on the training thread
+                future.set_exception(exc)
+            else:
+                self.prepare_s = time.perf_counter() - t0
+                future.set_result(buffers)
+
+        self._preparing = future
+        threading.Thread(target=allocate, name="checkpoint-staging", daemon=True).start()
+
+    def _staged_cache(self, state: dict) -> None:
+        """The stager's buffers before a save: the prepared ones (waiting for the helper thread if
+        it is still allocating), else allocated now."""
+        if self._stager.state_dict_cache is not None:
+            return
+        preparing, self._preparing = self._preparing, None
+        self._stager.state_dict_cache = preparing.result() if preparing is not None else staging_buffers(state)
 
     def start(self, engine, version: int, meta: dict) -> PendingCheckpoint:
         """Stage checkpoint `version` and start writing it (collective); see the class docstring."""
@@ -198,6 +246,7 @@ class Checkpointer:
         state = {"model": model_sd, "optim": optim_sd}
         writer = self.storage_writer(str(tmp)) if self.storage_writer else None
         if self.background:
+            self._staged_cache(state)
             future = dcp.async_save(
                 state,
                 checkpoint_id=str(tmp),
@@ -210,6 +259,7 @@ class Checkpointer:
             future.set_result(dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer))
         self.pending = PendingCheckpoint(self.root, version, meta, self.keep, future, time.time())
         self.pending.stall_s = time.perf_counter() - t0
+        self.pending.prepare_s = self.prepare_s
         return self.pending
 
     def wait(self) -> Path | None:
@@ -221,6 +271,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._preparing = None
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None

@@ -167,6 +167,7 @@ class TrainerWorker(Worker):
             policy_version=pending.version,
             write_s=round(time.time() - pending.started, 3),
             stall_s=round(pending.stall_s, 4),
+            staging_prepare_s=round(pending.prepare_s, 3),
         )
         for batch in batches:
             await self.assembler.commit(batch)

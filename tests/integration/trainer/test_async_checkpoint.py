@@ -183,3 +183,79 @@ def _mode_main(run_dir: str, background: bool, rank: int, world: int) -> None:
         assert pending.done()
     assert ckpt.wait() == Path(run_dir) / "checkpoints" / "step-00000001"
     ckpt.close()
+
+
+def make_sharded_engine(seed: int, world: int) -> SimpleNamespace:
+    """make_engine's model, FSDP2-sharded over `world` CPU ranks (its state dicts hold DTensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, steps_done=0)
+
+
+def full_snapshot(engine) -> dict:
+    """snapshot() of a sharded engine: every DTensor gathered (collective)."""
+    from torch.distributed.tensor import DTensor
+
+    def full(t):
+        return t.full_tensor().clone() if isinstance(t, DTensor) else t.clone()
+
+    return {
+        "model": {k: full(v) for k, v in engine.model.state_dict().items()},
+        "adam": {i: {k: full(v) for k, v in s.items()} for i, s in engine.optimizer.state_dict()["state"].items()},
+        "lr": engine.scheduler.get_last_lr(),
+        "steps": engine.steps_done,
+    }
+
+
+def _local_ptrs(buffers) -> list[int]:
+    from torch.distributed.tensor import DTensor
+
+    out = []
+    for group in buffers.values():
+        for v in group.values() if isinstance(group, dict) else []:
+            for t in v.values() if isinstance(v, dict) else [v]:
+                if isinstance(t, torch.Tensor) and t.dim() > 0:
+                    out.append((t._local_tensor if isinstance(t, DTensor) else t).data_ptr())
+    return out
+
+
+def _prepared_main(run_dir: str, rank: int, world: int) -> None:
+    run_dir = Path(run_dir)
+    engine = make_sharded_engine(0, world)
+    ckpt = Checkpointer(run_dir, keep=3)
+    ckpt.prepare(engine)  # no optimizer state before the first step: nothing to shape buffers on
+    assert ckpt._preparing is None
+    train(engine, 1)
+    ckpt.prepare(engine)
+    buffers = ckpt._preparing.result(timeout=60)  # allocated on the helper thread, before any save
+    assert ckpt.prepare_s > 0 and _local_ptrs(buffers)
+    at_save = [full_snapshot(engine)]
+    first = ckpt.start(engine, 1, {})
+    # The save copied into the prepared buffers (it allocated none), and the next save reuses them.
+    assert ckpt._stager.state_dict_cache is buffers and first.prepare_s == ckpt.prepare_s
+    train(engine, 2)
+    ckpt.prepare(engine)  # prepared once: a no-op
+    at_save.append(full_snapshot(engine))
+    ckpt.start(engine, 3, {})
+    assert ckpt._stager.state_dict_cache is buffers
+    assert _local_ptrs(ckpt._stager.state_dict_cache) == _local_ptrs(buffers)
+    ckpt.close()
+    # Each checkpoint holds the state at its own save: the second save overwrote the buffers only
+    # after the first one's write had finished.
+    for version, want in zip((1, 3), at_save):
+        fresh = make_sharded_engine(1, world)
+        load_checkpoint(fresh, list_checkpoints(run_dir)[version])
+        assert_same(full_snapshot(fresh), want)
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_prepared_staging_buffers_are_allocated_before_the_first_save_and_reused(tmp_path, world):
+    launch(world, functools.partial(_prepared_main, str(tmp_path)))
