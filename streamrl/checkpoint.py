@@ -212,6 +212,18 @@ class Checkpointer:
         self._preparing = future
         threading.Thread(target=allocate, name="checkpoint-staging", daemon=True).start()
 
+    def prepared(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds for prepare()'s buffers; True once they are allocated."""
+        if self._stager is not None and self._stager.state_dict_cache is not None:
+            return True
+        if self._preparing is None:
+            return False
+        try:
+            self._preparing.result(timeout)
+        except TimeoutError:
+            return False
+        return True
+
     def _staged_cache(self, state: dict) -> None:
         """The stager's buffers before a save: the prepared ones (waiting for the helper thread if
         it is still allocating), else allocated now."""
