@@ -34,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from streamrl.checkpoint_staging import staging_buffers
+from streamrl.checkpoint_staging import BufferPool, optimizer_slots, staging_buffers
 from streamrl.errors import StreamRLError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -152,7 +152,7 @@ class Checkpointer:
     One checkpoint is in flight at a time: start() and wait() first finish the previous one.
 
         ckpt = Checkpointer(run_dir, keep=2)
-        ckpt.prepare(engine)                           # after an optimizer step: buffers allocated aside
+        ckpt.prepare(engine)                           # at start-up and after each step (see prepare)
         pending = ckpt.start(engine, version, meta)   # training continues while it writes
         ckpt.wait()                                    # before exit, or pending.finalize()
     """
@@ -165,7 +165,7 @@ class Checkpointer:
         self._group = None
         self._stager = None
         self._preparing: Future | None = None
-        """The staging buffers being allocated on a helper thread (prepare); start() waits for it."""
+        """The BufferPool being allocated on a helper thread (prepare), until the buffers take from it."""
         self.prepare_s = 0.0
         """Seconds the helper thread took to allocate the staging buffers (0 until prepared)."""
 
@@ -183,37 +183,54 @@ class Checkpointer:
             self._group = dist.new_group(backend="gloo")
 
     def prepare(self, engine) -> None:
-        """Allocate the staging buffers on a helper thread, so the first save only copies into them.
-        Collective (the gloo group): every rank calls it at the same point of the step sequence
-        (workers/rank_step.py, after each optimizer step). A no-op until the optimizer has state
-        (AdamW creates it at its first step; get_state_dict would otherwise fake a step) and once
-        done; blocking saves stage nothing."""
-        if not self.background or self._preparing is not None or not engine.optimizer.state:
+        """Make the first save copy only, as every later one does. Collective (the gloo group):
+        every rank calls it at the same points of the step sequence, at start-up (workers/trainer.py,
+        before the first batch) and after each optimizer step (workers/rank_step.py).
+
+        At start-up a helper thread allocates a BufferPool (streamrl/checkpoint_staging.py) from the
+        model's tensors and the optimizer's per-parameter slots. Once the optimizer has state (after
+        its first step; get_state_dict would otherwise fake a step) and the pool is complete, the
+        staging buffers take the state's structure, from the pool: no allocation on the training
+        thread. A no-op once done, and for blocking saves (they stage nothing)."""
+        if not self.background or (self._stager is not None and self._stager.state_dict_cache is not None):
             return
-        if self._stager is not None and self._stager.state_dict_cache is not None:
-            return
-        from torch.distributed.checkpoint.state_dict import get_state_dict
+        if self._preparing is None:
+            self._allocate_pool(engine)
+        if engine.optimizer.state and self._preparing.done():
+            self._assemble(engine)
+
+    def _allocate_pool(self, engine) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         self._setup()
-        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
-        state = {"model": model_sd, "optim": optim_sd}  # references: only shapes and dtypes are read
+        model_sd = get_model_state_dict(engine.model)  # references: only shapes and dtypes are read
+        params, slots = list(engine.model.parameters()), optimizer_slots(engine.optimizer)
         future: Future = Future()
 
         def allocate() -> None:
             t0 = time.perf_counter()
             try:
-                buffers = staging_buffers(state)
+                pool = BufferPool.for_training(model_sd, params, slots)
             except BaseException as exc:  # start() re-raises it on the training thread
                 future.set_exception(exc)
             else:
                 self.prepare_s = time.perf_counter() - t0
-                future.set_result(buffers)
+                future.set_result(pool)
 
         self._preparing = future
         threading.Thread(target=allocate, name="checkpoint-staging", daemon=True).start()
 
+    def _assemble(self, engine) -> None:
+        """The staging buffers from the pool (waits for it), in the shape of the current state."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        pool = self._preparing.result()
+        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+        self._stager.state_dict_cache = pool.staging_buffers({"model": model_sd, "optim": optim_sd})
+        self._preparing = None
+
     def prepared(self, timeout: float | None = None) -> bool:
-        """Wait up to `timeout` seconds for prepare()'s buffers; True once they are allocated."""
+        """Wait up to `timeout` seconds for prepare()'s pool; True once it is allocated."""
         if self._stager is not None and self._stager.state_dict_cache is not None:
             return True
         if self._preparing is None:
@@ -224,13 +241,15 @@ class Checkpointer:
             return False
         return True
 
-    def _staged_cache(self, state: dict) -> None:
-        """The stager's buffers before a save: the prepared ones (waiting for the helper thread if
-        it is still allocating), else allocated now."""
+    def _staged_cache(self, engine, state: dict) -> None:
+        """The stager's buffers before a save: from the prepared pool (waiting for the helper thread
+        if it is still allocating), else allocated now."""
         if self._stager.state_dict_cache is not None:
             return
-        preparing, self._preparing = self._preparing, None
-        self._stager.state_dict_cache = preparing.result() if preparing is not None else staging_buffers(state)
+        if self._preparing is not None:
+            self._assemble(engine)
+        else:
+            self._stager.state_dict_cache = staging_buffers(state)
 
     def start(self, engine, version: int, meta: dict) -> PendingCheckpoint:
         """Stage checkpoint `version` and start writing it (collective); see the class docstring."""
@@ -258,7 +277,7 @@ class Checkpointer:
         state = {"model": model_sd, "optim": optim_sd}
         writer = self.storage_writer(str(tmp)) if self.storage_writer else None
         if self.background:
-            self._staged_cache(state)
+            self._staged_cache(engine, state)
             future = dcp.async_save(
                 state,
                 checkpoint_id=str(tmp),

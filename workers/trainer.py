@@ -360,7 +360,9 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     warm_up(engine, cfg)
     tc = cfg.trainer
     snapshot = partial(publisher_class(cfg.weights.backend).snapshot, dtype=cfg.model.dtype)
-    ranks = RankStep(engine, snapshot, Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async))
+    checkpointer = Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async)
+    checkpointer.prepare(engine)  # the staging buffers, allocated while the generators start
+    ranks = RankStep(engine, snapshot, checkpointer)
     if rank == 0:
         serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed), broker_url)
     else:

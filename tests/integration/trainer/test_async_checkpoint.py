@@ -215,38 +215,42 @@ def full_snapshot(engine) -> dict:
     }
 
 
-def _local_ptrs(buffers) -> list[int]:
+def _ptrs(tree) -> list[int]:
+    """data_ptr of every non-scalar tensor in a nested state (a DTensor's local tensor)."""
     from torch.distributed.tensor import DTensor
 
-    out = []
-    for group in buffers.values():
-        for v in group.values() if isinstance(group, dict) else []:
-            for t in v.values() if isinstance(v, dict) else [v]:
-                if isinstance(t, torch.Tensor) and t.dim() > 0:
-                    out.append((t._local_tensor if isinstance(t, DTensor) else t).data_ptr())
-    return out
+    if isinstance(tree, torch.Tensor):
+        local = tree._local_tensor if isinstance(tree, DTensor) else tree
+        return [local.data_ptr()] if tree.dim() > 0 else []
+    if isinstance(tree, dict):
+        return [p for v in tree.values() for p in _ptrs(v)]
+    if isinstance(tree, (list, tuple)):
+        return [p for v in tree for p in _ptrs(v)]
+    return []
 
 
 def _prepared_main(run_dir: str, rank: int, world: int) -> None:
     run_dir = Path(run_dir)
     engine = make_sharded_engine(0, world)
     ckpt = Checkpointer(run_dir, keep=3)
-    ckpt.prepare(engine)  # no optimizer state before the first step: nothing to shape buffers on
-    assert ckpt._preparing is None
+    ckpt.prepare(engine)  # start-up, no optimizer state yet: the pool is allocated on a helper thread
+    assert ckpt.prepared(timeout=60) and ckpt.prepare_s > 0
+    pooled = {p for ts in ckpt._preparing.result().free.values() for t in ts for p in _ptrs(t)}
+    # One buffer per model tensor and two (exp_avg, exp_avg_sq) per parameter.
+    assert len(pooled) == 3 * len(list(engine.model.parameters()))
     train(engine, 1)
-    ckpt.prepare(engine)
-    buffers = ckpt._preparing.result(timeout=60)  # allocated on the helper thread, before any save
-    assert ckpt.prepare_s > 0 and _local_ptrs(buffers)
+    ckpt.prepare(engine)  # after the first step: the buffers take the state's structure from the pool
+    buffers = ckpt._stager.state_dict_cache
+    assert buffers is not None and len(_ptrs(buffers)) == len(pooled) and set(_ptrs(buffers)) == pooled
     at_save = [full_snapshot(engine)]
     first = ckpt.start(engine, 1, {})
-    # The save copied into the prepared buffers (it allocated none), and the next save reuses them.
+    # The save copied into those buffers (it allocated none), and the next save reuses them.
     assert ckpt._stager.state_dict_cache is buffers and first.prepare_s == ckpt.prepare_s
     train(engine, 2)
-    ckpt.prepare(engine)  # prepared once: a no-op
+    ckpt.prepare(engine)  # prepared: a no-op
     at_save.append(full_snapshot(engine))
     ckpt.start(engine, 3, {})
-    assert ckpt._stager.state_dict_cache is buffers
-    assert _local_ptrs(ckpt._stager.state_dict_cache) == _local_ptrs(buffers)
+    assert ckpt._stager.state_dict_cache is buffers and _ptrs(ckpt._stager.state_dict_cache) == _ptrs(buffers)
     ckpt.close()
     # Each checkpoint holds the state at its own save: the second save overwrote the buffers only
     # after the first one's write had finished.
@@ -254,6 +258,25 @@ def _prepared_main(run_dir: str, rank: int, world: int) -> None:
         fresh = make_sharded_engine(1, world)
         load_checkpoint(fresh, list_checkpoints(run_dir)[version])
         assert_same(full_snapshot(fresh), want)
+
+
+def _unprepared_main(run_dir: str, rank: int, world: int) -> None:
+    """A save with no prepare() before it still works (buffers allocated by start())."""
+    engine = make_engine(0)
+    train(engine, 1)
+    ckpt = Checkpointer(Path(run_dir))
+    at_save = snapshot(engine)
+    ckpt.start(engine, 1, {})
+    assert ckpt._stager.state_dict_cache is not None
+    path = ckpt.wait()
+    ckpt.close()
+    fresh = make_engine(1)
+    load_checkpoint(fresh, path)
+    assert_same(snapshot(fresh), at_save)
+
+
+def test_a_save_without_prepare_allocates_its_buffers(tmp_path):
+    launch(1, functools.partial(_unprepared_main, str(tmp_path)))
 
 
 @pytest.mark.parametrize("world", [1, 2])
