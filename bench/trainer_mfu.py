@@ -13,7 +13,9 @@ instead of trainer.logprob_chunk_tokens chunks), chunk=N, mbt=N (trainer.micro_b
 mbs=N (trainer.micro_batch_size).
 --ragged draws each completion's length uniformly in 1..completion-len (pad waste; tokens/s counts
 real tokens). --checkpoint also times, per variant, a blocking save and two background saves
-(streamrl.checkpoint.Checkpointer): the training thread's stall and the write's duration. A variant
+(streamrl.checkpoint.Checkpointer): the training thread's stall and the write's duration.
+--publish times packing the weights on the device as a cuda_ipc publish does, from the engine's
+weight stream and from the whole-state default (full_state_dict) for comparison. A variant
 that runs out of GPU memory is reported as OOM with its peak, and the others still run.
 
     python -m bench.trainer_mfu --config configs/qwen3-1.7b-train.yaml --variants hf,torchtitan   # GPU
@@ -61,6 +63,12 @@ def add_arguments(p) -> None:
         "--checkpoint", action="store_true", help="also time a blocking and two background checkpoint saves per variant"
     )
     p.add_argument("--checkpoint-dir", default=None, help="where the timed checkpoints go (default: a temp dir)")
+    p.add_argument(
+        "--publish",
+        action="store_true",
+        help="also time packing the weights on the trainer's device (a cuda_ipc publish), from the engine's "
+        "weight stream and from the whole-state default",
+    )
 
 
 def flops_per_token(hf: dict, seq_len: int) -> float:
@@ -120,9 +128,34 @@ def _peak_gb(device) -> float:
     return torch.cuda.max_memory_allocated(device) / 2**30 if device.type == "cuda" else 0.0
 
 
+def time_publish(engine, dtype: str, repeats: int = 3) -> dict:
+    """Seconds to pack the weights on the trainer's device as a cuda_ipc publish does (device copies
+    included), from the engine's weight stream and from the whole-state default it replaced
+    (full_state_dict: CPU copies, HF names over the whole dict)."""
+    import torch
+
+    from streamrl.weightstores.cuda_ipc_publish import pack_stream
+    from workers.engine_interface import TrainerEngine
+
+    streams = {"publish_stream_s": engine.weight_stream, "publish_whole_s": lambda: TrainerEngine.weight_stream(engine)}
+    out = {}
+    for key, stream in streams.items():
+        times = []
+        for _ in range(repeats):
+            _sync(engine.device)
+            t = time.perf_counter()
+            packed = pack_stream(stream(), engine.device, getattr(torch, dtype))
+            _sync(engine.device)
+            times.append(time.perf_counter() - t)
+            del packed
+        out[key] = times
+    return out
+
+
 def time_checkpoints(engine, ckpt_dir: Path) -> dict:
-    """A blocking save, then two background saves (the first also allocates the staging buffers):
-    the seconds each blocked the caller, and how long the background write took to be complete."""
+    """A blocking save, then two background saves (their staging buffers allocated beforehand by
+    Checkpointer.prepare, as the trainer does after its first step): the seconds each blocked the
+    caller, the buffers' allocation off the caller's thread, and how long each write took."""
     import shutil
 
     from streamrl.checkpoint import Checkpointer
@@ -134,6 +167,9 @@ def time_checkpoints(engine, ckpt_dir: Path) -> dict:
         out["checkpoint_sync_stall_s"] = sync.start(engine, 1, {}).stall_s
         sync.close()
         ckpt = Checkpointer(ckpt_dir, keep=1)
+        ckpt.prepare(engine)
+        ckpt.prepared()
+        out["checkpoint_prepare_s"] = ckpt.prepare_s
         stalls, writes = [], []
         for version in (2, 3):
             _sync(engine.device)
@@ -149,7 +185,9 @@ def time_checkpoints(engine, ckpt_dir: Path) -> dict:
     return out
 
 
-def _rank_main(cfg, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None, rank: int, world: int) -> None:
+def _rank_main(
+    cfg, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None, publish: bool, rank: int, world: int
+) -> None:
     import torch
 
     from workers.trainer_engines import make_engine
@@ -183,6 +221,8 @@ def _rank_main(cfg, batch, warmup: int, steps: int, out: str, ckpt_dir: str | No
         "padded_tokens": m["padded_tokens"],
         **{k: getattr(cfg.trainer, k) for k in ("micro_batch_size", "micro_batch_tokens", "logprob_chunk_tokens")},
     }
+    if publish:
+        result.update(time_publish(engine, cfg.model.dtype))
     if ckpt_dir is not None:
         result.update(time_checkpoints(engine, Path(ckpt_dir)))
     Path(out).write_text(json.dumps(result))
@@ -212,12 +252,14 @@ def apply_variant(cfg, variant: str) -> None:
             )
 
 
-def _variant_main(cfg, variant: str, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None) -> None:
+def _variant_main(
+    cfg, variant: str, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None, publish: bool
+) -> None:
     """One variant in a fresh process (its own CUDA context, compile caches and memory)."""
     from workers.dist import launch
 
     apply_variant(cfg, variant)
-    launch(1, functools.partial(_rank_main, cfg, batch, warmup, steps, out, ckpt_dir))
+    launch(1, functools.partial(_rank_main, cfg, batch, warmup, steps, out, ckpt_dir, publish))
 
 
 def run(args) -> int:
@@ -267,7 +309,16 @@ def _measure(args, out_dir: Path) -> int:
             ckpt_dir = str(Path(tmp) / name) if args.checkpoint else None
             proc = ctx.Process(
                 target=_variant_main,
-                args=(cfg.model_copy(deep=True), variant, batch, args.warmup, args.steps, str(out), ckpt_dir),
+                args=(
+                    cfg.model_copy(deep=True),
+                    variant,
+                    batch,
+                    args.warmup,
+                    args.steps,
+                    str(out),
+                    ckpt_dir,
+                    args.publish,
+                ),
             )
             proc.start()
             proc.join()
@@ -314,9 +365,18 @@ def _report(variant: str, exitcode: int | None, out: Path, tokens: int, fpt: flo
         f"padding {100 * r['pad_frac']:.0f}%  (load {r['load_s']:.0f}s, grad_norm {r['grad_norm']:.3g})",
         flush=True,
     )
+    if "publish_stream_s" in r:
+        print(
+            f"{'':>22}  publish (pack on the device): weight stream "
+            + ", ".join(f"{s:.3f}s" for s in r["publish_stream_s"])
+            + "; whole state "
+            + ", ".join(f"{s:.3f}s" for s in r["publish_whole_s"]),
+            flush=True,
+        )
     if "checkpoint_sync_stall_s" in r:
         print(
-            f"{'':>22}  checkpoint: blocking save {r['checkpoint_sync_stall_s']:.2f}s; background save stalls "
+            f"{'':>22}  checkpoint: blocking save {r['checkpoint_sync_stall_s']:.2f}s; staging buffers "
+            f"{r['checkpoint_prepare_s']:.2f}s off the training thread; background save stalls "
             + ", ".join(f"{s:.2f}s" for s in r["checkpoint_async_stall_s"])
             + " (writes "
             + ", ".join(f"{w:.2f}s" for w in r["checkpoint_async_write_s"])

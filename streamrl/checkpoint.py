@@ -34,6 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from streamrl.checkpoint_staging import BufferPool, optimizer_slots, staging_buffers
 from streamrl.errors import StreamRLError
 
 _STEP_DIR = re.compile(r"^step-(\d+)$")
@@ -95,6 +96,8 @@ class PendingCheckpoint:
         self.stall_s = 0.0
         """Seconds the calling (training) thread spent in start(): waiting for the previous
         checkpoint, collecting and staging the state; the write itself is not in it."""
+        self.prepare_s = 0.0
+        """Seconds a helper thread spent allocating the staging buffers (Checkpointer.prepare)."""
         self._lock = threading.Lock()
         self._final: Path | None = None
 
@@ -143,11 +146,13 @@ def _publish(p: PendingCheckpoint) -> None:
 
 class Checkpointer:
     """One rank's checkpoint writer. start() is collective and returns once the state is staged (a
-    CPU copy, pinned on CUDA, reused across saves); the files are written on a background thread
+    CPU copy into buffers pinned on CUDA, allocated once by prepare() off the training thread and
+    reused across saves); the files are written on a background thread
     (dcp.async_save over a gloo group of its own, so it never shares a collective with training).
     One checkpoint is in flight at a time: start() and wait() first finish the previous one.
 
         ckpt = Checkpointer(run_dir, keep=2)
+        ckpt.prepare(engine)                           # at start-up and after each step (see prepare)
         pending = ckpt.start(engine, version, meta)   # training continues while it writes
         ckpt.wait()                                    # before exit, or pending.finalize()
     """
@@ -159,18 +164,92 @@ class Checkpointer:
         self.pending: PendingCheckpoint | None = None
         self._group = None
         self._stager = None
+        self._preparing: Future | None = None
+        """The BufferPool being allocated on a helper thread (prepare), until the buffers take from it."""
+        self.prepare_s = 0.0
+        """Seconds the helper thread took to allocate the staging buffers (0 until prepared)."""
 
     def _setup(self) -> None:
         if self._stager is not None:
             return
         from torch.distributed.checkpoint.staging import BlockingAsyncStager
 
-        # BlockingAsyncStager copies tensor by tensor into CPU buffers (pinned and reused on CUDA;
-        # pinning needs CUDA). Not DefaultStager: its deepcopy-based stager in torch 2.11 has no
-        # entry for `type` objects and fails on FSDP state ("KeyError: <class 'type'>", seen on H200).
-        self._stager = BlockingAsyncStager(cache_staged_state_dict=torch.cuda.is_available())
-        if dist.is_initialized():  # collective: every rank's first start() creates it
+        # BlockingAsyncStager copies tensor by tensor into its cached CPU buffers, which
+        # streamrl.checkpoint_staging allocates (pinned on CUDA) once and every save reuses. Not
+        # DefaultStager: its deepcopy-based stager in torch 2.11 has no entry for `type` objects
+        # and fails on FSDP state ("KeyError: <class 'type'>", seen on H200).
+        self._stager = BlockingAsyncStager(cache_staged_state_dict=True)
+        if dist.is_initialized():  # collective: every rank's first prepare() or start() creates it
             self._group = dist.new_group(backend="gloo")
+
+    def prepare(self, engine) -> None:
+        """Make the first save copy only, as every later one does. Collective (the gloo group):
+        every rank calls it at the same points of the step sequence, at start-up (workers/trainer.py,
+        before the first batch) and after each optimizer step (workers/rank_step.py).
+
+        At start-up a helper thread allocates a BufferPool (streamrl/checkpoint_staging.py) from the
+        model's tensors and the optimizer's per-parameter slots. Once the optimizer has state (after
+        its first step; get_state_dict would otherwise fake a step) and the pool is complete, the
+        staging buffers take the state's structure, from the pool: no allocation on the training
+        thread. A no-op once done, and for blocking saves (they stage nothing)."""
+        if not self.background or (self._stager is not None and self._stager.state_dict_cache is not None):
+            return
+        if self._preparing is None:
+            self._allocate_pool(engine)
+        if engine.optimizer.state and self._preparing.done():
+            self._assemble(engine)
+
+    def _allocate_pool(self, engine) -> None:
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+        self._setup()
+        model_sd = get_model_state_dict(engine.model)  # references: only shapes and dtypes are read
+        params, slots = list(engine.model.parameters()), optimizer_slots(engine.optimizer)
+        future: Future = Future()
+
+        def allocate() -> None:
+            t0 = time.perf_counter()
+            try:
+                pool = BufferPool.for_training(model_sd, params, slots)
+            except BaseException as exc:  # start() re-raises it on the training thread
+                future.set_exception(exc)
+            else:
+                self.prepare_s = time.perf_counter() - t0
+                future.set_result(pool)
+
+        self._preparing = future
+        threading.Thread(target=allocate, name="checkpoint-staging", daemon=True).start()
+
+    def _assemble(self, engine) -> None:
+        """The staging buffers from the pool (waits for it), in the shape of the current state."""
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        pool = self._preparing.result()
+        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+        self._stager.state_dict_cache = pool.staging_buffers({"model": model_sd, "optim": optim_sd})
+        self._preparing = None
+
+    def prepared(self, timeout: float | None = None) -> bool:
+        """Wait up to `timeout` seconds for prepare()'s pool; True once it is allocated."""
+        if self._stager is not None and self._stager.state_dict_cache is not None:
+            return True
+        if self._preparing is None:
+            return False
+        try:
+            self._preparing.result(timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    def _staged_cache(self, engine, state: dict) -> None:
+        """The stager's buffers before a save: from the prepared pool (waiting for the helper thread
+        if it is still allocating), else allocated now."""
+        if self._stager.state_dict_cache is not None:
+            return
+        if self._preparing is not None:
+            self._assemble(engine)
+        else:
+            self._stager.state_dict_cache = staging_buffers(state)
 
     def start(self, engine, version: int, meta: dict) -> PendingCheckpoint:
         """Stage checkpoint `version` and start writing it (collective); see the class docstring."""
@@ -198,6 +277,7 @@ class Checkpointer:
         state = {"model": model_sd, "optim": optim_sd}
         writer = self.storage_writer(str(tmp)) if self.storage_writer else None
         if self.background:
+            self._staged_cache(engine, state)
             future = dcp.async_save(
                 state,
                 checkpoint_id=str(tmp),
@@ -210,6 +290,7 @@ class Checkpointer:
             future.set_result(dcp.save(state, checkpoint_id=str(tmp), storage_writer=writer))
         self.pending = PendingCheckpoint(self.root, version, meta, self.keep, future, time.time())
         self.pending.stall_s = time.perf_counter() - t0
+        self.pending.prepare_s = self.prepare_s
         return self.pending
 
     def wait(self) -> Path | None:
@@ -221,6 +302,7 @@ class Checkpointer:
         try:
             self.wait()
         finally:
+            self._preparing = None
             if self._stager is not None:
                 self._stager.close()
                 self._stager = None

@@ -72,6 +72,9 @@ class RankStep:
             out.train_start = time.time()
             out.metrics = self.engine.train_step(order.batch)
             out.train_end = time.time()
+            # After the first optimizer step (the optimizer state exists) the checkpoint's staging
+            # buffers take its structure from the pool allocated at start-up (Checkpointer.prepare).
+            self.checkpointer.prepare(self.engine)
         if order.snapshot:
             t0 = time.perf_counter()
             out.state = self.snapshot(self.engine)

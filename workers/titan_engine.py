@@ -8,7 +8,8 @@ micro-batch/loss loop, optimizer and lr schedule); what differs is the model:
   the Hugging Face weights loaded through torchtitan's state-dict adapter (from_hf);
 - parallelized by the architecture's torchtitan function from trainer.parallelism: FSDP2 over
   dp_shard (HSDP with dp_replicate), tensor parallel over tp, activation checkpointing, compile;
-- published with the adapter's to_hf, so the weight store and vLLM see Hugging Face names.
+- published with the adapter's to_hf, one parameter at a time on the device (weight_stream), so the
+  weight store and vLLM see Hugging Face names.
 Batches are split over data-parallel ranks only: the ranks of one tensor-parallel group train on
 the same rows. Gradients are averaged over data-parallel ranks, as with the hf backend, so both
 backends take the same step on the same batch.
@@ -16,6 +17,7 @@ backends take the same step on the same batch.
 
 from __future__ import annotations
 
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -222,6 +224,50 @@ class TitanEngine(TrainEngine):
         return {k: v.contiguous() for k, v in hf.items()}
 
     def weight_stream(self) -> WeightStream:
-        """From full_state_dict (the interface's default): the adapter converts names and shapes to
-        Hugging Face's over the whole state, so the tensors cannot be converted one at a time."""
-        return TrainerEngine.weight_stream(self)
+        """One parameter gathered and converted at a time, on the trainer's device (collective).
+
+        The conversion plan (streamrl names -> HF names and shapes) is made once, on meta tensors.
+        Each full tensor is the adapter's to_hf of that one parameter: a rename (a view of the live
+        parameter on one rank; Llama's q/k permutation makes a new tensor), so the publisher copies
+        it straight into its buffer. Where the adapter cannot convert one tensor at a time (its
+        whole-state conversion differs), the stream falls back to full_state_dict.
+        """
+        plan = self._publish_plan
+        if plan is None:
+            return TrainerEngine.weight_stream(self)
+        receiver = self.rank == 0
+        adapter = self.spec.adapter(self.spec.config, None)
+        layout = [entry for _, _, entries in plan for entry in entries] if receiver else []
+
+        def values():
+            with torch.no_grad():
+                for name, param, entries in plan:
+                    full = param
+                    if isinstance(param, DTensor):  # one rank holds it all already, else gather it
+                        full = param.to_local() if param.device_mesh.size() == 1 else param.full_tensor()
+                    if not receiver:
+                        yield from (None for _ in entries)
+                        continue
+                    hf = adapter.to_hf({name: full.detach()})
+                    yield from (hf[hf_name] for hf_name, _, _ in entries)
+                    del full, hf
+
+        return WeightStream(layout, values(), receiver)
+
+    @cached_property
+    def _publish_plan(self) -> list[tuple[str, Tensor, list[tuple[str, torch.dtype, list[int]]]]] | None:
+        """[(clean name, parameter, [(HF name, dtype, shape), ...])] in the order of the adapter's
+        whole-state to_hf; parameters the adapter drops (a tied LM head) are left out. None where
+        converting one parameter at a time does not give the whole-state conversion."""
+        params = [(clean_name(n), p) for n, p in self.model.named_parameters()]
+        meta = {n: torch.empty(p.shape, dtype=p.dtype, device="meta") for n, p in params}
+        whole = self.spec.adapter(self.spec.config, None).to_hf(dict(meta))
+        plan, flat = [], []
+        for name, param in params:
+            one = self.spec.adapter(self.spec.config, None).to_hf({name: meta[name]})
+            entries = [(k, v.dtype, list(v.shape)) for k, v in one.items()]
+            flat += entries
+            if entries:
+                plan.append((name, param, entries))
+        expected = [(k, v.dtype, list(v.shape)) for k, v in whole.items()]
+        return plan if flat == expected else None

@@ -323,6 +323,38 @@ class TrainEngine(TrainerEngine):
         )
         return out
 
+    def warm_up(self, lengths: tuple[int, ...]) -> None:
+        """Forward + backward of one dummy micro-batch per length (micro_batch_size rows of that
+        many tokens on every rank), gradients discarded: the first real step then does not also pay
+        CUDA's kernel selection, the allocator's growth and torch.compile (two lengths: the static
+        graph and the dynamic one its recompile makes). Weights, optimizer state, schedule and
+        steps_done are untouched. Collective: every rank passes the same lengths."""
+        from streamrl.messages import Rollout
+
+        rows = self.cfg.trainer.micro_batch_size
+        for length in lengths:
+            completion = max(1, length - 1)
+            rollouts = [
+                Rollout(
+                    rollout_id=f"warm-up:{i}",
+                    group_id="warm-up",
+                    sample=i,
+                    group_size=rows,
+                    prompt_ids=np.ones(1, np.int32),
+                    completion_ids=np.ones(completion, np.int32),
+                    logprobs=np.zeros(completion, np.float32),
+                    version=0,
+                )
+                for i in range(rows)
+            ]
+            zeros = np.zeros(rows, np.float32)
+            ref = [np.zeros(completion, np.float32)] * rows if "ref_logprobs" in self.requirements else None
+            batch = Batch(rollouts, np.zeros(rows, np.int64), zeros, zeros, ref, np.zeros(rows, np.int64))
+            self._micro_step(batch, float(rows * completion), float(rows))
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def _all_reduce(self, values: dict[str, float], op, group=None) -> dict[str, float]:
         keys = sorted(values)
         buf = torch.tensor([values[k] for k in keys], dtype=torch.float64, device=self.device)

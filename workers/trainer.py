@@ -167,6 +167,7 @@ class TrainerWorker(Worker):
             policy_version=pending.version,
             write_s=round(time.time() - pending.started, 3),
             stall_s=round(pending.stall_s, 4),
+            staging_prepare_s=round(pending.prepare_s, 3),
         )
         for batch in batches:
             await self.assembler.commit(batch)
@@ -329,6 +330,22 @@ def _load_newest(engine, run_dir: Path | None, rank: int) -> dict | None:
     return load_checkpoint(engine, Path(path)) if path else None
 
 
+def warm_up(engine, cfg: Config) -> None:
+    """trainer.warm_up (config docstring): while the generators start, the first step's one-off costs."""
+    on = cfg.trainer.warm_up if cfg.trainer.warm_up is not None else engine.device.type == "cuda"
+    if not on:
+        return
+    import structlog
+
+    length = min(cfg.generator.max_tokens, cfg.generator.max_model_len)
+    t0 = time.perf_counter()
+    engine.warm_up((length, length - 1))
+    if engine.rank == 0:
+        structlog.get_logger("streamrl").info(
+            "trainer_warmed_up", seconds=round(time.perf_counter() - t0, 2), lengths=[length, length - 1]
+        )
+
+
 def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
     from streamrl.logs import setup_logging
     from streamrl.runtime import serve
@@ -340,9 +357,12 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     except NOT_TRANSIENT as exc:
         raise startup_failure("trainer", exc) from exc
     resumed = _load_newest(engine, run_dir, rank)
+    warm_up(engine, cfg)
     tc = cfg.trainer
     snapshot = partial(publisher_class(cfg.weights.backend).snapshot, dtype=cfg.model.dtype)
-    ranks = RankStep(engine, snapshot, Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async))
+    checkpointer = Checkpointer(run_dir, tc.checkpoint_keep, tc.checkpoint_async)
+    checkpointer.prepare(engine)  # the staging buffers, allocated while the generators start
+    ranks = RankStep(engine, snapshot, checkpointer)
     if rank == 0:
         serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed), broker_url)
     else:

@@ -81,6 +81,11 @@ class TrainerConfig(Section):
     False: the trainer waits for the write (metrics.jsonl `checkpoint_stall_s` shows the cost)."""
     checkpoint_keep: int = Field(2, ge=1)
     """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
+    warm_up: bool | None = None
+    """Before the first batch (while the generators start), run a forward + backward of two dummy
+    micro-batches of generator.max_tokens tokens, gradients discarded (weights, optimizer and lr
+    schedule untouched), so the first step does not also pay CUDA's kernel selection and
+    torch.compile. None: on CUDA only."""
     trim_every_s: float = Field(10.0, gt=0)
     """How often the trainer trims the streams below what every consumer group has consumed."""
 

@@ -117,12 +117,13 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
         "--checkpoint",
         "--checkpoint-dir",
         str(tmp_path),
+        "--publish",
         "--variants",
         "hf,hf+nochunk+mbt=64",
     ]
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "checkpoint: blocking save" in proc.stdout
+    assert "checkpoint: blocking save" in proc.stdout and "publish (pack on the device)" in proc.stdout
     r = json.loads((tmp_path / "out" / "result.json").read_text())
     chunked, full = r["results"]["hf"], r["results"]["hf+nochunk+mbt=64"]
     # Same batch, same weights: chunking and packing change the memory and padding, not the step.
@@ -131,6 +132,8 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
     assert full["padded_tokens"] < chunked["padded_tokens"]
     for v in (chunked, full):
         assert v["checkpoint_sync_stall_s"] > 0 and len(v["checkpoint_async_stall_s"]) == 2
+        assert v["checkpoint_prepare_s"] > 0  # the staging buffers, allocated before the first save
+        assert len(v["publish_stream_s"]) == len(v["publish_whole_s"]) == 3
         assert all(w >= s for s, w in zip(v["checkpoint_async_stall_s"], v["checkpoint_async_write_s"]))
     assert not list(tmp_path.glob("trainer_mfu_ckpt_*")), "the timed checkpoints are deleted"
 

@@ -183,3 +183,102 @@ def _mode_main(run_dir: str, background: bool, rank: int, world: int) -> None:
         assert pending.done()
     assert ckpt.wait() == Path(run_dir) / "checkpoints" / "step-00000001"
     ckpt.close()
+
+
+def make_sharded_engine(seed: int, world: int) -> SimpleNamespace:
+    """make_engine's model, FSDP2-sharded over `world` CPU ranks (its state dicts hold DTensors)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Linear(16, 4))
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in (model[0], model[2], model):
+        fully_shard(layer, mesh=mesh)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0 / (1 + step))
+    return SimpleNamespace(model=model, optimizer=optimizer, scheduler=scheduler, steps_done=0)
+
+
+def full_snapshot(engine) -> dict:
+    """snapshot() of a sharded engine: every DTensor gathered (collective)."""
+    from torch.distributed.tensor import DTensor
+
+    def full(t):
+        return t.full_tensor().clone() if isinstance(t, DTensor) else t.clone()
+
+    return {
+        "model": {k: full(v) for k, v in engine.model.state_dict().items()},
+        "adam": {i: {k: full(v) for k, v in s.items()} for i, s in engine.optimizer.state_dict()["state"].items()},
+        "lr": engine.scheduler.get_last_lr(),
+        "steps": engine.steps_done,
+    }
+
+
+def _ptrs(tree) -> list[int]:
+    """data_ptr of every non-scalar tensor in a nested state (a DTensor's local tensor)."""
+    from torch.distributed.tensor import DTensor
+
+    if isinstance(tree, torch.Tensor):
+        local = tree._local_tensor if isinstance(tree, DTensor) else tree
+        return [local.data_ptr()] if tree.dim() > 0 else []
+    if isinstance(tree, dict):
+        return [p for v in tree.values() for p in _ptrs(v)]
+    if isinstance(tree, (list, tuple)):
+        return [p for v in tree for p in _ptrs(v)]
+    return []
+
+
+def _prepared_main(run_dir: str, rank: int, world: int) -> None:
+    run_dir = Path(run_dir)
+    engine = make_sharded_engine(0, world)
+    ckpt = Checkpointer(run_dir, keep=3)
+    ckpt.prepare(engine)  # start-up, no optimizer state yet: the pool is allocated on a helper thread
+    assert ckpt.prepared(timeout=60) and ckpt.prepare_s > 0
+    pooled = {p for ts in ckpt._preparing.result().free.values() for t in ts for p in _ptrs(t)}
+    # One buffer per model tensor and two (exp_avg, exp_avg_sq) per parameter.
+    assert len(pooled) == 3 * len(list(engine.model.parameters()))
+    train(engine, 1)
+    ckpt.prepare(engine)  # after the first step: the buffers take the state's structure from the pool
+    buffers = ckpt._stager.state_dict_cache
+    assert buffers is not None and len(_ptrs(buffers)) == len(pooled) and set(_ptrs(buffers)) == pooled
+    at_save = [full_snapshot(engine)]
+    first = ckpt.start(engine, 1, {})
+    # The save copied into those buffers (it allocated none), and the next save reuses them.
+    assert ckpt._stager.state_dict_cache is buffers and first.prepare_s == ckpt.prepare_s
+    train(engine, 2)
+    ckpt.prepare(engine)  # prepared: a no-op
+    at_save.append(full_snapshot(engine))
+    ckpt.start(engine, 3, {})
+    assert ckpt._stager.state_dict_cache is buffers and _ptrs(ckpt._stager.state_dict_cache) == _ptrs(buffers)
+    ckpt.close()
+    # Each checkpoint holds the state at its own save: the second save overwrote the buffers only
+    # after the first one's write had finished.
+    for version, want in zip((1, 3), at_save):
+        fresh = make_sharded_engine(1, world)
+        load_checkpoint(fresh, list_checkpoints(run_dir)[version])
+        assert_same(full_snapshot(fresh), want)
+
+
+def _unprepared_main(run_dir: str, rank: int, world: int) -> None:
+    """A save with no prepare() before it still works (buffers allocated by start())."""
+    engine = make_engine(0)
+    train(engine, 1)
+    ckpt = Checkpointer(Path(run_dir))
+    at_save = snapshot(engine)
+    ckpt.start(engine, 1, {})
+    assert ckpt._stager.state_dict_cache is not None
+    path = ckpt.wait()
+    ckpt.close()
+    fresh = make_engine(1)
+    load_checkpoint(fresh, path)
+    assert_same(snapshot(fresh), at_save)
+
+
+def test_a_save_without_prepare_allocates_its_buffers(tmp_path):
+    launch(1, functools.partial(_unprepared_main, str(tmp_path)))
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_prepared_staging_buffers_are_allocated_before_the_first_save_and_reused(tmp_path, world):
+    launch(world, functools.partial(_prepared_main, str(tmp_path)))
