@@ -23,6 +23,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, ResponseErr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from brokers.redis_scripts import ACK_MANY, ADD_AND_ACK, ADD_MANY, LAG_SCRIPT
 from streamrl.broker import Entry
 from streamrl.errors import BrokerError
 
@@ -33,62 +34,6 @@ log = structlog.get_logger("streamrl").bind(component="broker")
 # so a status query never holds the server for long (a capped value is a lower bound).
 LAG_COUNT_CAP = 10_000
 CLOSE_TIMEOUT_S = 10.0
-# KEYS: stream. ARGV: field, maxlen ('' for none), payloads... One command for a batch: redis-py spends
-# far more client CPU per entry on a pipeline of N XADDs (docs/performance.md, "Message path").
-_ADD_MANY = """
-local out = {}
-for i = 3, #ARGV do
-  if ARGV[2] == '' then
-    out[i - 2] = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[i])
-  else
-    out[i - 2] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', ARGV[1], ARGV[i])
-  end
-end
-return out
-"""
-
-# KEYS: streams. ARGV: group, then per stream its id count and ids. Several streams' XACKs in one
-# round trip: the trainer acks a batch's rollouts and annotations together (docs/performance.md).
-_ACK_MANY = """
-local n, i = 0, 2
-for k = 1, #KEYS do
-  local last = i + tonumber(ARGV[i])
-  for first = i + 1, last, 500 do
-    n = n + redis.call('XACK', KEYS[k], ARGV[1], unpack(ARGV, first, math.min(first + 499, last)))
-  end
-  i = last + 1
-end
-return n
-"""
-# KEYS: stream to add to, stream to ack. ARGV: field, maxlen ('' for none), group, id count, ids...,
-# payloads... An annotator's batch: its annotations appended and its rollouts acked atomically, in one
-# round trip (the ack can never land without the annotations it stands for).
-_ADD_AND_ACK = """
-local nids = tonumber(ARGV[4])
-local out = {}
-for i = 5 + nids, #ARGV do
-  if ARGV[2] == '' then
-    out[#out + 1] = redis.call('XADD', KEYS[1], '*', ARGV[1], ARGV[i])
-  else
-    out[#out + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[2], '*', ARGV[1], ARGV[i])
-  end
-end
-for first = 5, 4 + nids, 500 do
-  redis.call('XACK', KEYS[2], ARGV[3], unpack(ARGV, first, math.min(first + 499, 4 + nids)))
-end
-return out
-"""
-
-_LAG_SCRIPT = """
-local n, last = 0, ARGV[1]
-while n < tonumber(ARGV[2]) do
-  local batch = redis.call('XRANGE', KEYS[1], '(' .. last, '+', 'COUNT', 200)
-  if #batch == 0 then break end
-  n = n + #batch
-  last = batch[#batch][1]
-end
-return n
-"""
 
 
 def redact(url: str) -> str:
@@ -201,7 +146,7 @@ class RedisBroker:
             return []
         if self._batch_script:
             try:
-                return [_s(i) for i in await self.script(_ADD_MANY, [stream], [FIELD, maxlen or "", *items])]
+                return [_s(i) for i in await self.script(ADD_MANY, [stream], [FIELD, maxlen or "", *items])]
             except NoPermissionError:  # a restricted broker user (an external producer) may not run scripts
                 self._batch_script = False
         pipe = self.client.pipeline(transaction=False)
@@ -273,7 +218,7 @@ class RedisBroker:
             for s in streams:
                 args += [len(ids[s]), *ids[s]]
             try:
-                return int(await self.script(_ACK_MANY, streams, args))
+                return int(await self.script(ACK_MANY, streams, args))
             except NoPermissionError:
                 self._batch_script = False
         return sum([await self.ack(s, group, ids[s]) for s in streams])
@@ -286,7 +231,7 @@ class RedisBroker:
         if self._batch_script:
             try:
                 args = [FIELD, maxlen or "", group, len(ids), *ids, *items]
-                return [_s(i) for i in await self.script(_ADD_AND_ACK, [stream, ack_stream], args)]
+                return [_s(i) for i in await self.script(ADD_AND_ACK, [stream, ack_stream], args)]
             except NoPermissionError:
                 self._batch_script = False
         added = await self.add_many(stream, items, maxlen)
@@ -374,7 +319,7 @@ class RedisBroker:
         out = []
         for g in groups:
             last = _s(g["last-delivered-id"])
-            lag = g["lag"] if "lag" in g else await self.client.eval(_LAG_SCRIPT, 1, stream, last, LAG_COUNT_CAP)
+            lag = g["lag"] if "lag" in g else await self.client.eval(LAG_SCRIPT, 1, stream, last, LAG_COUNT_CAP)
             out.append(
                 {
                     "name": _s(g["name"]),
