@@ -9,6 +9,7 @@ streamrl/env_adapters/verifiers.py, the reward being what the env records on its
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -17,7 +18,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("textarena", reason="pip install -e '.[envs]'")
+for _lib in ("textarena", "verifiers"):  # installed by `make setup` (the envs extra); never a silent skip
+    if importlib.util.find_spec(_lib) is None:
+        raise ImportError(f"{_lib} is not installed: pip install -e '.[envs]' (or make setup)")
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -44,38 +47,31 @@ def up(tmp_path, config: str, run_dir: Path, pythonpath: str | None = None) -> s
     return proc
 
 
-def test_textarena_game_drives_a_job(tmp_path):
-    run_dir = tmp_path / "ta"
-    up(tmp_path, "tiny-textarena-cpu.yaml", run_dir)
+def assert_two_game_steps_trained(run_dir: Path) -> None:
+    """Both steps trained 16 episodes each, every one played through the env (more than one turn), the
+    accounting exact, and a negative reward: Secretary-v0 scores a game lost by invalid moves -1, which
+    is how the untrained tiny model plays it, so a negative reward can only have come from the game."""
     rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["turns_mean"] > 1 and r["env_tokens"] > 0, r  # the game answered moves, more than once
         assert r["episodes_failed"] == 0, r
-    # Secretary-v0 scores a game lost by invalid moves -1, which is how the untrained tiny model plays
-    # it: a negative reward can only have come from the game.
     assert min(r["reward_mean"] for r in rows) < 0, rows
     s = json.loads((run_dir / "summary.json").read_text())
     assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
     assert s["episodes"]["trained"] == 2 * 16
     steps = [json.loads(ln) for ln in (run_dir / "logs" / "env-0.jsonl").read_text().splitlines() if '"stopped"' in ln]
     assert steps and steps[-1]["steps"] >= 2 * 16, steps
+
+
+def test_textarena_game_drives_a_job(tmp_path):
+    run_dir = tmp_path / "ta"
+    up(tmp_path, "tiny-textarena-cpu.yaml", run_dir)
+    assert_two_game_steps_trained(run_dir)
 
 
 def test_verifiers_env_drives_a_job(tmp_path):
-    pytest.importorskip("verifiers", reason="pip install -e '.[envs]'")
+    # verifiers' TextArenaEnv records the game's outcome on its trace: the reward is the env's own
     run_dir = tmp_path / "vf"
     up(tmp_path, "tiny-verifiers-cpu.yaml", run_dir, pythonpath=str(ROOT / "examples" / "verifiers"))
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    assert [r["step"] for r in rows] == [1, 2]
-    for r in rows:
-        assert r["turns_mean"] > 1 and r["env_tokens"] > 0, r  # the env's run() answered moves
-        assert r["episodes_failed"] == 0, r
-    # TextArenaEnv records the game's outcome, -1 for a game lost by invalid moves (how the untrained
-    # tiny model plays): a negative reward can only have come from the env's trace.
-    assert min(r["reward_mean"] for r in rows) < 0, rows
-    s = json.loads((run_dir / "summary.json").read_text())
-    assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
-    assert s["episodes"]["trained"] == 2 * 16
-    steps = [json.loads(ln) for ln in (run_dir / "logs" / "env-0.jsonl").read_text().splitlines() if '"stopped"' in ln]
-    assert steps and steps[-1]["steps"] >= 2 * 16, steps
+    assert_two_game_steps_trained(run_dir)
