@@ -1,8 +1,9 @@
 """Weight sync bench: trainer stall per publish, publish -> generator-ready latency, and generator tok/s
 with streamrl around vLLM vs plain vLLM (same engine, same settings, side by side in one run).
 
-One process holds the trainer side (a real FSDP2 TrainEngine, one rank) and the generator side (a
-real GeneratorWorker; vLLM's EngineCore is its child process). Throughput rounds alternate plain
+Two processes, as in a real job: the generator side (a real GeneratorWorker; vLLM's EngineCore is
+its child process) here, the trainer side (a real FSDP2 TrainEngine, one rank, and the publisher:
+bench/weights_trainer.py) in a child process, driven over the broker. Throughput rounds alternate plain
 vLLM (requests straight into AsyncLLM) and streamrl (prompts through Redis, rollouts back) on the
 one started engine. Then the trainer side changes its weights and publishes `--publishes` times
 while the generator is busy: stall = time of the snapshot call the training loop makes
@@ -15,12 +16,17 @@ while the generator is busy: stall = time of the snapshot call the training loop
 from __future__ import annotations
 
 import asyncio
-import functools
+import json
 import statistics
+import sys
 import tempfile
 import time
 import uuid
 from pathlib import Path
+
+import msgpack
+
+from bench.weights_trainer import CONTROL, REPORTS
 
 HELP = "weight sync: trainer stall, publish->ready latency, streamrl vs plain vLLM tok/s"
 TARGETS = {"ready_s": 0.5, "stall_s": 0.05, "throughput_ratio": 0.95}
@@ -122,23 +128,12 @@ async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, 
     return tokens, time.perf_counter() - t0, first, last_id
 
 
-def _perturb(engine, scale: float = 1e-3) -> None:
-    """Stands in for an optimizer step: every local shard changes in place."""
-    import torch
-
-    with torch.no_grad():
-        for p in engine.model.parameters():
-            local = p.to_local() if hasattr(p, "to_local") else p
-            local.add_(torch.randn_like(local), alpha=scale)
-
-
 async def _bench(args, url: str, tmp: Path) -> dict:
     import numpy as np
     import torch
 
     from brokers.redis_streams import connect
     from streamrl.shapes import build_random_model
-    from streamrl.weights import make_publisher, publisher_class
     from workers.generator import GeneratorWorker
 
     gpu = torch.cuda.is_available()
@@ -172,32 +167,21 @@ async def _bench(args, url: str, tmp: Path) -> dict:
             }
         )
 
-    engine = _train_engine(cfg, model)
-    writer = make_publisher(cfg, broker, tmp / "run")
-    gather = functools.partial(publisher_class(backend).snapshot, dtype=dtype)
-    t0 = time.perf_counter()
-    gather(engine)  # the trainer's first snapshot also allocates its buffers
-    first_stall = time.perf_counter() - t0
+    trainer, ready, reports_id = await _start_trainer(cfg, broker, tmp)
+    first_stall, params = ready["first_stall_s"], ready["params"]
     publishes = []
     background = asyncio.create_task(_keep_busy(worker, broker, prompts))
     modes = [m.strip() for m in args.switch_kv.split(",")]
     for v in range(1, args.publishes + 1):
         worker.cfg.generator.switch_kv_cache = modes[(v - 1) % len(modes)]
         preempted0 = worker.engine.prefix_cache.get("preempted", 0)
-        _perturb(engine)
-        if gpu:
-            torch.cuda.synchronize()  # the step's own kernels are not the snapshot's cost
-        t0 = time.perf_counter()
-        # On this thread, as the trainer's loop does: a helper thread would queue for the GIL behind
-        # the generator's event loop, which shares this process only in the bench.
-        state = gather(engine)
-        stall = time.perf_counter() - t0
-        if gpu:
-            torch.cuda.synchronize()
-        stall_sync = time.perf_counter() - t0
-        t_pub = time.time()
-        await writer.publish(v, state)
-        published = time.time() - t_pub
+        report, reports_id = await _publish(broker, trainer, v, reports_id)
+        stall, stall_sync, published, t_pub = (
+            report["stall_s"],
+            report["stall_gpu_done_s"],
+            report["publish_s"],
+            report["published_at"],
+        )
         while worker.stats.get("policy_version", 0) < v:  # set once the engine has resumed with v
             await asyncio.sleep(0.001)
         t_ready, delivered = time.time(), worker._deliveries
@@ -225,7 +209,8 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     worker.stop()
     await asyncio.gather(loop_task, background, return_exceptions=True)
     await _within(worker.close(), 60, "generator close")
-    await writer.close()
+    await broker.add(CONTROL, msgpack.packb({"version": 0}))  # the trainer frees its copies and exits
+    await _within(trainer.wait(), 60, "trainer process exit")
     await broker.close()
 
     plain = statistics.mean(r["plain_tok_s"] for r in rounds)
@@ -239,7 +224,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
             "backend": backend,
             "model": model,
             "device": torch.cuda.get_device_name() if gpu else "cpu",
-            "params": sum(p.numel() for p in engine.model.parameters()),
+            "params": params,
         },
         "rounds": rounds,
         "publishes": publishes,
@@ -287,15 +272,28 @@ async def _keep_busy(worker, broker, prompts) -> None:
         await asyncio.sleep(0.05)
 
 
-def _train_engine(cfg, model: str):
-    import torch.distributed as dist
+async def _start_trainer(cfg, broker, tmp: Path):
+    """The trainer side as its own process (bench/weights_trainer.py); waits for its first snapshot."""
+    spec = tmp / "trainer-spec.json"
+    spec.write_text(json.dumps({"config": cfg.model_dump(mode="json"), "run_dir": str(tmp / "run")}))
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.weights_trainer", str(spec))
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.returncode is not None:
+            raise RuntimeError(f"the bench's trainer process exited with code {proc.returncode} (its output is above)")
+        for e in await broker.read(REPORTS, "0", count=1, block_ms=500):
+            return proc, msgpack.unpackb(e.data), e.id
+    raise TimeoutError("the bench's trainer process did not take its first snapshot within 600 s")
 
-    from workers.dist import _init_group, free_port
-    from workers.train_engine import TrainEngine
 
-    if not dist.is_initialized():
-        _init_group(0, 1, None, f"tcp://127.0.0.1:{free_port()}")
-    return TrainEngine(cfg, model, 0, 1)
+async def _publish(broker, trainer, version: int, last_id: str) -> tuple[dict, str]:
+    """Ask the trainer process to change its weights and publish `version`; its report."""
+    await broker.add(CONTROL, msgpack.packb({"version": version}))
+    while True:
+        if trainer.returncode is not None:
+            raise RuntimeError(f"the bench's trainer process exited with code {trainer.returncode}")
+        for e in await broker.read(REPORTS, last_id, count=1, block_ms=500):
+            return msgpack.unpackb(e.data), e.id
 
 
 def run(args) -> int:
