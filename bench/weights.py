@@ -136,7 +136,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     from streamrl.shapes import build_random_model
     from workers.generator import GeneratorWorker
 
-    gpu = torch.cuda.is_available()
+    gpu = torch.cuda.device_count() > 0  # NVML: this process must not initialise CUDA before vLLM forks
     dtype = args.dtype or ("bfloat16" if gpu else "float32")
     backend = args.backend or ("cuda_ipc" if gpu else "shm")
     model = args.model or str(build_random_model(args.shape, Path(args.cache or tmp) / f"{args.shape}-{dtype}", dtype))

@@ -109,6 +109,7 @@ class GeneratorWorker(Worker):
             "engine_started",
             seconds=round(time.monotonic() - t0, 2),
             model=self.cfg.model.path,
+            start_method=self.engine.start_method,
             prefix_caching=self.engine.prefix_cache.get("enabled"),
             block_size=self.engine.prefix_cache.get("block_size"),
         )

@@ -18,7 +18,11 @@ import zlib
 from dataclasses import dataclass
 from typing import AsyncIterator
 
+import structlog
+
 from streamrl.config import GeneratorConfig
+
+log = structlog.get_logger("streamrl").bind(component="vllm_engine")
 
 
 def sample_seed(run_seed: int, group_id: str, sample: int) -> int:
@@ -47,6 +51,8 @@ class VLLMEngine:
         self.dtype = dtype
         self.seed = seed
         self.llm = None
+        self.start_method: str | None = None
+        """How the EngineCore process was started (fork or spawn), once started."""
         self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
         """Prompt tokens the engine looked up in its prefix cache, and those found (vLLM's scheduler
         stats, summed): a continued multi-turn episode hits on the history it already computed.
@@ -58,12 +64,9 @@ class VLLMEngine:
             return
         # The CPU build otherwise reserves most of the machine's RAM for its KV cache and fails.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
-        # The generator process may already hold a CUDA context (the cuda_ipc store, torch imports
-        # that touch the device); a forked EngineCore then dies with "Cannot re-initialize CUDA in
-        # forked subprocess" (seen on the H200). Spawn is safe: entry points have a __main__ guard.
-        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
         from vllm.platforms import current_platform
 
+        method = _start_method(self.gen.engine_start_method, current_platform.is_cpu())
         if current_platform.is_cpu() and self.gen.cpu_worker_in_engine:
             # vLLM's CPU build otherwise starts the model worker as a process of its own, after the
             # EngineCore's: a second Python interpreter importing torch + vLLM on every (re)start.
@@ -93,7 +96,18 @@ class VLLMEngine:
             ),
             **({"worker_extension_cls": self.extension} if self.extension else {}),
         )
-        self.llm = AsyncLLM.from_engine_args(args, stat_loggers=[_prefix_cache_logger(self.prefix_cache)])
+        loggers = [_prefix_cache_logger(self.prefix_cache)]
+        try:
+            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+        except Exception as exc:
+            if method != "auto-fork":
+                raise
+            # Something in this process initialised CUDA after all (a forked EngineCore then dies with
+            # "Cannot re-initialize CUDA in forked subprocess"): start it the slow, safe way.
+            log.warning("engine_fork_failed_retrying_with_spawn", error=repr(exc))
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+        self.start_method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
         cache = self.llm.vllm_config.cache_config
         self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
 
@@ -145,6 +159,20 @@ class VLLMEngine:
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+
+
+def _start_method(setting: str, cpu: bool) -> str:
+    """Set VLLM_WORKER_MULTIPROC_METHOD (how vLLM starts its EngineCore) from generator.engine_start_method
+    unless the environment already names one; "auto-fork" when auto chose fork (then a failed start
+    is retried with spawn). vLLM itself switches to spawn when torch has initialised CUDA here."""
+    if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:
+        return os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
+    if setting == "auto":
+        chosen = "spawn" if cpu else "fork"
+    else:
+        chosen = setting
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen
+    return "auto-fork" if setting == "auto" and chosen == "fork" else chosen
 
 
 def _sampled_logprobs(position_logprobs, token_ids: list[int]) -> list[float]:

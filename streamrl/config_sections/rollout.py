@@ -55,6 +55,13 @@ class GeneratorConfig(Section):
     switch_timeout_s: float = Field(300.0, gt=0)
     """A weight switch (pause, load, resume) still unfinished after this long means the engine is
     stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
+    engine_start_method: Literal["auto", "fork", "spawn"] = "auto"
+    """How the generator starts vLLM's EngineCore process. `fork`: the child inherits this process's
+    imported torch + vLLM (on the H200 a spawned EngineCore spent ~25 s importing them again before
+    its first log line; forked, 1 s); needs a process that has not initialised CUDA, which the
+    generator never does before its engine starts. `auto`: fork on a GPU, falling back to spawn if
+    the forked start fails; spawn on the CPU build (no measured gain there). A
+    VLLM_WORKER_MULTIPROC_METHOD in the environment overrides this."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
     cpu_worker_in_engine: bool = True

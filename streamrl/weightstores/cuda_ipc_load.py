@@ -22,7 +22,9 @@ class CudaIpcLoader(WeightLoader):
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "CudaIpcLoader":
-        if not torch.cuda.is_available():
+        # device_count asks NVML; is_available() calls cudaGetDeviceCount, which initialises CUDA in
+        # this process, and a generator whose vLLM EngineCore is forked must not have (fork is ~25 s faster).
+        if torch.cuda.device_count() == 0:
             raise ConfigError(
                 "weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
                 "on CPU set weights.backend=shm"
