@@ -8,7 +8,9 @@ logprobs; a group's samples together, as vLLM finishes fixed-length samples in o
 real RewardWorker (a constant reward function), a reference process (the annotator loop of
 workers/reference.py minus the model: a per-token `ref_logprobs` annotation), `--consumers` external
 annotators, and the real Assembler (join, complete groups, advantages, acks) in a trainer
-process. Three runs, side by side: a plain XADD/XREAD reader/writer pair without consumer
+process, which also trims the streams below what every group consumed, as a job's trainer does
+(streamrl/trimming.py, every `--trim-every-s`). Roles connect through the embedded server's unix
+socket, as the roles of `streamrl up` do (`--tcp`: loopback TCP). Three runs, side by side: a plain XADD/XREAD reader/writer pair without consumer
 groups (baseline), the full path at full speed, and the full path rate-limited (latency).
 Latency = the rollout's `finished_at` to its group's completion in the assembler (`batch` also
 includes waiting for the batch to fill).
@@ -16,6 +18,7 @@ includes waiting for the batch to fill).
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import numpy as np
@@ -38,14 +41,22 @@ from bench.common import (
 from brokers.sharded import parse_placement
 from streamrl.annotator import Annotator
 from streamrl.broker import Keys
-from streamrl.config import BrokerConfig, Config, LossConfig, ReferenceConfig, RewardConfig, RolloutConfig, RunConfig
+from streamrl.config import (
+    BrokerConfig,
+    Config,
+    LossConfig,
+    ReferenceConfig,
+    RewardConfig,
+    RolloutConfig,
+    RunConfig,
+    TrainerConfig,
+)
 from streamrl.messages import Annotation, Rollout, decode, encode, new_rollout_id
+from streamrl.trimming import trim_periodically
 from streamrl.worker import Worker
 
 HELP = "message path throughput and latency (no model)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
-ROLLOUTS_MAXLEN = 1_000_000
-"""As workers/generator.py: the rollouts stream is trimmed approximately to this length."""
 
 
 def add_arguments(p) -> None:
@@ -65,6 +76,18 @@ def add_arguments(p) -> None:
     p.add_argument("--no-baseline", action="store_true", help="skip the plain reader/writer baseline")
     p.add_argument(
         "--block-ms", type=int, default=None, help="broker.block_ms of the consumers (default: the config's)"
+    )
+    p.add_argument(
+        "--trim-every-s",
+        type=float,
+        default=1.0,
+        help="the trainer's trim interval (trainer.trim_every_s; a job's 10 s default outlasts a flat-out run; "
+        "default 1)",
+    )
+    p.add_argument(
+        "--tcp",
+        action="store_true",
+        help="connect the roles to the embedded servers over loopback TCP instead of their unix sockets",
     )
     p.add_argument(
         "--url",
@@ -99,6 +122,7 @@ def _config(url: str, run: str, args) -> Config:
         reward=RewardConfig(fn="bench.broker:bench_reward"),
         reference=ReferenceConfig(),
         loss=LossConfig(kl_beta=0.001),
+        trainer=TrainerConfig(trim_every_s=args.trim_every_s),
     )  # kl_beta > 0: the assembler waits for ref_logprobs too
 
 
@@ -143,7 +167,7 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
                 for s in range(gs)
             ]
             nbytes += sum(map(len, blobs))
-            await broker.add_many(stream, blobs, maxlen=ROLLOUTS_MAXLEN)
+            await broker.add_many(stream, blobs)  # no MAXLEN, as workers/generator.py: the trainer trims
         report.put(("generator", {"bytes": nbytes, "cpu_s": time.process_time()}))
         await broker.close()
 
@@ -196,7 +220,8 @@ class ExternalAnnotator(Worker):
 
 
 class BenchTrainer(Worker):
-    """The trainer role minus training: the real Assembler's batches, timed, then committed (acked)."""
+    """The trainer role minus training: the real Assembler's batches, timed, then committed (acked); the
+    streams trimmed in the background as workers/trainer.py trims them."""
 
     role = "trainer"
 
@@ -206,6 +231,7 @@ class BenchTrainer(Worker):
         self.joined: list[float] = []
         self.batched: list[float] = []
         self.first = float("inf")
+        self.trims: list[int] = []
 
     async def start(self) -> None:
         from workers.assembler import Assembler
@@ -214,6 +240,11 @@ class BenchTrainer(Worker):
         await self.assembler.start()
         self.cpu0 = time.process_time()  # the run's CPU, not the start-up's (torch's import: ~1 s)
         # No start_intake(): with no train step to overlap, next_batch's own polling is the intake.
+        self._trimmer = asyncio.create_task(trim_periodically(self.broker, self.cfg, self.trims.append, self.log))
+
+    async def close(self) -> None:
+        if hasattr(self, "_trimmer"):
+            self._trimmer.cancel()
 
     async def step(self) -> bool:
         batch = await self.assembler.next_batch(0, stop=self.stopping.is_set)
@@ -239,6 +270,7 @@ class BenchTrainer(Worker):
                         "joined": self.joined,
                         "batched": self.batched,
                         "counters": dict(self.assembler.counters),
+                        "trimmed": self.trims,
                         "cpu_s": time.process_time() - self.cpu0,
                     },
                 )
@@ -317,18 +349,21 @@ def _wait_for_groups(servers: Servers, stream: str, names: set[str], timeout_s: 
     raise RuntimeError(f"bench consumers did not create their groups on {stream} within {timeout_s}s")
 
 
-def _server_cpu_s(servers: Servers) -> float:
+def _server_stats(servers: Servers) -> dict:
+    """The servers' CPU seconds so far, AOF rewrites so far and AOF size now; then a FLUSHALL."""
     import redis
 
-    total = 0.0
+    total = {"cpu_s": 0.0, "aof_rewrites": 0, "aof_mb": 0.0}
     for url in servers.urls:
         with redis.Redis.from_url(url) as c:
-            info = c.info("cpu")
+            info = {**c.info("cpu"), **c.info("persistence")}
             c.flushall()  # a fresh keyspace per run; the memory of the last one is freed
         # *_children: the AOF rewrites' forked children, which compete for the same cores.
-        total += sum(
+        total["cpu_s"] += sum(
             float(info[k]) for k in ("used_cpu_user", "used_cpu_sys", "used_cpu_user_children", "used_cpu_sys_children")
         )
+        total["aof_rewrites"] += int(info.get("aof_rewrites", 0))  # Redis >= 7; 0 where not reported
+        total["aof_mb"] += int(info.get("aof_current_size", 0)) / 1e6
     return total
 
 
@@ -336,7 +371,7 @@ def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
     """One run: `plain` (baseline pair) or `full` (every role); returns its row."""
     run = f"bench-{mode}-{int(rate)}-{time.time_ns() % 10**9}"
     cfg, report, keys = _config(servers.urls[0], run, args), queue(), Keys(run)
-    redis_cpu0 = _server_cpu_s(servers)
+    server0 = _server_stats(servers)
     if mode == "plain":
         consumers = [spawn(_plain_reader, servers, run, args.rollouts, report)]
     else:
@@ -357,7 +392,8 @@ def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
     t = got["trainer"]
     elapsed = t["last"] - t["first"]
     cpu = {name: round(d["cpu_s"], 2) for name, d in got.items()}
-    cpu["redis-server"] = round(_server_cpu_s(servers) - redis_cpu0, 2)
+    server = _server_stats(servers)
+    cpu["redis-server"] = round(server["cpu_s"] - server0["cpu_s"], 2)
     row = {
         "run": "plain XADD/XREAD pair" if mode == "plain" else "full path" + (f" @ {rate:,.0f}/s" if rate else ""),
         "mode": mode,
@@ -370,6 +406,9 @@ def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
         "batch_p99_ms": percentiles_ms(t["batched"])["p99_ms"],
         "cpu_s": cpu,
         "assembler": t["counters"],
+        "trimmed": t.get("trimmed", []),
+        "aof_rewrites": server["aof_rewrites"] - server0["aof_rewrites"],
+        "aof_mb_at_end": round(server["aof_mb"], 1),
         "load_avg_after": list(np.round(__import__("os").getloadavg(), 2)),
     }
     row["_latency_ms"] = (np.asarray(t["joined"]) * 1000).tolist()
@@ -399,7 +438,7 @@ def run(args) -> int:
 
     info = machine()
     rows = []
-    with scratch_servers(args.url, args.shards, "broker") as urls:
+    with scratch_servers(args.url, args.shards, "broker", local=not args.tcp) as urls:
         servers = Servers(tuple(urls), parse_placement(args.placement) if len(urls) > 1 else {})
         if not args.no_baseline:
             rows.append(run_path(servers, args, "plain", 0.0))
@@ -409,12 +448,16 @@ def run(args) -> int:
     print(
         f"{args.rollouts} rollouts of {args.prompt_tokens}+{args.completion_tokens} tokens (with logprobs), "
         f"group size {args.group_size}, consumers: reward + reference + assembler"
-        f"{f' + {args.consumers} external' if args.consumers else ''}; {len(urls)} redis-server(s), {info['cpus']} CPUs, "
+        f"{f' + {args.consumers} external' if args.consumers else ''}; {len(urls)} redis-server(s) over "
+        f"{', '.join(sorted({u.split(':', 1)[0] for u in urls}))}, {info['cpus']} CPUs, "
         f"load average before {info['load_avg']}"
     )
     print_table(rows, ["run", "rollouts_per_s", "mb_per_s", "p50_ms", "p99_ms", "batch_p99_ms", "seconds"])
     for r in rows:
-        print(f"  cpu seconds, {r['run']}: {r['cpu_s']}")
+        print(
+            f"  cpu seconds, {r['run']}: {r['cpu_s']}; trims (entries removed): {r['trimmed']}; "
+            f"AOF rewrites {r['aof_rewrites']}, AOF {r['aof_mb_at_end']} MB at the end"
+        )
     full = next(r for r in rows if r["mode"] == "full" and not r["target_rate"])
     limited = next((r for r in rows if r["target_rate"]), full)
     result = {

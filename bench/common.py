@@ -42,9 +42,12 @@ class Servers:
 
 
 @contextlib.contextmanager
-def scratch_servers(urls: list[str] | None = None, count: int = 1, name: str = "bench") -> Iterator[list[str]]:
+def scratch_servers(
+    urls: list[str] | None = None, count: int = 1, name: str = "bench", local: bool = True
+) -> Iterator[list[str]]:
     """Yield `urls` if given, else the URLs of `count` private EmbeddedRedis servers (the production
-    embedded config, AOF included) in temporary directories, stopped and deleted afterwards."""
+    embedded config, AOF included) in temporary directories, stopped and deleted afterwards: their unix
+    sockets' URLs, as `streamrl up` hands its roles (`local=False`: TCP)."""
     if urls:
         yield list(urls)
         return
@@ -54,7 +57,8 @@ def scratch_servers(urls: list[str] | None = None, count: int = 1, name: str = "
         out = []
         for _ in range(count):
             tmp = stack.enter_context(tempfile.TemporaryDirectory(prefix=f"streamrl-{name}-"))
-            out.append(stack.enter_context(EmbeddedRedis(Path(tmp))).url)
+            server = stack.enter_context(EmbeddedRedis(Path(tmp)))
+            out.append(server.local_url if local else server.url)
         yield out
 
 

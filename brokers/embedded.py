@@ -3,9 +3,12 @@
 `broker.url: embedded` makes the supervisor start one in the run directory; other processes
 join through the URL it writes to `DATA_DIR/url`. Restarting on the same directory reuses the
 port and password (kept in `DATA_DIR/server.json`) and reloads the AOF, so nothing is lost.
+It also listens on the unix socket `DATA_DIR/redis.sock` (owner only): `local_url` is that
+socket's URL, for the roles `up` starts on this host (loopback TCP costs the server and every
+client kernel time per command); `url` stays the TCP one.
 
     with EmbeddedRedis(run_dir / "broker") as server:
-        broker = await connect(server.url)
+        broker = await connect(server.local_url)
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import structlog
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from brokers.urls import UNIX_PATH_MAX, unix_path_fits, unix_url
 from streamrl.errors import BrokerError
 
 log = structlog.get_logger("streamrl").bind(component="embedded_redis")
@@ -91,8 +95,18 @@ def _write_private(path: Path, text: str) -> None:
 class EmbeddedRedis:
     """Start, locate and stop a private redis-server whose data lives in `data_dir`."""
 
-    def __init__(self, data_dir: Path, binary: str | None = None, port: int | None = None, password: str | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        binary: str | None = None,
+        port: int | None = None,
+        password: str | None = None,
+        unix_socket: bool = True,
+    ):
         self.data_dir = Path(data_dir).resolve()
+        self.unix_socket = unix_socket
+        """Also listen on DATA_DIR/redis.sock (when its path fits a unix socket address)."""
+        self.socket_path: Path | None = self._socket_path() if unix_socket else None
         self.binary = binary
         self.state_file = self.data_dir / "server.json"
         saved = json.loads(self.state_file.read_text()) if self.state_file.is_file() else {}
@@ -108,6 +122,26 @@ class EmbeddedRedis:
         if self.port is None:
             raise BrokerError("EmbeddedRedis.url is known only after start(); call start() first")
         return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
+
+    @property
+    def local_url(self) -> str:
+        """The unix socket's URL for clients on this host; the TCP `url` when there is no socket
+        (disabled, path too long, or an adopted server started without one)."""
+        if self.socket_path is not None and self.socket_path.is_socket():
+            return unix_url(self.socket_path, self.password)
+        return self.url
+
+    def _socket_path(self) -> Path | None:
+        path = self.data_dir / "redis.sock"
+        if unix_path_fits(path):
+            return path
+        log.warning(
+            "embedded_redis_tcp_only",
+            data_dir=str(self.data_dir),
+            reason=f"{path} is longer than the {UNIX_PATH_MAX} bytes a unix socket path may have; "
+            "roles connect over TCP (a shorter --run-dir gives them the socket)",
+        )
+        return None
 
     def _client(self, timeout: float = 2.0) -> redis.Redis:
         # No client-side retries: these probes must answer "down" at once, not after a back-off.
@@ -135,6 +169,8 @@ class EmbeddedRedis:
             "timeout 0",
             "tcp-keepalive 60",
         ]
+        if self.socket_path is not None:
+            lines += [f"unixsocket {_quote(str(self.socket_path))}", "unixsocketperm 700"]
         return "\n".join(lines) + "\n"
 
     def _already_running(self) -> bool:
@@ -176,6 +212,7 @@ class EmbeddedRedis:
                 log.info(
                     "embedded_redis_started",
                     port=self.port,
+                    unix_socket=str(self.socket_path) if self.socket_path else None,
                     pid=self.proc.pid,
                     binary=binary,
                     data_dir=str(self.data_dir),

@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from brokers.redis_scripts import ACK_MANY, ADD_AND_ACK, ADD_MANY, LAG_SCRIPT
+from brokers.urls import UNIX_FORM, client_options
 from streamrl.broker import Entry
 from streamrl.errors import BrokerError
 
@@ -385,7 +386,7 @@ async def connect(
     """
     shown = redact(url)
     retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
-    kwargs = {
+    options = {
         "decode_responses": False,
         "retry": retry,
         "socket_connect_timeout": 5.0,
@@ -393,6 +394,7 @@ async def connect(
         "health_check_interval": 30,
         **client_kwargs,
     }
+    kwargs = client_options(url, shown, options)  # a unix:// URL: checked, without the TCP-only options
     try:
         # A blocking pool makes a burst of concurrent commands (a generator publishing hundreds of
         # completions at once) wait for a free connection instead of failing with MaxConnectionsError.
@@ -401,7 +403,9 @@ async def connect(
             connection_pool=pool, retry=retry, retry_on_error=[RedisConnectionError, RedisTimeoutError]
         )
     except ValueError as exc:
-        raise BrokerError(f"broker URL {shown} is malformed ({exc}); use redis://:PASSWORD@HOST:6379/0") from None
+        raise BrokerError(
+            f"broker URL {shown} is malformed ({exc}); use redis://:PASSWORD@HOST:6379/0 or {UNIX_FORM}"
+        ) from None
     # The client's own retry would make each ping attempt wait out a whole schedule; a separate
     # probe pings with one attempt each, so every retry is logged here.
     probe = aioredis.Redis.from_url(url, **{**kwargs, "retry": Retry(ExponentialBackoff(), 0)})
@@ -443,5 +447,5 @@ async def _ping_until_up(probe: aioredis.Redis, shown: str, retries: int, base_s
             delay = min(delay * 2, cap_s)
     raise BrokerError(
         f"cannot reach the broker at {shown} after {retries + 1} attempts ({last_error}); start redis-server "
-        "there, check the host/port in broker.url, or set broker.url=embedded to run a private one"
+        "there, check the host/port (or socket path) in broker.url, or set broker.url=embedded to run a private one"
     )

@@ -79,9 +79,14 @@ class BrokerWatch:
         self.restarts += 1
         self.say(f"broker (redis-server) {how}; restarting it on port {self.server.port} from its append-only file")
         t0 = time.time()
-        # A fixed port: every worker reconnects to the URL it already has (redis-py retries with back-off).
+        # A fixed port (and the same socket path): every worker reconnects to the URL it already has
+        # (redis-py retries with back-off).
         fresh = EmbeddedRedis(
-            self.server.data_dir, binary=self.server.binary, port=self.server.port, password=self.server.password
+            self.server.data_dir,
+            binary=self.server.binary,
+            port=self.server.port,
+            password=self.server.password,
+            unix_socket=self.server.unix_socket,
         )
         fresh.start(timeout=60)
         self.server = fresh

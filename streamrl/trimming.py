@@ -6,10 +6,14 @@ XINFO GROUPS / XPENDING and runs `XTRIM stream MINID ~ floor` atomically, so an 
 between the two steps cannot be lost. A stream is not trimmed while a group the config expects
 (e.g. `reference` when loss.kl_beta > 0) does not exist yet: its worker may still be starting.
 
-    await trim_streams(broker, cfg)      # the trainer runs this every trainer.trim_every_s seconds
+    await trim_streams(broker, cfg)      # once
+    asyncio.create_task(trim_periodically(broker, cfg, on_trimmed, log))   # the trainer's background task
 """
 
 from __future__ import annotations
+
+import asyncio
+from typing import Callable
 
 from streamrl.broker import Broker, Keys
 from streamrl.config import Config
@@ -64,3 +68,15 @@ async def trim_stream(broker: Broker, stream: str, expected_groups: list[str]) -
 
 async def trim_streams(broker: Broker, cfg: Config) -> dict[str, int]:
     return {stream: await trim_stream(broker, stream, groups) for stream, groups in stream_groups(cfg).items()}
+
+
+async def trim_periodically(broker: Broker, cfg: Config, on_trimmed: Callable[[int], None], log) -> None:
+    """Trim every `cfg.trainer.trim_every_s` seconds until cancelled; `on_trimmed(entries removed)`
+    after each pass. A failed pass is logged (`trim_failed`) and the next one runs on schedule."""
+    while True:
+        await asyncio.sleep(cfg.trainer.trim_every_s)
+        try:
+            trimmed = await trim_streams(broker, cfg)
+            on_trimmed(sum(n for n in trimmed.values() if n > 0))
+        except Exception as exc:  # trimming is housekeeping: a broker hiccup must not stop training
+            log.warning("trim_failed", error=repr(exc))

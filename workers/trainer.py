@@ -32,7 +32,7 @@ from streamrl.errors import NOT_TRANSIENT, StreamRLError
 from streamrl.messages import Control, encode
 from streamrl.metrics import MetricsWriter
 from streamrl.staleness import staleness_histogram
-from streamrl.trimming import trim_streams
+from streamrl.trimming import trim_periodically
 from streamrl.weights import make_publisher, publisher_class
 from streamrl.worker import Worker, startup_failure
 from workers.assembler import Assembler
@@ -79,7 +79,9 @@ class TrainerWorker(Worker):
         await self._resume()
         self.assembler.start_intake()  # after _resume: closed groups are known before any entry is filed
         self.t_start = time.time()
-        self._trimmer = asyncio.create_task(self._trim_loop())
+        self._trimmer = asyncio.create_task(
+            trim_periodically(self.broker, self.cfg, lambda n: self.count("trimmed", n), self.log)
+        )
         self.log.info(
             "trainer_ready",
             policy_version=self.version,
@@ -108,15 +110,6 @@ class TrainerWorker(Worker):
                 closed_groups=len(closed),
                 broker_version=current,
             )
-
-    async def _trim_loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.cfg.trainer.trim_every_s)
-            try:
-                trimmed = await trim_streams(self.broker, self.cfg)
-                self.count("trimmed", sum(n for n in trimmed.values() if n > 0))
-            except Exception as exc:  # trimming is housekeeping: a broker hiccup must not stop training
-                self.log.warning("trim_failed", error=repr(exc))
 
     @property
     def _saves(self) -> bool:

@@ -63,11 +63,15 @@ def run(args) -> int:
         if url == "embedded":
             from brokers.embedded import EmbeddedRedis
 
-            embedded = EmbeddedRedis(run_dir / "broker", binary=cfg.broker.redis_server)
+            embedded = EmbeddedRedis(
+                run_dir / "broker", binary=cfg.broker.redis_server, unix_socket=cfg.broker.unix_socket
+            )
             embedded.start()
-            url = embedded.url
+            url = embedded.local_url  # the roles run on this host; `streamrl worker` elsewhere reads broker/url
+            via = f", roles via {embedded.socket_path}" if url != embedded.url else ""
             print(
-                f"embedded broker on 127.0.0.1:{embedded.port} (password in {run_dir / 'broker' / 'url'})", flush=True
+                f"embedded broker on 127.0.0.1:{embedded.port}{via} (password in {run_dir / 'broker' / 'url'})",
+                flush=True,
             )
         sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
         code = sup.run()

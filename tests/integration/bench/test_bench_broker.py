@@ -58,10 +58,19 @@ def test_broker_bench_writes_result_and_plot(tmp_path):
     assert full["assembler"]["failed"] == 0  # every group joined: reward + ref_logprobs for all 96
     assert (out / "broker.png").stat().st_size > 0
     assert "plain XADD/XREAD pair" in stdout and "full path @ 400/s" in stdout
+    assert "over unix" in stdout  # the roles connect as those of `streamrl up` do
+
+
+def test_broker_bench_trims_what_the_trainer_consumed(tmp_path):
+    """As a job's trainer: entries every group consumed are trimmed while the run goes on."""
+    result, _, _ = _bench(tmp_path, "--rate", "100", "--no-baseline", "--trim-every-s", "0.1")
+    limited = result["runs"][1]  # ~1 s at 100/s: several trim passes
+    assert limited["rollouts"] == 96 and limited["assembler"]["failed"] == 0
+    assert sum(limited["trimmed"]) > 0, limited["trimmed"]
 
 
 def test_broker_bench_over_two_servers(tmp_path):
-    result, _, stdout = _bench(tmp_path, "--shards", "2", "--rate", "0", "--no-baseline")
+    result, _, stdout = _bench(tmp_path, "--shards", "2", "--rate", "0", "--no-baseline", "--tcp")
     assert [r["mode"] for r in result["runs"]] == ["full"]
     assert result["runs"][0]["rollouts"] == 96
-    assert "2 redis-server(s)" in stdout
+    assert "2 redis-server(s) over redis," in stdout
