@@ -67,7 +67,25 @@ def run_job(args, mode: str, run_dir: Path) -> dict:
     from streamrl.config_files import load_config
 
     cfg = load_config(run_dir / "config.yaml")
-    return {"mode": mode, "max_staleness": cfg.rollout.max_staleness, "wall_s": round(wall, 1), **summarize(run_dir)}
+    return {
+        "mode": mode,
+        "max_staleness": cfg.rollout.max_staleness,
+        "wall_s": round(wall, 1),
+        "first_step_s": _first_step_s(run_dir, t0),
+        **summarize(run_dir),
+    }
+
+
+def _first_step_s(run_dir: Path, t0: float) -> float | None:
+    """`streamrl up` launched -> the trainer's log line of step 1 (preflight, broker, every role's start)."""
+    from datetime import datetime
+
+    from streamrl.commands.report import log_events
+
+    steps = [r for r in log_events(run_dir, "step") if r.get("step") == 1 and "timestamp" in r]
+    if not steps:
+        return None
+    return round(datetime.fromisoformat(steps[0]["timestamp"].replace("Z", "+00:00")).timestamp() - t0, 1)
 
 
 def _row(s: dict) -> dict:
@@ -83,6 +101,7 @@ def _row(s: dict) -> dict:
         "generator_busy": round(sum(gen) / len(gen), 3) if gen else None,
         "sync_p50_s": lat.get("p50"),
         "staleness_hist": s["staleness_hist_tokens"],
+        "first_step_s": s["first_step_s"],
         "wall_s": s["wall_s"],
     }
 

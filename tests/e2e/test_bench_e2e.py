@@ -31,5 +31,6 @@ def test_e2e_bench_summarizes_a_real_job(tmp_path):
     assert 0 < run["busy"]["trainer"] <= 1 and 0 <= run["busy"]["generator:generator-0"] <= 1
     assert sum(run["staleness_hist_tokens"].values()) == run["trained_tokens"]
     assert max(int(k) for k in run["staleness_hist_tokens"]) <= 1
+    assert 0 < run["first_step_s"] < run["wall_s"]  # up launched -> step 1's log line
     assert result["speedup"] is None  # no sync job was run
     assert (out / "e2e.png").is_file() and (out / "plots" / "async" / "staleness.png").is_file()
