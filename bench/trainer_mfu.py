@@ -10,7 +10,8 @@ token = 6 * (matmul parameters, lm_head included) + 12 * layers * heads * head_d
 
 Variant options (after the backend, joined by +): compile, ac, nochunk (the model's full logits
 instead of trainer.logprob_chunk_tokens chunks), chunk=N, mbt=N (trainer.micro_batch_tokens),
-mbs=N (trainer.micro_batch_size), bucket=N (trainer.seq_bucket; 1 = no length padding).
+mbs=N (trainer.micro_batch_size), bucket=N (trainer.seq_bucket; 1 = no length padding),
+pack=N (trainer.pack_rows: rollouts packed into rows of N tokens, torchtitan only).
 --ragged draws each completion's length uniformly in 1..completion-len (pad waste; tokens/s counts
 real tokens). --prompt-jitter J draws each prompt's length uniformly in prompt-len..prompt-len+J and
 gives every step its own batch, so the longest row may change by a few tokens from step to step as in
@@ -58,7 +59,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--variants",
         default="hf,torchtitan",
-        help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N], "
+        help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N], "
         "e.g. hf+nochunk,hf,torchtitan+compile+mbs=64",
     )
     p.add_argument("--rows", type=int, default=32, help="rollouts per batch (groups of 8)")
@@ -306,7 +307,7 @@ def _rank_main(
 
 
 def apply_variant(cfg, variant: str) -> None:
-    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N] onto cfg.trainer (module docstring)."""
+    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N] onto cfg.trainer (module docstring)."""
     from streamrl.errors import ConfigError
 
     backend, *parts = variant.split("+")
@@ -325,9 +326,11 @@ def apply_variant(cfg, variant: str) -> None:
             cfg.trainer.micro_batch_size = int(value)
         elif key == "bucket" and value.isdigit() and int(value) > 0:
             cfg.trainer.seq_bucket = int(value)
+        elif key == "pack" and value.isdigit():
+            cfg.trainer.pack_rows = int(value)
         elif key not in ("compile", "ac"):
             raise ConfigError(
-                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N, bucket=N"
+                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N, bucket=N, pack=N"
             )
 
 

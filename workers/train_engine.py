@@ -260,12 +260,16 @@ class TrainEngine(TrainerEngine):
             self.model, padded, self.cfg.generator.temperature, self.cfg.trainer.logprob_chunk_tokens, with_entropy
         )
 
+    def model_inputs(self, mb: Batch) -> dict[str, Tensor]:
+        """The CPU tensors of one micro-batch that `logprobs` reads (pad_batch's)."""
+        return pad_batch(mb, self.pad_id, self.cfg.trainer.seq_multiple())
+
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
-        padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id, self.cfg.trainer.seq_multiple()).items()}
+        padded = {k: v.to(self.device) for k, v in self.model_inputs(mb).items()}
         # Pad waste: input positions the forward computes vs those that hold a real token.
         sizes = {
             "input_tokens": float(sum(len(r.prompt_ids) + len(r.completion_ids) for r in mb.rollouts)),
-            "padded_tokens": float(padded["input_ids"].numel()),
+            "padded_tokens": float(padded.get("packed_ids", padded["input_ids"]).numel()),
         }
         # Entropy is always logged (no gradient unless loss.entropy_coef > 0 asks for the bonus).
         want = True if "entropy" in self.requirements else ("metric" if self.cfg.trainer.log_entropy else False)

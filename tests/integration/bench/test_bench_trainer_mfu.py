@@ -149,6 +149,9 @@ def test_variant_options_set_the_trainer_section():
     t = cfg.trainer
     assert (t.backend, t.activation_checkpointing, t.parallelism.compile) == ("torchtitan", True, False)
     assert (t.logprob_chunk_tokens, t.micro_batch_tokens, t.micro_batch_size) == (0, 4096, 64)
+    apply_variant(cfg, "torchtitan+compile+bucket=32+pack=2048")
+    assert (cfg.trainer.seq_bucket, cfg.trainer.pack_rows, cfg.trainer.parallelism.compile) == (32, 2048, True)
+    cfg = Config()
     apply_variant(cfg, "hf+chunk=512")
     assert cfg.trainer.logprob_chunk_tokens == 512 and cfg.trainer.backend == "hf"
     with pytest.raises(ConfigError, match="unknown option 'chunks=3'"):
