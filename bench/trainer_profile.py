@@ -5,14 +5,16 @@ chrome trace is kept, and every kernel (CUDA kernels and memcpy/memset on a GPU;
 time of each aten op) is put in one category by its name and the ops that launched it:
 
     gemm             matmuls (cuBLAS/CUTLASS kernels, aten::mm/addmm/bmm), the LM head's included
-    attention        SDPA / flash / memory-efficient / flex attention
+    attention        SDPA / flash / memory-efficient / cuDNN / flex attention (inductor's triton_tem_
+                     template kernels)
     logsoftmax_loss  the log-prob path's non-matmul kernels (chunked logsumexp/gather/scatter or
                      log_softmax) and its backward
     norm_elementwise RMSNorm, SiLU, residual adds, compiled (triton/inductor) fused kernels, casts
                      fused into them
     optimizer        AdamW (foreach), gradient-norm clipping
     copies           memcpy/memset, copy_/to-dtype kernels outside compiled code
-    communication    NCCL / gloo collectives
+    communication    NCCL / gloo collectives, and FSDP2's all-gather / reduce-scatter copy-in and
+                     copy-out kernels (its cast of the parameters to the compute dtype included)
     other            anything the rules above do not name, e.g. the embedding's gather and its
                      index_put backward (shown so nothing is silently dropped)
 
@@ -27,6 +29,8 @@ the GPU run gives the numbers.
 
 from __future__ import annotations
 
+import functools
+
 CATEGORIES = (
     "gemm",
     "attention",
@@ -39,7 +43,19 @@ CATEGORIES = (
 )
 
 # Substrings (lower case) of a kernel's or op's name; the first category whose rule matches wins.
-_COMM = ("nccl", "gloo", "c10d::", "record_param_comms", "allreduce", "all_gather", "reduce_scatter")
+# FSDP2's all-gather and reduce-scatter regions include their copy-in/out kernels (and the cast of
+# the float32 parameters to the compute dtype): the cost of sharding, counted with the collectives.
+_COMM = (
+    "nccl",
+    "gloo",
+    "c10d::",
+    "record_param_comms",
+    "allreduce",
+    "all_gather",
+    "reduce_scatter",
+    "post_backward_reduce",
+    "post_backward_rs_wait",
+)
 _ATTN = ("flash", "fmha", "attention", "sdpa", "flex")
 _GEMM_KERNEL = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "s16816", "wgmma", "splitk")
 _GEMM_OP = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::matmul", "aten::linear", "aten::_scaled_mm")
@@ -85,6 +101,11 @@ def _has(names: list[str], needles: tuple[str, ...]) -> bool:
 
 def _by_name(names: list[str]) -> str | None:
     """The category that names of one kind of work say (a kernel and its op, or one enclosing op)."""
+    # Inductor's template kernels: flex_attention's (the packed rows' document attention), or a
+    # matmul template under max-autotune ("mm" among the fused ops in the name).
+    templates = [n for n in names if "triton_tem_" in n]
+    if templates:
+        return "gemm" if any("mm" in n.split("triton_tem_")[1] for n in templates) else "attention"
     if _has(names, _ATTN):
         return "attention"
     if _has(names, _GEMM_KERNEL) or any(n == g or n.startswith(g + ".") for n in names for g in _GEMM_OP):
@@ -97,6 +118,12 @@ def _by_name(names: list[str]) -> str | None:
 
 
 def categorize(kernel: str, launcher: str | None, ancestors: list[str]) -> str:
+    """See _categorize; cached, since a step launches the same kernel from the same ops many times."""
+    return _categorize(kernel, launcher, tuple(ancestors))
+
+
+@functools.lru_cache(maxsize=65536)
+def _categorize(kernel: str, launcher: str | None, ancestors: tuple[str, ...]) -> str:
     """The category of one kernel from its own name, the op that launched it and that op's enclosing
     ops and annotations (innermost first), compared lower case. Regions win over kernel kinds except
     matmuls and attention (communication, the optimizer step, the log-prob path), then the kernel's own

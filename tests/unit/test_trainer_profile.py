@@ -67,6 +67,26 @@ CHUNKED_BW = "autograd::engine::evaluate_function: _ChunkedLogprobsBackward"
             "copies",
         ),
         ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "nccl:all_reduce", [], "communication"),
+        (
+            "void at::native::(anonymous namespace)::chunk_cat_cuda_kernel",
+            "aten::_chunk_cat",
+            ["FSDP::post_backward_reduce (layers.0)"],
+            "communication",
+        ),
+        (
+            "void at::native::elementwise_kernel<copy>",
+            "aten::copy_",
+            ["FSDP::all_gather_copy_out (layers.3)"],
+            "communication",
+        ),
+        ("triton_tem_fused_0", "triton_tem_fused_0", ["Torch-Compiled Region: 0/0"], "attention"),
+        ("triton_tem_fused_mm_3", None, [], "gemm"),
+        (
+            "cudnn_generated_fort_native_sdpa_sm90_knob_7_64x128x128_4x1x1",
+            "aten::_scaled_dot_product_cudnn_attention",
+            [],
+            "attention",
+        ),
         ("void at::native::indexing_backward_kernel<float>", "aten::index_put_", [], "other"),
     ],
 )
