@@ -1,6 +1,6 @@
 """Rollout rows packed into fewer, fuller rows for the RL trainer's forward (trainer.pack_rows).
 
-    packed = pack_rows(padded["attention_mask"], padded["input_ids"], budget=1024, multiple=16)
+    packed = pack_rows(padded["attention_mask"], padded["input_ids"], budget=1024, pad_id=0, multiple=16)
     out = model(packed["packed_ids"], positions=packed["packed_positions"], attention_masks=mask)
     padded_out = out.reshape(-1, out.shape[-1])[packed["unpack_index"]]    # back to [B, L, ...]
 

@@ -336,8 +336,8 @@ class TrainEngine(TrainerEngine):
         """Forward + backward of one dummy micro-batch per length (micro_batch_size rows of that
         many tokens on every rank), gradients discarded: the first real step then does not also pay
         CUDA's kernel selection, the allocator's growth and torch.compile (without trainer.seq_bucket,
-        two lengths: the static graph and the dynamic one its recompile makes). Weights, optimizer state, schedule and
-        steps_done are untouched. Collective: every rank passes the same lengths."""
+        two lengths: the static graph and the dynamic one its recompile makes). Weights, optimizer
+        state, schedule and steps_done are untouched. Collective: every rank passes the same lengths."""
         from streamrl.messages import Rollout
 
         rows = self.cfg.trainer.micro_batch_size
