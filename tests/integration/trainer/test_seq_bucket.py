@@ -18,10 +18,11 @@ import pytest
 import torch
 
 from streamrl.batch import Batch
-from streamrl.config import Config, ParallelismConfig, TrainerConfig
+from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TrainerConfig
 from streamrl.messages import Rollout
 from streamrl.shapes import build_random_model
 from workers.dist import launch
+from workers.trainer import warm_up
 from workers.trainer_engines import make_engine
 
 pytestmark = pytest.mark.timeout(300)
@@ -63,7 +64,9 @@ def qwen3_tiny(tmp_path_factory) -> Path:
     return build_random_model("qwen3-tiny", tmp_path_factory.mktemp("shape") / "qwen3-tiny", "float32")
 
 
-def _graphs_per_step(model_path: str, seq_bucket: int | None, out: dict, rank: int, world: int) -> None:
+def _graphs_per_step(
+    model_path: str, seq_bucket: int | None, out: dict, rank: int, world: int, warm: bool = False
+) -> None:
     import torch._dynamo
     from torch._dynamo.utils import counters
 
@@ -71,15 +74,19 @@ def _graphs_per_step(model_path: str, seq_bucket: int | None, out: dict, rank: i
     torch._dynamo.reset()  # compiled graphs and counters of earlier tests in this process
     counters.clear()
     cfg = Config(
+        generator=GeneratorConfig(max_tokens=16, max_model_len=64),
         trainer=TrainerConfig(
             device="cpu",
             backend="torchtitan",
             micro_batch_size=4,
             seq_bucket=seq_bucket,
+            warm_up=warm,
             parallelism=ParallelismConfig(compile=True),
-        )
+        ),
     )
     engine = make_engine(cfg, model_path, rank, world)
+    warm_up(engine, cfg)  # trainer.warm_up=False: nothing
+    out["warm_graphs"] = counters["stats"]["unique_graphs"]
     out["graphs"] = []
     out["padded"] = []
     for step, prompt_len in enumerate(PROMPT_LENS):
@@ -96,6 +103,16 @@ def test_varying_lengths_compile_once(qwen3_tiny):
     assert out["graphs"][0] >= 1
     assert out["graphs"] == [out["graphs"][0]] * len(PROMPT_LENS), f"recompiled: graphs after each step {out}"
     assert out["padded"] == [4 * 32.0] * len(PROMPT_LENS)  # 4 rows padded to the 32-token bucket
+
+
+def test_warm_up_compiles_the_one_static_graph_the_steps_use(qwen3_tiny):
+    """The start-up warm-up (generator.max_tokens=16: one prompt token + 16 completion tokens, the
+    32-token bucket) compiles the static graph the steps of 5-9 + 4..16-token rows then reuse; without
+    the bucket it compiled two lengths on purpose, leaving the steps on the dynamic-shape graph."""
+    out: dict = {}
+    launch(1, functools.partial(_graphs_per_step, str(qwen3_tiny), None, out, warm=True))
+    assert out["warm_graphs"] == 1, out
+    assert out["graphs"] == [1] * len(PROMPT_LENS), out
 
 
 def _grads(model_path: str, backend: str, seq_bucket: int, out: dict, rank: int, world: int) -> None:
