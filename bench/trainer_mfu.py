@@ -10,10 +10,20 @@ token = 6 * (matmul parameters, lm_head included) + 12 * layers * heads * head_d
 
 Variant options (after the backend, joined by +): compile, ac, nochunk (the model's full logits
 instead of trainer.logprob_chunk_tokens chunks), chunk=N, mbt=N (trainer.micro_batch_tokens),
-mbs=N (trainer.micro_batch_size).
+mbs=N (trainer.micro_batch_size), bucket=N (trainer.seq_bucket; 1 = no length padding),
+pack=N (trainer.pack_rows: rollouts packed into rows of N tokens, torchtitan only).
 --ragged draws each completion's length uniformly in 1..completion-len (pad waste; tokens/s counts
-real tokens). --checkpoint also times, per variant, a blocking save and two background saves
-(streamrl.checkpoint.Checkpointer): the training thread's stall and the write's duration.
+real tokens). --prompt-jitter J draws each prompt's length uniformly in prompt-len..prompt-len+J and
+gives every step its own batch, so the longest row may change by a few tokens from step to step as in
+a real job. --job-warm-up first runs the trainer's start-up warm-up (workers/trainer.warm_up with
+generator.max_tokens = completion-len), so torch.compile has compiled what a real job's trainer has
+when its first batch arrives. The real 0.6B job's rows and start-up (charclass prompts of 6-7
+characters, 256 completion tokens): --rows 128 --prompt-len 6 --prompt-jitter 2 --completion-len 256
+--job-warm-up; bucket=1 gives the dynamic-shape graph such a job trained on before trainer.seq_bucket.
+--profile runs one more step under torch.profiler after the timed ones: its kernel time by category
+(bench/trainer_profile.py) is printed and kept in result.json, its chrome trace in
+trainer_mfu_<variant>_trace.json.gz. --checkpoint also times, per variant, a blocking save and two
+background saves (streamrl.checkpoint.Checkpointer): the training thread's stall and the write's duration.
 --publish times packing the weights on the device as a cuda_ipc publish does, from the engine's
 weight stream and from the whole-state default (full_state_dict) for comparison. A variant
 that runs out of GPU memory is reported as OOM with its peak, and the others still run.
@@ -49,7 +59,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--variants",
         default="hf,torchtitan",
-        help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N], "
+        help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N], "
         "e.g. hf+nochunk,hf,torchtitan+compile+mbs=64",
     )
     p.add_argument("--rows", type=int, default=32, help="rollouts per batch (groups of 8)")
@@ -59,6 +69,23 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--peak-tflops", type=float, default=None, help="default: by GPU name (H100/H200 989)")
     p.add_argument("--ragged", action="store_true", help="completion lengths uniform in 1..completion-len")
+    p.add_argument(
+        "--prompt-jitter",
+        type=int,
+        default=0,
+        help="prompt lengths uniform in prompt-len..prompt-len+J, a new batch every step (0: one fixed batch)",
+    )
+    p.add_argument(
+        "--job-warm-up",
+        action="store_true",
+        help="before the --warmup steps, the trainer's start-up warm-up (trainer.warm_up) for completions of "
+        "--completion-len tokens, as a real job runs it",
+    )
+    p.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile one extra step: kernel time per category (gemm, attention, ...) and idle, plus a chrome trace",
+    )
     p.add_argument(
         "--checkpoint", action="store_true", help="also time a blocking and two background checkpoint saves per variant"
     )
@@ -82,7 +109,15 @@ def flops_per_token(hf: dict, seq_len: int) -> float:
     return 6.0 * matmul_params + 12.0 * layers * heads * hd * seq_len
 
 
-def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed: int = 0, ragged: bool = False):
+def make_batch(
+    rows: int,
+    prompt_len: int,
+    completion_len: int,
+    vocab: int,
+    seed: int = 0,
+    ragged: bool = False,
+    prompt_jitter: int = 0,
+):
     import numpy as np
 
     from streamrl.batch import Batch
@@ -91,13 +126,15 @@ def make_batch(rows: int, prompt_len: int, completion_len: int, vocab: int, seed
     rng = np.random.default_rng(seed)
     group = 8 if rows % 8 == 0 else rows
     lengths = rng.integers(1, completion_len + 1, rows) if ragged else np.full(rows, completion_len)
+    # Drawn only with a jitter, so the fixed-length batches stay the ones earlier runs measured.
+    prompts = rng.integers(prompt_len, prompt_len + prompt_jitter + 1, rows) if prompt_jitter else [prompt_len] * rows
     rollouts = [
         Rollout(
             rollout_id=f"g{i // group}:{i % group}",
             group_id=f"g{i // group}",
             sample=i % group,
             group_size=group,
-            prompt_ids=rng.integers(4, vocab, prompt_len).astype(np.int32),
+            prompt_ids=rng.integers(4, vocab, int(prompts[i])).astype(np.int32),
             completion_ids=rng.integers(4, vocab, int(n)).astype(np.int32),
             logprobs=np.full(int(n), -12.0, np.float32),
             version=0,
@@ -185,8 +222,34 @@ def time_checkpoints(engine, ckpt_dir: Path) -> dict:
     return out
 
 
+def profile_step(engine, batch, trace: Path) -> dict:
+    """One train step under torch.profiler: its kernel time by category (bench/trainer_profile.py);
+    the chrome trace goes to `trace` (gzipped: Perfetto and chrome://tracing open it as it is)."""
+    import gzip
+    import shutil
+
+    from torch.profiler import ProfilerActivity, profile
+
+    from bench.trainer_profile import breakdown
+
+    device = engine.device.type
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        _sync(engine.device)
+        t = time.perf_counter()
+        engine.train_step(batch)
+        _sync(engine.device)
+        step_s = time.perf_counter() - t
+    raw = trace.with_suffix("")  # the profiler writes plain JSON
+    prof.export_chrome_trace(str(raw))
+    with raw.open("rb") as src, gzip.open(trace, "wb") as dst:
+        shutil.copyfileobj(src, dst)
+    raw.unlink()
+    return breakdown(prof.events(), step_s, device) | {"trace": str(trace)}
+
+
 def _rank_main(
-    cfg, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None, publish: bool, rank: int, world: int
+    cfg, batches, warmup: int, steps: int, out: str, ckpt_dir: str | None, publish: bool, profile: bool, rank, world
 ) -> None:
     import torch
 
@@ -198,14 +261,24 @@ def _rank_main(
     if engine.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(engine.device)  # the step's peak (weights and AdamW state stay in it)
     times, m = [], {}
+    if cfg.trainer.warm_up:
+        from workers.trainer import warm_up
+
+        warm_up(engine, cfg)
+    from torch._dynamo.utils import counters
+
+    graphs = []  # torch.compile's graphs so far, before each timed step and after the last
     try:
         for i in range(warmup + steps):
+            if i >= warmup:
+                graphs.append(counters["stats"]["unique_graphs"])
             _sync(engine.device)
             t = time.perf_counter()
-            m = engine.train_step(batch)
+            m = engine.train_step(batches[i % len(batches)])
             _sync(engine.device)
             if i >= warmup:
                 times.append(time.perf_counter() - t)
+        graphs.append(counters["stats"]["unique_graphs"])
     except torch.OutOfMemoryError as exc:
         Path(out).write_text(
             json.dumps({"oom": str(exc).splitlines()[0], "peak_gb": _peak_gb(engine.device), "load_s": load_s})
@@ -213,6 +286,8 @@ def _rank_main(
         return
     result = {
         "step_s": times,
+        "compiled_graphs": graphs[-1],
+        "recompiles_in_timed_steps": graphs[-1] - graphs[0],
         "load_s": load_s,
         "peak_gb": _peak_gb(engine.device),
         "grad_norm": m["grad_norm"],
@@ -221,6 +296,9 @@ def _rank_main(
         "padded_tokens": m["padded_tokens"],
         **{k: getattr(cfg.trainer, k) for k in ("micro_batch_size", "micro_batch_tokens", "logprob_chunk_tokens")},
     }
+    if profile:
+        trace = Path(out).with_name(Path(out).stem + "_trace.json.gz")
+        result["profile"] = profile_step(engine, batches[(warmup + steps) % len(batches)], trace)
     if publish:
         result.update(time_publish(engine, cfg.model.dtype))
     if ckpt_dir is not None:
@@ -229,7 +307,7 @@ def _rank_main(
 
 
 def apply_variant(cfg, variant: str) -> None:
-    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N] onto cfg.trainer (module docstring)."""
+    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N] onto cfg.trainer (module docstring)."""
     from streamrl.errors import ConfigError
 
     backend, *parts = variant.split("+")
@@ -246,20 +324,23 @@ def apply_variant(cfg, variant: str) -> None:
             cfg.trainer.micro_batch_tokens = int(value)
         elif key == "mbs" and value.isdigit() and int(value) > 0:
             cfg.trainer.micro_batch_size = int(value)
+        elif key == "bucket" and value.isdigit() and int(value) > 0:
+            cfg.trainer.seq_bucket = int(value)
+        elif key == "pack" and value.isdigit():
+            cfg.trainer.pack_rows = int(value)
         elif key not in ("compile", "ac"):
             raise ConfigError(
-                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N"
+                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N, bucket=N, pack=N"
             )
 
 
-def _variant_main(
-    cfg, variant: str, batch, warmup: int, steps: int, out: str, ckpt_dir: str | None, publish: bool
-) -> None:
+def _variant_main(cfg, variant: str, batches, args, out: str, ckpt_dir: str | None) -> None:
     """One variant in a fresh process (its own CUDA context, compile caches and memory)."""
     from workers.dist import launch
 
     apply_variant(cfg, variant)
-    launch(1, functools.partial(_rank_main, cfg, batch, warmup, steps, out, ckpt_dir, publish))
+    main = _rank_main, cfg, batches, args.warmup, args.steps, out, ckpt_dir, args.publish, args.profile
+    launch(1, functools.partial(*main))
 
 
 def run(args) -> int:
@@ -281,19 +362,39 @@ def _measure(args, out_dir: Path) -> int:
     cfg = load_config(args.config, overrides)
     dtype = cfg.model.dtype if (args.device or cfg.trainer.device) != "cpu" else "float32"
     cfg.model.dtype = dtype
+    cfg.trainer.warm_up = args.job_warm_up
+    if args.job_warm_up:
+        cfg.generator.max_tokens = args.completion_len
+        longest = args.prompt_len + args.prompt_jitter + args.completion_len
+        cfg.generator.max_model_len = max(cfg.generator.max_model_len, longest)
     model = Path(cfg.model.path or f"runs/models/{args.shape}-random")
     cfg.model.path = str(
         build_random_model(args.shape, model, dtype) if not (model / "config.json").exists() else model
     )
     hf = json.loads((Path(cfg.model.path) / "config.json").read_text())
-    batch = make_batch(args.rows, args.prompt_len, args.completion_len, hf["vocab_size"], ragged=args.ragged)
-    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts)
+    # With a prompt jitter every step (and the profiled one) gets its own batch, else all share one.
+    count = args.warmup + args.steps + 1 if args.prompt_jitter else 1
+    batches = [
+        make_batch(
+            args.rows,
+            args.prompt_len,
+            args.completion_len,
+            hf["vocab_size"],
+            seed=i,
+            ragged=args.ragged,
+            prompt_jitter=args.prompt_jitter,
+        )
+        for i in range(count)
+    ]
+    timed = [batches[i % count] for i in range(args.warmup, args.warmup + args.steps)]
+    tokens = sum(len(r.prompt_ids) + len(r.completion_ids) for b in timed for r in b.rollouts) / len(timed)
     seq = tokens / args.rows  # mean row length (the attention term of the FLOPs)
     fpt = flops_per_token(hf, seq)
     gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     peak = args.peak_tflops or next((v for k, v in PEAK_BF16_TFLOPS.items() if k in gpu), None)
     print(
-        f"{gpu}: {Path(cfg.model.path).name} {dtype}, {args.rows} rows x {seq:.0f} tokens{' (ragged)' * args.ragged},"
+        f"{gpu}: {Path(cfg.model.path).name} {dtype}, {args.rows} rows x {seq:.0f} tokens{' (ragged)' * args.ragged}"
+        f"{f' (prompts +0..{args.prompt_jitter})' * bool(args.prompt_jitter)},"
         f" micro-batch {cfg.trainer.micro_batch_size}, {fpt / 1e9:.2f} GFLOP/token, peak {peak} TFLOP/s",
         flush=True,
     )
@@ -309,16 +410,7 @@ def _measure(args, out_dir: Path) -> int:
             ckpt_dir = str(Path(tmp) / name) if args.checkpoint else None
             proc = ctx.Process(
                 target=_variant_main,
-                args=(
-                    cfg.model_copy(deep=True),
-                    variant,
-                    batch,
-                    args.warmup,
-                    args.steps,
-                    str(out),
-                    ckpt_dir,
-                    args.publish,
-                ),
+                args=(cfg.model_copy(deep=True), variant, batches, args, str(out), ckpt_dir),
             )
             proc.start()
             proc.join()
@@ -334,6 +426,7 @@ def _measure(args, out_dir: Path) -> int:
                     "micro_batch_size": cfg.trainer.micro_batch_size,
                     "rows": args.rows,
                     "ragged": args.ragged,
+                    "prompt_jitter": args.prompt_jitter,
                     "results": results,
                 },
                 indent=2,
@@ -362,9 +455,14 @@ def _report(variant: str, exitcode: int | None, out: Path, tokens: int, fpt: flo
     mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "n/a"
     print(
         f"{variant:>22}: step {step:.3f}s  {tps:,.0f} tok/s  MFU {mfu}  peak mem {r['peak_gb']:.1f} GiB  "
-        f"padding {100 * r['pad_frac']:.0f}%  (load {r['load_s']:.0f}s, grad_norm {r['grad_norm']:.3g})",
+        f"padding {100 * r['pad_frac']:.0f}%  (load {r['load_s']:.0f}s, grad_norm {r['grad_norm']:.3g}, "
+        f"{r['compiled_graphs']} compiled graphs, {r['recompiles_in_timed_steps']} in the timed steps)",
         flush=True,
     )
+    if "profile" in r:
+        from bench.trainer_profile import table
+
+        print(f"{'':>22}  profiled step ({r['profile']['trace']}):\n" + table(r["profile"]), flush=True)
     if "publish_stream_s" in r:
         print(
             f"{'':>22}  publish (pack on the device): weight stream "

@@ -31,6 +31,7 @@ from streamrl.logprobs import gathered_logprobs, token_logprobs
 from streamrl.modeling import unsharded_weight
 from streamrl.weights import WeightStream
 from workers.engine_interface import TrainerEngine
+from workers.row_packing import pack_rows
 from workers.titan_models import TitanSpec, read_hf_config, titan_spec
 from workers.train_engine import TrainEngine
 
@@ -144,6 +145,10 @@ class TitanEngine(TrainEngine):
         self.dims, titan_par = parallel_dims(self.cfg, self.world_size, self.device)
         model = build_loaded_model(self.spec, model_path, titan_par)
         self.model = self._parallelize(model, titan_par)
+        if self.cfg.trainer.pack_rows:
+            from workers.sft_engine import enable_document_attention
+
+            enable_document_attention(self)  # packed rows: attention within each rollout only
         self.model.train()
         self.dp_rank, self.dp_size, self.dp_group = data_parallel_coords(self.dims, self.rank, self.world_size)
 
@@ -173,20 +178,42 @@ class TitanEngine(TrainEngine):
                 module.set_gradient_divide_factor(float(dp))
         return model
 
+    def model_inputs(self, mb) -> dict[str, Tensor]:
+        """pad_batch's tensors, plus the packed rows (workers/row_packing.py) with trainer.pack_rows."""
+        out = super().model_inputs(mb)
+        tc = self.cfg.trainer
+        if tc.pack_rows:
+            out.update(pack_rows(out["attention_mask"], out["input_ids"], tc.pack_rows, self.pad_id, tc.seq_multiple()))
+        return out
+
+    def _forward(self, padded: dict[str, Tensor]) -> Tensor:
+        """The model's output per input position of the right-padded [B, L] rows."""
+        if "packed_ids" not in padded:
+            out = self.model(padded["input_ids"])
+            return out.full_tensor() if isinstance(out, DTensor) else out
+        from streamrl.sft_pack import document_mask
+        from workers.sft_engine import document_block_mask
+
+        pos = padded["packed_positions"]
+        mask = document_block_mask(pos) if pos.device.type == "cuda" else document_mask(pos)
+        out = self.model(padded["packed_ids"], positions=pos, attention_masks=mask)
+        out = out.full_tensor() if isinstance(out, DTensor) else out
+        return out.reshape(-1, out.shape[-1])[padded["unpack_index"]]
+
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
 
         No attention mask: rows are right-padded (pad_batch), so under causal attention a real token
         never attends to padding, and padded positions are masked out of the loss. With
+        trainer.pack_rows the forward runs on the packed rows with document-masked attention and its
+        output is gathered back into the [B, L] layout (workers/row_packing.py). With
         trainer.logprob_chunk_tokens > 0 the model stops before its LM head (torchtitan's
         `_skip_lm_head`, as its ChunkedLossWrapper does) and streamrl.logprobs forms the logits a
         chunk of tokens at a time.
         """
         chunk = self.cfg.trainer.logprob_chunk_tokens
         self.model._skip_lm_head = bool(chunk)
-        out = self.model(padded["input_ids"])
-        if isinstance(out, DTensor):  # tensor parallel: replicated hidden states / vocab-sharded logits
-            out = out.full_tensor()
+        out = self._forward(padded)  # tensor parallel: replicated hidden states / vocab-sharded logits, gathered
         if not chunk:
             return token_logprobs(
                 out, padded["positions"], padded["targets"], self.cfg.generator.temperature, with_entropy

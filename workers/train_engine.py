@@ -37,10 +37,11 @@ from streamrl.weights import WeightStream, module_weight_stream
 from workers.engine_interface import TrainerEngine
 
 
-def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
+def pad_batch(batch: Batch, pad_id: int, multiple: int = 1) -> dict[str, Tensor]:
     """Right-padded tensors for one (micro-)batch of B rollouts; pure, CPU tensors.
 
-    input_ids, attention_mask [B, L]: prompt + completion, L = longest prompt+completion.
+    input_ids, attention_mask [B, L]: prompt + completion, L = longest prompt+completion rounded up
+        to a multiple of `multiple` (trainer.seq_bucket); the extra columns are padding.
     positions [B, T]: index of the logit that predicts completion token t, i.e. len(prompt)+t-1;
         T = longest completion; padded entries point at 0 (any valid index; they are masked).
     targets [B, T] (the completion ids), mask [B, T] float (1 on real completion tokens, 0 on an
@@ -73,6 +74,10 @@ def pad_batch(batch: Batch, pad_id: int) -> dict[str, Tensor]:
                 "predicting position; prompts must hold at least one token (e.g. BOS)"
             )
     out = pack_completions([r.prompt_ids for r in rows], [r.completion_ids for r in rows], pad_id)
+    extra = -out["input_ids"].shape[1] % multiple
+    if extra:  # right padding: under causal attention no real token sees it, and no position points at it
+        out["input_ids"] = torch.nn.functional.pad(out["input_ids"], (0, extra), value=pad_id)
+        out["attention_mask"] = torch.nn.functional.pad(out["attention_mask"], (0, extra), value=0)
     B, T = out["positions"].shape
     mask = torch.zeros((B, T), dtype=torch.float32)
     old = torch.zeros((B, T), dtype=torch.float32)
@@ -255,12 +260,16 @@ class TrainEngine(TrainerEngine):
             self.model, padded, self.cfg.generator.temperature, self.cfg.trainer.logprob_chunk_tokens, with_entropy
         )
 
+    def model_inputs(self, mb: Batch) -> dict[str, Tensor]:
+        """The CPU tensors of one micro-batch that `logprobs` reads (pad_batch's)."""
+        return pad_batch(mb, self.pad_id, self.cfg.trainer.seq_multiple())
+
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
-        padded = {k: v.to(self.device) for k, v in pad_batch(mb, self.pad_id).items()}
+        padded = {k: v.to(self.device) for k, v in self.model_inputs(mb).items()}
         # Pad waste: input positions the forward computes vs those that hold a real token.
         sizes = {
             "input_tokens": float(sum(len(r.prompt_ids) + len(r.completion_ids) for r in mb.rollouts)),
-            "padded_tokens": float(padded["input_ids"].numel()),
+            "padded_tokens": float(padded.get("packed_ids", padded["input_ids"]).numel()),
         }
         # Entropy is always logged (no gradient unless loss.entropy_coef > 0 asks for the bonus).
         want = True if "entropy" in self.requirements else ("metric" if self.cfg.trainer.log_entropy else False)
@@ -326,9 +335,9 @@ class TrainEngine(TrainerEngine):
     def warm_up(self, lengths: tuple[int, ...]) -> None:
         """Forward + backward of one dummy micro-batch per length (micro_batch_size rows of that
         many tokens on every rank), gradients discarded: the first real step then does not also pay
-        CUDA's kernel selection, the allocator's growth and torch.compile (two lengths: the static
-        graph and the dynamic one its recompile makes). Weights, optimizer state, schedule and
-        steps_done are untouched. Collective: every rank passes the same lengths."""
+        CUDA's kernel selection, the allocator's growth and torch.compile (without trainer.seq_bucket,
+        two lengths: the static graph and the dynamic one its recompile makes). Weights, optimizer
+        state, schedule and steps_done are untouched. Collective: every rank passes the same lengths."""
         from streamrl.messages import Rollout
 
         rows = self.cfg.trainer.micro_batch_size

@@ -330,12 +330,18 @@ def warm_up(engine, cfg: Config) -> None:
         return
     import structlog
 
-    length = min(cfg.generator.max_tokens, cfg.generator.max_model_len)
+    if cfg.trainer.seq_multiple() > 1:
+        # One prompt token and a full completion: the length bucket of the job's full-length rows,
+        # compiled as a static graph (a second bucket would make the dynamic one that replaces it).
+        lengths = (min(cfg.generator.max_tokens + 1, cfg.generator.max_model_len),)
+    else:
+        length = min(cfg.generator.max_tokens, cfg.generator.max_model_len)
+        lengths = (length, length - 1)
     t0 = time.perf_counter()
-    engine.warm_up((length, length - 1))
+    engine.warm_up(lengths)
     if engine.rank == 0:
         structlog.get_logger("streamrl").info(
-            "trainer_warmed_up", seconds=round(time.perf_counter() - t0, 2), lengths=[length, length - 1]
+            "trainer_warmed_up", seconds=round(time.perf_counter() - t0, 2), lengths=list(lengths)
         )
 
 

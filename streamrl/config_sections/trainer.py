@@ -50,6 +50,16 @@ class TrainerConfig(Section):
     """Token budget of one micro-batch: rows are sorted by length and packed while rows x longest row
     stays within it (and rows within micro_batch_size), so little of each forward is padding;
     metrics.jsonl's padded_tokens vs input_tokens shows the waste. 0 = slices of micro_batch_size rows."""
+    seq_bucket: int | None = Field(None, ge=1)
+    """Pad each micro-batch's input length up to a multiple of this many tokens (right padding, masked
+    from the loss), so micro-batches whose longest row differs by a few tokens share one shape: under
+    torch.compile a new length recompiles, and the recompile makes a dynamic-shape graph. None = 16
+    with trainer.parallelism.compile (the torchtitan backend), else 1 (no padding)."""
+    pack_rows: int = Field(0, ge=0)
+    """torchtitan backend: pack each micro-batch's rollouts back to back into rows of at most this many
+    tokens (a longer rollout gets a row of its own), attention masked to each rollout (a document
+    BlockMask on GPU), instead of right-padding every rollout to the longest; the per-token log-probs
+    go back to the rollout layout, so losses are unchanged. 0 = padded rows."""
     logprob_chunk_tokens: int = Field(2048, ge=0)
     """Tokens whose logits are formed at once when recomputing log-probs (streamrl/logprobs.py): the
     [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the
@@ -82,12 +92,19 @@ class TrainerConfig(Section):
     checkpoint_keep: int = Field(2, ge=1)
     """Checkpoints kept on disk (older ones are deleted after a newer one is complete)."""
     warm_up: bool | None = None
-    """Before the first batch (while the generators start), run a forward + backward of two dummy
-    micro-batches of generator.max_tokens tokens, gradients discarded (weights, optimizer and lr
-    schedule untouched), so the first step does not also pay CUDA's kernel selection and
-    torch.compile. None: on CUDA only."""
+    """Before the first batch (while the generators start), run a forward + backward of dummy
+    micro-batches of generator.max_tokens tokens (two lengths; one, the bucket of a short prompt and
+    a full completion, when trainer.seq_bucket pads to a multiple), gradients discarded (weights,
+    optimizer and lr schedule untouched), so the first step does not also pay CUDA's kernel
+    selection and torch.compile. None: on CUDA only."""
     trim_every_s: float = Field(10.0, gt=0)
     """How often the trainer trims the streams below what every consumer group has consumed."""
+
+    def seq_multiple(self) -> int:
+        """seq_bucket with None resolved (see its docstring)."""
+        if self.seq_bucket is not None:
+            return self.seq_bucket
+        return 16 if self.parallelism.compile else 1
 
     @model_validator(mode="after")
     def _parallelism(self) -> "TrainerConfig":
@@ -97,5 +114,10 @@ class TrainerConfig(Section):
             raise ValueError(
                 "trainer.parallelism dp_replicate/tp/compile need trainer.backend=torchtitan; the hf backend "
                 "shards with plain FSDP2 over all ranks (set them back to 1/false or switch the backend)"
+            )
+        if self.backend == "hf" and self.pack_rows:
+            raise ValueError(
+                "trainer.pack_rows needs trainer.backend=torchtitan (the hf backend trains right-padded rows); "
+                "set trainer.pack_rows=0 or switch the backend"
             )
         return self

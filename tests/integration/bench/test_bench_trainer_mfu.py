@@ -10,6 +10,7 @@ output, not asserted (a shared CI machine's seconds mean nothing).
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import subprocess
@@ -148,7 +149,43 @@ def test_variant_options_set_the_trainer_section():
     t = cfg.trainer
     assert (t.backend, t.activation_checkpointing, t.parallelism.compile) == ("torchtitan", True, False)
     assert (t.logprob_chunk_tokens, t.micro_batch_tokens, t.micro_batch_size) == (0, 4096, 64)
+    apply_variant(cfg, "torchtitan+compile+bucket=32+pack=2048")
+    assert (cfg.trainer.seq_bucket, cfg.trainer.pack_rows, cfg.trainer.parallelism.compile) == (32, 2048, True)
+    cfg = Config()
     apply_variant(cfg, "hf+chunk=512")
     assert cfg.trainer.logprob_chunk_tokens == 512 and cfg.trainer.backend == "hf"
     with pytest.raises(ConfigError, match="unknown option 'chunks=3'"):
         apply_variant(cfg, "hf+chunks=3")
+
+
+def test_profile_cpu_smoke(tmp_path: Path):
+    """--profile: one profiled step's kernel time by category adds up, each category >= 0, the idle
+    time is the step's rest, and the chrome trace is kept in --out; --prompt-jitter and --job-warm-up
+    (the real job's row shape and start-up) run on the same path."""
+    from bench.trainer_profile import CATEGORIES
+
+    out = tmp_path / "out"
+    proc = _bench(
+        ROOT,
+        tmp_path / "model",
+        "--out",
+        str(out),
+        "--profile",
+        "--prompt-jitter",
+        "3",
+        "--job-warm-up",
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert "profiled step" in proc.stdout and "logsoftmax_loss" in proc.stdout
+    r = json.loads((out / "result.json").read_text())
+    assert r["prompt_jitter"] == 3
+    p = r["results"]["hf"]["profile"]
+    assert set(p["categories"]) == set(CATEGORIES)
+    assert all(v >= 0 for v in p["categories"].values())
+    assert sum(p["categories"].values()) == pytest.approx(p["kernel_ms"], rel=1e-9)
+    assert p["kernel_ms"] > 0 and p["kernels"] > 0
+    assert p["categories"]["gemm"] > 0 and p["categories"]["logsoftmax_loss"] > 0 and p["categories"]["optimizer"] > 0
+    assert 0 < p["busy_ms"] <= p["step_ms"]
+    assert p["idle_ms"] == pytest.approx(p["step_ms"] - p["busy_ms"]) and p["idle_ms"] >= 0
+    trace = json.loads(gzip.decompress(Path(p["trace"]).read_bytes()))
+    assert Path(p["trace"]).parent == out and trace["traceEvents"]
