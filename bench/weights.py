@@ -327,6 +327,7 @@ def run(args) -> int:
             "drain_s",
             "reload_s",
             "resume_s",
+            "loop_lag_max_s",
             "preempted",
             "active_requests",
         ],

@@ -27,6 +27,7 @@ from streamrl.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.weights import WeightHandle, WeightLoader, WeightStoreError, make_loader
 from streamrl.worker import Worker
 from workers.episodes import EpisodeRunner
+from workers.loop_lag import LoopLag
 from workers.vllm_engine import VLLMEngine, sample_seed
 
 GROUP = "generator"
@@ -83,6 +84,8 @@ class GeneratorWorker(Worker):
         self._groups: dict[str, asyncio.Task] = {}
         self._version_cond: asyncio.Condition | None = None
         self._watcher: asyncio.Task | None = None
+        self.loop_lag = LoopLag()
+        self._lag_task: asyncio.Task | None = None
         self._deliveries = 0
         self._active = 0
         self._busy_since = 0.0
@@ -121,6 +124,7 @@ class GeneratorWorker(Worker):
             await self._switch(newest, await self.loader.fetch(newest), joining=True)
         self.stats["policy_version"] = self.version
         self._watcher = asyncio.create_task(self._watch_weights())
+        self._lag_task = asyncio.create_task(self.loop_lag.run())
 
     async def step(self) -> bool:
         if self._fatal is not None:
@@ -163,6 +167,10 @@ class GeneratorWorker(Worker):
         if self._watcher is not None:
             self._watcher.cancel()
             await _settle({self._watcher}, self.log, "weights_watcher")
+        if self._lag_task is not None:
+            self._lag_task.cancel()
+            await _settle({self._lag_task}, self.log, "loop_lag")
+            self.stats.update(self.loop_lag.summary())
         self._update_busy()
         self.engine.shutdown()
         await self.loader.close()
@@ -344,6 +352,8 @@ class GeneratorWorker(Worker):
         phases, last = dict(lead or {}), t0
         for name, t in marks:
             phases[name], last = round(t - last, 4), t
+        # The loop's worst delay between the publish and now: how much of notice/pause was a busy loop.
+        phases["loop_lag_max_s"] = self.loop_lag.max_since(handle.created_at)
         latency = time.time() - handle.created_at
         self.count("weight_switches")
         self.stats.update(
