@@ -298,7 +298,10 @@ def _rank_main(
     }
     if profile:
         trace = Path(out).with_name(Path(out).stem + "_trace.json.gz")
-        result["profile"] = profile_step(engine, batches[(warmup + steps) % len(batches)], trace)
+        try:
+            result["profile"] = profile_step(engine, batches[(warmup + steps) % len(batches)], trace)
+        except Exception as exc:  # the timed steps stand without their breakdown
+            result["profile_error"] = repr(exc)
     if publish:
         result.update(time_publish(engine, cfg.model.dtype))
     if ckpt_dir is not None:
@@ -463,6 +466,8 @@ def _report(variant: str, exitcode: int | None, out: Path, tokens: int, fpt: flo
         from bench.trainer_profile import table
 
         print(f"{'':>22}  profiled step ({r['profile']['trace']}):\n" + table(r["profile"]), flush=True)
+    if "profile_error" in r:
+        print(f"{'':>22}  profile failed: {r['profile_error']}", flush=True)
     if "publish_stream_s" in r:
         print(
             f"{'':>22}  publish (pack on the device): weight stream "

@@ -155,6 +155,30 @@ def _ancestors(event) -> list[str]:
     return out
 
 
+def _kernel_owners(events):
+    """A function: device event -> the CPU op that launched it (None where none is found)."""
+    from collections import defaultdict
+
+    from torch.autograd import DeviceType
+
+    cpu = [e for e in events if e.device_type == DeviceType.CPU]
+    if all(hasattr(e, "linked_correlation_id") for e in events):
+        ops = {e.id: e for e in cpu if e.linked_correlation_id == 0}
+        return lambda e: ops.get(e.linked_correlation_id)
+    # torch <= 2.11's FunctionEvent carries no correlation id (seen on the H200); its profiler appended
+    # each kernel (name, duration) to the op that launched it instead: match device events to those.
+    launched = defaultdict(list)
+    for op in cpu:
+        for k in op.kernels:
+            launched[(k.name, round(k.duration, 3))].append(op)
+
+    def owner(e):
+        ops = launched.get((e.name, round(e.time_range.end - e.time_range.start, 3)))
+        return ops.pop() if ops else None
+
+    return owner
+
+
 def kernels(events, device: str) -> list[tuple[str, float, float]]:
     """(category, start_us, duration_us) of every kernel of `events` (a profiler's events()).
 
@@ -164,11 +188,11 @@ def kernels(events, device: str) -> list[tuple[str, float, float]]:
 
     out = []
     if device == "cuda":
-        ops = {e.id: e for e in events if e.device_type == DeviceType.CPU and e.linked_correlation_id == 0}
+        owner_of = _kernel_owners(events)
         for e in events:
             if e.device_type != DeviceType.CUDA:
                 continue
-            op = ops.get(e.linked_correlation_id)
+            op = owner_of(e)
             # A runtime call (cudaLaunchKernel, cuLaunchKernel for triton) stands for its parent op.
             while op is not None and op.name.lower().startswith("cu") and op.cpu_parent is not None:
                 op = op.cpu_parent

@@ -123,3 +123,24 @@ def test_cuda_kernels_attributed_through_their_ops():
     assert b["kernel_ms"] == pytest.approx(0.55) and b["kernels"] == 3
     assert b["busy_ms"] == pytest.approx(0.5)  # 100-500 (two overlapping kernels) + 600-700
     assert b["idle_ms"] == pytest.approx(0.5) and b["percent_of_step"]["idle"] == pytest.approx(50.0)
+
+
+def test_cuda_kernels_attributed_without_correlation_ids():
+    """torch <= 2.11 (the H200's): FunctionEvent has no linked_correlation_id; the profiler appended
+    each kernel to the op that launched it, and the breakdown must come out the same."""
+    step = _event(1, ADAM, 0, 900)
+    foreach = _event(2, "aten::_foreach_add_", 10, 20, parent=step)
+    mm = _event(3, "aten::mm", 30, 40)
+    adam_kernel = _event(10, "void at::native::multi_tensor_apply_kernel<...>", 100, 300, DeviceType.CUDA)
+    gemm = _event(11, "nvjet_tst_128x256_64x4_1x2_h_bz_coopA_NNT", 250, 500, DeviceType.CUDA)
+    nccl = _event(12, "ncclDevKernel_AllReduce_Sum_f32_RING_LL", 600, 700, DeviceType.CUDA)  # no op found
+    foreach.append_kernel(adam_kernel.name, 0, 200)
+    mm.append_kernel(gemm.name, 0, 250)
+    events = [step, foreach, mm, adam_kernel, gemm, nccl]
+    for e in events:
+        del e.linked_correlation_id
+    b = breakdown(events, 1e-3, "cuda")
+    assert b["categories"]["optimizer"] == pytest.approx(0.2)
+    assert b["categories"]["gemm"] == pytest.approx(0.25)
+    assert b["categories"]["communication"] == pytest.approx(0.1)
+    assert b["kernels"] == 3 and b["busy_ms"] == pytest.approx(0.5)
