@@ -8,9 +8,11 @@ logprobs; a group's samples together, as vLLM finishes fixed-length samples in o
 real RewardWorker (a constant reward function), a reference process (the annotator loop of
 workers/reference.py minus the model: a per-token `ref_logprobs` annotation), `--consumers` external
 annotators, and the real Assembler (join, complete groups, advantages, acks) in a trainer
-process, which also trims the streams below what every group consumed, as a job's trainer does
-(streamrl/trimming.py, every `--trim-every-s`). Roles connect through the embedded server's unix
-socket, as the roles of `streamrl up` do (`--tcp`: loopback TCP). Three runs, side by side: a plain XADD/XREAD reader/writer pair without consumer
+process with workers/trainer.py's broker traffic (background intake; per step of `--groups-per-step`
+groups the step log, version and metrics line; acks at each checkpoint), which also trims the
+streams below what every group consumed (streamrl/trimming.py, every `--trim-every-s`). Roles
+connect through the embedded server's unix socket, as the roles of `streamrl up` do (`--tcp`:
+loopback TCP). Three runs, side by side: a plain XADD/XREAD reader/writer pair without consumer
 groups (baseline), the full path at full speed, and the full path rate-limited (latency).
 Latency = the rollout's `finished_at` to its group's completion in the assembler (`batch` also
 includes waiting for the batch to fill).
@@ -18,11 +20,11 @@ includes waiting for the batch to fill).
 
 from __future__ import annotations
 
-import asyncio
 import time
 
 import numpy as np
 
+from bench.broker_trainer import BenchTrainer
 from bench.common import (
     Servers,
     machine,
@@ -52,7 +54,6 @@ from streamrl.config import (
     TrainerConfig,
 )
 from streamrl.messages import Annotation, Rollout, decode, encode, new_rollout_id
-from streamrl.trimming import trim_periodically
 from streamrl.worker import Worker
 
 HELP = "message path throughput and latency (no model)"
@@ -64,7 +65,12 @@ def add_arguments(p) -> None:
     p.add_argument("--completion-tokens", type=int, default=1024)
     p.add_argument("--prompt-tokens", type=int, default=128)
     p.add_argument("--group-size", type=int, default=8)
-    p.add_argument("--groups-per-step", type=int, default=1, help="groups per assembled batch (default 1)")
+    p.add_argument(
+        "--groups-per-step",
+        type=int,
+        default=16,
+        help="groups per trainer step (rollout.groups_per_step; default 16, as configs/*-gpu.yaml)",
+    )
     p.add_argument("--consumers", type=int, default=0, help="external annotators besides reward + reference")
     p.add_argument(
         "--window",
@@ -139,10 +145,10 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
     async def main() -> None:
         broker = await servers.connect()
         stream, nbytes, t0 = Keys(run).rollouts, 0, time.perf_counter()
-        consumed_key, consumed = Keys(run).stat("bench_batched"), 0
+        version_key, consumed, per_step = Keys(run).trainer_version, 0, gs * args.groups_per_step
         for g in range(args.rollouts // gs):
             while g * gs - consumed >= args.window:  # backpressure, as the feeder's admission bound gives a job
-                consumed = int(await broker.get(consumed_key) or 0)
+                consumed = int(await broker.get(version_key) or 0) * per_step
                 if g * gs - consumed >= args.window:
                     time.sleep(0.002)
             if rate:
@@ -219,65 +225,6 @@ class ExternalAnnotator(Worker):
         return True
 
 
-class BenchTrainer(Worker):
-    """The trainer role minus training: the real Assembler's batches, timed, then committed (acked); the
-    streams trimmed in the background as workers/trainer.py trims them."""
-
-    role = "trainer"
-
-    def __init__(self, cfg: Config, broker, total: int, report):
-        super().__init__(cfg, broker, "trainer-0")
-        self.total, self.report = total, report
-        self.joined: list[float] = []
-        self.batched: list[float] = []
-        self.first = float("inf")
-        self.trims: list[int] = []
-
-    async def start(self) -> None:
-        from workers.assembler import Assembler
-
-        self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
-        await self.assembler.start()
-        self.cpu0 = time.process_time()  # the run's CPU, not the start-up's (torch's import: ~1 s)
-        # No start_intake(): with no train step to overlap, next_batch's own polling is the intake.
-        self._trimmer = asyncio.create_task(trim_periodically(self.broker, self.cfg, self.trims.append, self.log))
-
-    async def close(self) -> None:
-        if hasattr(self, "_trimmer"):
-            self._trimmer.cancel()
-
-    async def step(self) -> bool:
-        batch = await self.assembler.next_batch(0, stop=self.stopping.is_set)
-        if batch is None:
-            return False
-        now = time.time()
-        done_at = {gid: self.assembler.groups[gid].completed_at for gid in batch.group_ids}
-        for r in batch.rollouts:
-            self.joined.append(done_at[r.group_id] - r.finished_at)
-            self.batched.append(now - r.finished_at)
-            self.first = min(self.first, r.finished_at)
-        await self.assembler.commit(batch)
-        await self.broker.incr(self.keys.stat("bench_batched"), len(batch))
-        if len(self.batched) >= self.total:
-            self.done = True
-            self.report.put(
-                (
-                    "trainer",
-                    {
-                        "n": len(self.batched),
-                        "first": self.first,
-                        "last": time.time(),
-                        "joined": self.joined,
-                        "batched": self.batched,
-                        "counters": dict(self.assembler.counters),
-                        "trimmed": self.trims,
-                        "cpu_s": time.process_time() - self.cpu0,
-                    },
-                )
-            )
-        return True
-
-
 def _role(name: str, cfg: Config, servers: Servers, report, total: int = 0) -> None:
     quiet_logging(name)
     from workers.reward import RewardWorker
@@ -293,7 +240,7 @@ def _role(name: str, cfg: Config, servers: Servers, report, total: int = 0) -> N
 
 
 # -- baseline: one writer, one plain reader ------------------------------------------------------
-def _plain_reader(servers: Servers, run: str, total: int, report) -> None:
+def _plain_reader(servers: Servers, run: str, total: int, per_step: int, report) -> None:
     quiet_logging("reader")
 
     async def main() -> None:
@@ -308,7 +255,7 @@ def _plain_reader(servers: Servers, run: str, total: int, report) -> None:
                 first = min(first, r.finished_at)
             if entries:
                 last = entries[-1].id
-                await broker.incr(Keys(run).stat("bench_batched"), len(entries))
+                await broker.set(Keys(run).trainer_version, len(lat) // per_step)
         report.put(
             (
                 "trainer",
@@ -373,7 +320,7 @@ def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
     cfg, report, keys = _config(servers.urls[0], run, args), queue(), Keys(run)
     server0 = _server_stats(servers)
     if mode == "plain":
-        consumers = [spawn(_plain_reader, servers, run, args.rollouts, report)]
+        consumers = [spawn(_plain_reader, servers, run, args.rollouts, args.group_size * args.groups_per_step, report)]
     else:
         names = ["reward", "reference", "trainer"] + [f"ext{i}" for i in range(args.consumers)]
         consumers = [spawn(_role, n, cfg, servers, report, args.rollouts) for n in names]
@@ -407,6 +354,8 @@ def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
         "cpu_s": cpu,
         "assembler": t["counters"],
         "trimmed": t.get("trimmed", []),
+        "trainer_steps": t.get("steps"),
+        "ack_rounds": t.get("ack_rounds"),
         "aof_rewrites": server["aof_rewrites"] - server0["aof_rewrites"],
         "aof_mb_at_end": round(server["aof_mb"], 1),
         "load_avg_after": list(np.round(__import__("os").getloadavg(), 2)),
@@ -436,6 +385,10 @@ def run(args) -> int:
     import workers.assembler  # noqa: F401  imported once here, so forked roles do not each pay for it
     import workers.reward  # noqa: F401
 
+    per_step = args.group_size * args.groups_per_step
+    if args.rollouts % per_step:  # the trainer stage takes whole steps, as workers/trainer.py does
+        args.rollouts += per_step - args.rollouts % per_step
+        print(f"--rollouts rounded up to {args.rollouts}: whole trainer steps of {per_step} rollouts")
     info = machine()
     rows = []
     with scratch_servers(args.url, args.shards, "broker", local=not args.tcp) as urls:

@@ -164,6 +164,10 @@ class EmbeddedRedis:
             "daemonize no",
             "appendonly yes",
             "appendfsync everysec",
+            # A job trims its streams, so its live data stays small while the AOF grows by every
+            # entry written; at Redis's 64 MB default a fast job forks a rewrite every few seconds.
+            # 512 MB: a rewrite per ~512 MB written, at most that much more AOF on disk to replay.
+            "auto-aof-rewrite-min-size 512mb",
             'save ""',
             # Workers block on XREADGROUP; idle clients must not be dropped.
             "timeout 0",

@@ -15,7 +15,7 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 
-def _bench(tmp_path, *extra: str) -> dict:
+def _bench(tmp_path, *extra: str, rollouts: int = 96, groups_per_step: int = 2) -> dict:
     out = tmp_path / "out"
     proc = subprocess.run(
         [
@@ -25,7 +25,9 @@ def _bench(tmp_path, *extra: str) -> dict:
             "bench",
             "broker",
             "--rollouts",
-            "96",
+            str(rollouts),
+            "--groups-per-step",
+            str(groups_per_step),
             "--completion-tokens",
             "32",
             "--prompt-tokens",
@@ -74,3 +76,14 @@ def test_broker_bench_over_two_servers(tmp_path):
     assert [r["mode"] for r in result["runs"]] == ["full"]
     assert result["runs"][0]["rollouts"] == 96
     assert "2 redis-server(s) over redis," in stdout
+
+
+def test_broker_bench_trainer_stage_has_the_trainers_traffic(tmp_path):
+    """As workers/trainer.py: whole steps of groups_per_step groups, each logged and announced, and the
+    acks only at each checkpoint (every trainer.checkpoint_every = 10 steps) and at the end."""
+    result, _, stdout = _bench(tmp_path, "--rate", "0", "--no-baseline", rollouts=94, groups_per_step=1)
+    full = result["runs"][0]
+    assert "rounded up to 96" in stdout  # 94 rollouts are 23.5 steps of one group of 4
+    assert full["rollouts"] == 96 and full["assembler"]["failed"] == 0
+    assert full["trainer_steps"] == 24
+    assert full["ack_rounds"] == 3  # after steps 10 and 20, and at the end
