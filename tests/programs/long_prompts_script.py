@@ -1,5 +1,6 @@
 """Seeded requests whose prompts together exceed one step's token budget, on one real vLLM CPU
-engine; prints the number of tokens each request produced as JSON (run by test_vllm_long_prompts.py).
+engine that runs at most 4 of them at once (generator.max_num_seqs); prints the number of tokens each
+request produced and the engine's max_num_seqs as JSON (run by test_vllm_long_prompts.py).
 
     python tests/programs/long_prompts_script.py MODEL_DIR
 """
@@ -11,11 +12,11 @@ import json
 import sys
 
 
-async def main(model_dir: str) -> list[int]:
+async def main(model_dir: str) -> dict:
     from streamrl.config import GeneratorConfig
     from workers.vllm_engine import VLLMEngine
 
-    gen = GeneratorConfig(max_model_len=1024, max_tokens=8)
+    gen = GeneratorConfig(max_model_len=1024, max_tokens=8, max_num_seqs=4)
     engine = VLLMEngine(model_dir, gen, dtype="float32", seed=0)
     await engine.start()
 
@@ -27,7 +28,8 @@ async def main(model_dir: str) -> list[int]:
         return n
 
     try:
-        return list(await asyncio.gather(*(one(i) for i in range(8))))
+        tokens = list(await asyncio.gather(*(one(i) for i in range(8))))
+        return {"tokens": tokens, "max_num_seqs": engine.llm.vllm_config.scheduler_config.max_num_seqs}
     finally:
         engine.shutdown()
 
