@@ -15,14 +15,13 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 
 from streamrl.batch import Batch
 from streamrl.config import Config, TrainerConfig
-from streamrl.messages import Rollout
 from streamrl.shapes import build_random_model
+from tests.integration.trainer.shaped_batch import shaped_batch
 from workers.dist import launch
 from workers.row_packing import pack_rows, plan_rows
 from workers.trainer_engines import make_engine
@@ -32,29 +31,7 @@ BUDGET = 16
 
 
 def make_batch(vocab: int) -> Batch:
-    rng = np.random.default_rng(7)
-    rows = len(SHAPES)
-    rollouts = [
-        Rollout(
-            rollout_id=f"g0:{i}",
-            group_id="g0",
-            sample=i,
-            group_size=rows,
-            prompt_ids=rng.integers(4, vocab, p).astype(np.int32),
-            completion_ids=rng.integers(4, vocab, c).astype(np.int32),
-            logprobs=rng.uniform(-6, -1, c).astype(np.float32),
-            version=0,
-        )
-        for i, (p, c) in enumerate(SHAPES)
-    ]
-    return Batch(
-        rollouts=rollouts,
-        group_index=np.zeros(rows, np.int64),
-        rewards=np.zeros(rows, np.float32),
-        advantages=rng.uniform(-1, 1, rows).astype(np.float32),
-        ref_logprobs=None,
-        staleness=np.zeros(rows, np.int64),
-    )
+    return shaped_batch(vocab, SHAPES, seed=7)
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ import torch
 
 from streamrl.batch import Batch
 from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TrainerConfig
-from streamrl.messages import Rollout
 from streamrl.shapes import build_random_model
+from tests.integration.trainer.shaped_batch import shaped_batch
 from workers.dist import launch
 from workers.trainer import warm_up
 from workers.trainer_engines import make_engine
@@ -33,30 +33,8 @@ PROMPT_LENS = (5, 7, 6, 9)  # one step each: longest rows of 21..25 tokens, all 
 def ragged_batch(vocab: int, prompt_len: int, seed: int, rows: int = 4) -> Batch:
     """Rows of prompt_len - i prompt and 16 - 3 * i completion tokens: ragged within the batch, and
     the longest row (prompt_len + 16) changes with prompt_len from step to step."""
-    rng = np.random.default_rng(seed)
-    rollouts = []
-    for i in range(rows):
-        p, c = max(1, prompt_len - i), 16 - 3 * i
-        rollouts.append(
-            Rollout(
-                rollout_id=f"g0:{i}",
-                group_id="g0",
-                sample=i,
-                group_size=rows,
-                prompt_ids=rng.integers(4, vocab, p).astype(np.int32),
-                completion_ids=rng.integers(4, vocab, c).astype(np.int32),
-                logprobs=rng.uniform(-6, -1, c).astype(np.float32),
-                version=0,
-            )
-        )
-    return Batch(
-        rollouts=rollouts,
-        group_index=np.zeros(rows, np.int64),
-        rewards=np.zeros(rows, np.float32),
-        advantages=np.array([1, -1] * (rows // 2), np.float32),
-        ref_logprobs=None,
-        staleness=np.zeros(rows, np.int64),
-    )
+    shapes = [(max(1, prompt_len - i), 16 - 3 * i) for i in range(rows)]
+    return shaped_batch(vocab, shapes, seed, advantages=np.array([1, -1] * (rows // 2), np.float32))
 
 
 @pytest.fixture(scope="module")
