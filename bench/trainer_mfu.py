@@ -11,7 +11,8 @@ token = 6 * (matmul parameters, lm_head included) + 12 * layers * heads * head_d
 Variant options (after the backend, joined by +): compile, ac, nochunk (the model's full logits
 instead of trainer.logprob_chunk_tokens chunks), chunk=N, mbt=N (trainer.micro_batch_tokens),
 mbs=N (trainer.micro_batch_size), bucket=N (trainer.seq_bucket; 1 = no length padding),
-pack=N (trainer.pack_rows: rollouts packed into rows of N tokens, torchtitan only).
+pack=N (trainer.pack_rows: rollouts packed into rows of N tokens, torchtitan only), kernel=eager|compiled
+(trainer.logprob_kernel); parsed by bench/trainer_variants.py.
 --ragged draws each completion's length uniformly in 1..completion-len (pad waste; tokens/s counts
 real tokens). --prompt-jitter J draws each prompt's length uniformly in prompt-len..prompt-len+J and
 gives every step its own batch, so the longest row may change by a few tokens from step to step as in
@@ -59,7 +60,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--variants",
         default="hf,torchtitan",
-        help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N], "
+        help="comma list of BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N][+kernel=K], "
         "e.g. hf+nochunk,hf,torchtitan+compile+mbs=64",
     )
     p.add_argument("--rows", type=int, default=32, help="rollouts per batch (groups of 8)")
@@ -309,36 +310,9 @@ def _rank_main(
     Path(out).write_text(json.dumps(result))
 
 
-def apply_variant(cfg, variant: str) -> None:
-    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N] onto cfg.trainer (module docstring)."""
-    from streamrl.errors import ConfigError
-
-    backend, *parts = variant.split("+")
-    cfg.trainer.backend = backend
-    cfg.trainer.parallelism.compile = "compile" in parts
-    cfg.trainer.activation_checkpointing = "ac" in parts
-    for part in parts:
-        key, _, value = part.partition("=")
-        if key == "nochunk":
-            cfg.trainer.logprob_chunk_tokens = 0
-        elif key == "chunk" and value.isdigit():
-            cfg.trainer.logprob_chunk_tokens = int(value)
-        elif key == "mbt" and value.isdigit():
-            cfg.trainer.micro_batch_tokens = int(value)
-        elif key == "mbs" and value.isdigit() and int(value) > 0:
-            cfg.trainer.micro_batch_size = int(value)
-        elif key == "bucket" and value.isdigit() and int(value) > 0:
-            cfg.trainer.seq_bucket = int(value)
-        elif key == "pack" and value.isdigit():
-            cfg.trainer.pack_rows = int(value)
-        elif key not in ("compile", "ac"):
-            raise ConfigError(
-                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N, bucket=N, pack=N"
-            )
-
-
 def _variant_main(cfg, variant: str, batches, args, out: str, ckpt_dir: str | None) -> None:
     """One variant in a fresh process (its own CUDA context, compile caches and memory)."""
+    from bench.trainer_variants import apply_variant
     from workers.dist import launch
 
     apply_variant(cfg, variant)

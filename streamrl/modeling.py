@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from streamrl.errors import ConfigError
-from streamrl.logprobs import gathered_logprobs, token_logprobs
+from streamrl.logprobs import gathered_logprobs, token_logprobs, use_compiled_kernel
 
 LOGIT_TRANSFORMS = (
     "final_logit_softcapping",
@@ -125,7 +125,12 @@ def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str 
 
 
 def causal_lm_logprobs(
-    model, inputs: dict[str, Tensor], temperature: float, chunk_tokens: int, with_entropy: bool | str = False
+    model,
+    inputs: dict[str, Tensor],
+    temperature: float,
+    chunk_tokens: int,
+    with_entropy: bool | str = False,
+    kernel: str = "auto",
 ) -> tuple[Tensor, Tensor | None]:
     """[B, T] log-probs of inputs["targets"] under softmax(logits / temperature) of a transformers
     causal LM (inputs as pack_completions makes them, on the model's device), and the entropy
@@ -134,7 +139,8 @@ def causal_lm_logprobs(
 
     chunk_tokens > 0: the logits are formed that many tokens at a time from the decoder's hidden
     states (streamrl.logprobs), never all at once; 0: the model's full logits. Under FSDP2 the LM
-    head's weight is the gathered one (unsharded_weight), so its gradient reaches FSDP."""
+    head's weight is the gathered one (unsharded_weight), so its gradient reaches FSDP. kernel:
+    trainer.logprob_kernel (streamrl.logprobs.use_compiled_kernel)."""
     if not chunk_tokens:
         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
         return token_logprobs(logits, inputs["positions"], inputs["targets"], temperature, with_entropy)
@@ -152,16 +158,23 @@ def causal_lm_logprobs(
         temperature,
         chunk_tokens,
         with_entropy,
+        use_compiled_kernel(kernel, hidden.device),
     )
 
 
 @torch.no_grad()
 def completion_logprobs(
-    model, prompts: list, completions: list, temperature: float = 1.0, pad_id: int = 0, chunk_tokens: int = 2048
+    model,
+    prompts: list,
+    completions: list,
+    temperature: float = 1.0,
+    pad_id: int = 0,
+    chunk_tokens: int = 2048,
+    kernel: str = "auto",
 ) -> list[np.ndarray]:
     """Log-prob of each completion token under `model` (logits / temperature), one array per row,
     by causal_lm_logprobs: the trainer's function (give it the trainer's chunk_tokens)."""
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in pack_completions(prompts, completions, pad_id).items()}
-    logp, _ = causal_lm_logprobs(model, inputs, temperature, chunk_tokens)
+    logp, _ = causal_lm_logprobs(model, inputs, temperature, chunk_tokens, kernel=kernel)
     return [logp[i, : len(c)].cpu().numpy().astype(np.float32) for i, c in enumerate(completions)]

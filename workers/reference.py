@@ -56,6 +56,7 @@ class ReferenceWorker(Annotator):
                 [r.completion_ids for r in rollouts],
                 self.cfg.generator.temperature,
                 chunk_tokens=self.cfg.trainer.logprob_chunk_tokens,
+                kernel=self.cfg.trainer.logprob_kernel,
             )
 
     async def _one(self, r: Rollout) -> tuple:

@@ -27,7 +27,7 @@ from torch.distributed.tensor import DTensor
 
 from streamrl.config import Config
 from streamrl.errors import ConfigError
-from streamrl.logprobs import gathered_logprobs, token_logprobs
+from streamrl.logprobs import gathered_logprobs, token_logprobs, use_compiled_kernel
 from streamrl.modeling import unsharded_weight
 from streamrl.weights import WeightStream
 from workers.engine_interface import TrainerEngine
@@ -231,6 +231,7 @@ class TitanEngine(TrainEngine):
             self.cfg.generator.temperature,
             chunk,
             with_entropy,
+            use_compiled_kernel(self.cfg.trainer.logprob_kernel, out.device),
         )
 
     def full_state_dict(self) -> dict[str, Tensor] | None:

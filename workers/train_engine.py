@@ -257,7 +257,12 @@ class TrainEngine(TrainerEngine):
         trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from the
         decoder's hidden states (streamrl.logprobs); 0 materialises the model's full logits."""
         return causal_lm_logprobs(
-            self.model, padded, self.cfg.generator.temperature, self.cfg.trainer.logprob_chunk_tokens, with_entropy
+            self.model,
+            padded,
+            self.cfg.generator.temperature,
+            self.cfg.trainer.logprob_chunk_tokens,
+            with_entropy,
+            self.cfg.trainer.logprob_kernel,
         )
 
     def model_inputs(self, mb: Batch) -> dict[str, Tensor]:

@@ -65,6 +65,11 @@ class TrainerConfig(Section):
     [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the
     model's full logits (more activation memory, no recomputation). The reference worker computes its
     log-probs with the same setting, so both sides of the KL term come from one computation."""
+    logprob_kernel: Literal["auto", "compiled", "eager"] = "auto"
+    """How each chunk's float32 softmax work (log-sum-exp, target log-prob, entropy and their gradient)
+    runs: `compiled` = torch.compile'd (one or two reading passes over the chunk's logits), `eager` =
+    plain torch ops (~10 float32 passes per step), `auto` = compiled on CUDA, eager on CPU (inductor's
+    CPU compile time outweighs the tiny CPU models' chunks). Used by the trainer and reference worker."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     backend: Literal["hf", "torchtitan"] = "hf"
     """Model definitions: `hf` = transformers AutoModelForCausalLM + FSDP2; `torchtitan` = torchtitan's

@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from streamrl.logprobs import chunked_logprobs, gathered_logprobs, token_logprobs
+from streamrl.logprobs import chunked_logprobs, gathered_logprobs, token_logprobs, use_compiled_kernel
 
 N, D, V, T = 37, 6, 50, 0.7
 
@@ -140,3 +140,25 @@ def test_no_tokens_by_vocab_tensor_in_forward_or_backward():
     # ... and none in the chunked path: the largest is one chunk's logits or the [V, D] weight gradient.
     fwd, bwd = _largest(lambda h, w, t: chunked_logprobs(h, w, None, t, T, chunk, True))
     assert fwd <= max(chunk * v, v * d) and bwd <= max(chunk * v, v * d), (fwd, bwd)
+
+
+def test_compiled_kernel_equals_eager():
+    """trainer.logprob_kernel=compiled (torch.compile'd per-chunk softmax work, here inductor's CPU
+    code) gives the eager path's values and gradients: with and without a differentiable entropy,
+    a bias, and a short last chunk (a second chunk shape, so compile's dynamic-shape graph runs too)."""
+    for with_entropy in (True, False):
+        h, w, b, targets = inputs(True)
+        params = [h, w, b]
+        want = chunked_logprobs(h, w, b, targets, T, 8, with_entropy)
+        got = chunked_logprobs(h, w, b, targets, T, 8, with_entropy, compiled=True)
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=0, atol=1e-12)
+        g_want = torch.autograd.grad(objective(*want), params)
+        g_got = torch.autograd.grad(objective(*got), params)
+        for a, e in zip(g_got, g_want, strict=True):
+            torch.testing.assert_close(a, e, rtol=0, atol=1e-10)
+
+
+def test_logprob_kernel_setting():
+    assert use_compiled_kernel("auto", "cuda") and not use_compiled_kernel("auto", "cpu")
+    assert use_compiled_kernel("compiled", "cpu") and not use_compiled_kernel("eager", "cuda:0")

@@ -140,7 +140,7 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
 
 
 def test_variant_options_set_the_trainer_section():
-    from bench.trainer_mfu import apply_variant
+    from bench.trainer_variants import apply_variant
     from streamrl.config import Config
     from streamrl.errors import ConfigError
 
@@ -152,8 +152,9 @@ def test_variant_options_set_the_trainer_section():
     apply_variant(cfg, "torchtitan+compile+bucket=32+pack=2048")
     assert (cfg.trainer.seq_bucket, cfg.trainer.pack_rows, cfg.trainer.parallelism.compile) == (32, 2048, True)
     cfg = Config()
-    apply_variant(cfg, "hf+chunk=512")
+    apply_variant(cfg, "hf+chunk=512+kernel=eager")
     assert cfg.trainer.logprob_chunk_tokens == 512 and cfg.trainer.backend == "hf"
+    assert cfg.trainer.logprob_kernel == "eager"
     with pytest.raises(ConfigError, match="unknown option 'chunks=3'"):
         apply_variant(cfg, "hf+chunks=3")
 
