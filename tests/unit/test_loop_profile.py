@@ -35,6 +35,13 @@ async def _profiled(body) -> LoopProfiler:
     return prof
 
 
+def _hold_in_c(n: int) -> int:
+    total = sum(range(n))  # one C call: the GIL is not released until it returns
+    for _ in range(10_000):  # the sampler gets the GIL back here, with this frame still on top
+        pass
+    return total
+
+
 async def _blocks():
     _hold_the_loop(HOLD_S)
 
@@ -70,6 +77,26 @@ def test_the_function_that_holds_the_loop_tops_the_blocked_samples(tmp_path):
     assert summary["loop_profile_blocked_samples"] == prof.blocked_samples
     assert summary["loop_profile_top_blocked"][0].startswith("test_loop_profile.py:_hold_the_loop:")
     assert summary["loop_profile_top_blocked"][0].endswith(" 100.0%")
+
+
+def test_a_call_that_holds_the_gil_counts_for_its_whole_time():
+    t0 = time.perf_counter()
+    sum(range(1_000_000))
+    n = int(1_000_000 * HOLD_S / max(time.perf_counter() - t0, 1e-6))  # ~HOLD_S of C on this machine
+    held = []
+
+    async def body():
+        t0 = time.perf_counter()
+        _hold_in_c(n)
+        held.append(time.perf_counter() - t0)
+
+    prof = asyncio.run(_profiled(body))
+    # The sampler cannot sample during the call; its first sample after it is late and stands for the
+    # whole wait, so the blocked weight is still the held time (from 0.04 s in) in intervals.
+    assert prof.late >= 1
+    assert prof.top(1)[0][0].startswith("test_loop_profile.py:_hold_in_c:"), prof.top(3)
+    expected = (held[0] - 0.04) / INTERVAL_S
+    assert 0.5 * expected <= sum(prof.blocked.values()) <= 1.25 * held[0] / INTERVAL_S, (held, prof.summary())
 
 
 def test_a_loop_that_only_awaits_is_not_blocked():
