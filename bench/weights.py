@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import statistics
 import sys
 import tempfile
@@ -49,6 +50,13 @@ def add_arguments(p) -> None:
         help="generator.switch_kv_cache per publish, cycled: keep, recompute or keep,recompute (side by side)",
     )
     p.add_argument("--poll-s", type=float, default=None, help="generator.weights_poll_s (default: the config's)")
+    p.add_argument(
+        "--loop-profile-s",
+        type=float,
+        default=0.0,
+        help="generator.loop_profile_s: profile the generator's loop every this many s (0: off); "
+        "with --out the profile lands in OUT/bench-gen.loop_profile.txt",
+    )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--cuda-graphs", action="store_true", help="vLLM CUDA graphs (enforce_eager=False)")
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
@@ -81,6 +89,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
             enforce_eager=not args.cuda_graphs,
             drain_timeout_s=2.0,
             **({"weights_poll_s": args.poll_s} if args.poll_s else {}),
+            loop_profile_s=args.loop_profile_s,
             max_model_len=args.prompt_len + args.max_tokens + 16,
         ),
         trainer=TrainerConfig(lr=1e-6),
@@ -209,6 +218,10 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     worker.stop()
     await asyncio.gather(loop_task, background, return_exceptions=True)
     await _within(worker.close(), 60, "generator close")
+    profile = tmp / "run" / "logs" / "bench-gen.loop_profile.txt"  # the temp dir goes: keep it in OUT
+    if profile.exists() and args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        shutil.copy(profile, Path(args.out) / profile.name)
     await broker.add(CONTROL, msgpack.packb({"version": 0}))  # the trainer frees its copies and exits
     await _within(trainer.wait(), 60, "trainer process exit")
     await broker.close()
@@ -237,6 +250,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
         "stall_s_max": max(stall),
         "first_stall_s": first_stall,
         "targets": TARGETS,
+        "loop_profile": {k: v for k, v in worker.stats.items() if k.startswith("loop_profile_")},
     }
 
 
@@ -345,6 +359,10 @@ def run(args) -> int:
         f"stall median {result['stall_s_median'] * 1e3:.1f} ms (target <= 50) | ready median "
         f"{result['ready_s_median']:.3f} s, max {result['ready_s_max']:.3f} s (target <= 0.5)"
     )
+    if top := result["loop_profile"].get("loop_profile_top_blocked"):
+        print(
+            f"loop held: {result['loop_profile']['loop_profile_blocked_samples']} blocked samples, in: {'; '.join(top)}"
+        )
     path = write_result(args.out, result)
     if path:
         print(f"wrote {path}")

@@ -28,6 +28,7 @@ from streamrl.weights import WeightHandle, WeightLoader, WeightStoreError, make_
 from streamrl.worker import Worker
 from workers.episodes import EpisodeRunner
 from workers.loop_lag import LoopLag
+from workers.loop_profile import LoopProfiler
 from workers.vllm_engine import VLLMEngine, sample_seed
 
 GROUP = "generator"
@@ -86,6 +87,9 @@ class GeneratorWorker(Worker):
         self._watcher: asyncio.Task | None = None
         self.loop_lag = LoopLag()
         self._lag_task: asyncio.Task | None = None
+        every = cfg.generator.loop_profile_s
+        self.loop_profile = LoopProfiler(every, self.loop_lag) if every else None
+        """What holds the loop (generator.loop_profile_s): started with the lag timer, written at close."""
         self._deliveries = 0
         self._active = 0
         self._busy_since = 0.0
@@ -125,6 +129,8 @@ class GeneratorWorker(Worker):
         self.stats["policy_version"] = self.version
         self._watcher = asyncio.create_task(self._watch_weights())
         self._lag_task = asyncio.create_task(self.loop_lag.run())
+        if self.loop_profile is not None:
+            self.loop_profile.start()
 
     async def step(self) -> bool:
         if self._fatal is not None:
@@ -167,6 +173,8 @@ class GeneratorWorker(Worker):
         if self._watcher is not None:
             self._watcher.cancel()
             await _settle({self._watcher}, self.log, "weights_watcher")
+        if self.loop_profile is not None:  # before the timer stops: it tells blocked samples apart
+            self._finish_loop_profile(self.loop_profile)
         if self._lag_task is not None:
             self._lag_task.cancel()
             await _settle({self._lag_task}, self.log, "loop_lag")
@@ -174,6 +182,19 @@ class GeneratorWorker(Worker):
         self._update_busy()
         self.engine.shutdown()
         await self.loader.close()
+
+    def _finish_loop_profile(self, profile: LoopProfiler) -> None:
+        profile.stop()
+        self.stats.update(profile.summary())
+        if self.run_dir is None:
+            return
+        path = self.run_dir / "logs" / f"{self.worker_id}.loop_profile.txt"
+        try:
+            profile.write(path, f"of {self.worker_id}")
+        except OSError as exc:  # a full or read-only disk must not fail the stop
+            self.log.warning("loop_profile_not_written", path=str(path), error=str(exc))
+        else:
+            self.log.info("loop_profile_written", path=str(path))
 
     # -- one prompt group ------------------------------------------------------------------
     def _launch(self, entry: Entry, prompt: Prompt, attempt: int) -> None:

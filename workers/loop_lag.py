@@ -14,13 +14,21 @@ class LoopLag:
         self.period_s = period_s
         self.samples: deque[tuple[float, float]] = deque(maxlen=keep)
         """(wall-clock time the timer fired, seconds late), the newest `keep` of them."""
+        self.last_tick: float | None = None
+        """time.monotonic() when the timer last fired (None while it is not running): read by another
+        thread (workers/loop_profile.py) to tell whether the loop is held right now."""
 
     async def run(self) -> None:
         loop = asyncio.get_running_loop()
-        while True:
-            t = loop.time()
-            await asyncio.sleep(self.period_s)
-            self.samples.append((time.time(), max(loop.time() - t - self.period_s, 0.0)))
+        self.last_tick = time.monotonic()
+        try:
+            while True:
+                t = loop.time()
+                await asyncio.sleep(self.period_s)
+                self.last_tick = time.monotonic()
+                self.samples.append((time.time(), max(loop.time() - t - self.period_s, 0.0)))
+        finally:  # a stopped timer says nothing about the loop: no sample counts as blocked
+            self.last_tick = None
 
     def max_since(self, wall: float) -> float:
         """The largest lag of a timer that fired at or after `wall` (time.time())."""

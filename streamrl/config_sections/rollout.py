@@ -77,6 +77,13 @@ class GeneratorConfig(Section):
     `set_offset`, which CPU generators lack ("CPU Generator does not use offset" killed the engine);
     streamrl now turns chunked prefill off on CPU (workers/vllm_engine.py), so no request is ever
     partly prefilled. False: vLLM's CPU default (MultiprocExecutor)."""
+    loop_profile_s: float = Field(0, ge=0)
+    """Sampling interval of the generator's asyncio-loop profiler (workers/loop_profile.py), e.g.
+    0.005; 0 = off. It samples the loop thread's Python stack and marks the samples taken while the
+    loop was held (its 20 ms lag timer overdue by one period); at stop it writes
+    RUN_DIR/logs/<worker_id>.loop_profile.txt (the top functions of blocked samples and collapsed
+    stacks for flamegraphs) and puts the counts and top 5 on the `stopped` line (docs/performance.md,
+    "Weight sync")."""
     block_size: int | None = Field(None, ge=1)
     """vLLM's KV-cache block size in tokens; None: vLLM's default (128 on the CPU build). Prefix
     caching reuses whole blocks only, so a multi-turn episode's next turn reuses its history's KV

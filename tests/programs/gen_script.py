@@ -82,6 +82,7 @@ async def main(spec: dict) -> dict:
             max_inflight_groups=4,
             drain_timeout_s=0.5,
             weights_poll_s=0.05,
+            loop_profile_s=0.005,
         ),
         weights=WeightsConfig(backend="shm", keep=2),
     )

@@ -47,6 +47,13 @@ def test_bad_value_names_field():
     assert "rollout.max_staleness" in str(e.value)
 
 
+def test_negative_loop_profile_interval_is_refused():
+    with pytest.raises(ConfigError) as e:
+        load_config(None, ["generator.loop_profile_s=-0.005"])
+    assert "generator.loop_profile_s" in str(e.value)
+    assert load_config(None).generator.loop_profile_s == 0  # off unless asked for
+
+
 def test_bad_broker_url_says_what_to_set():
     with pytest.raises(ConfigError, match="broker.url=embedded"):
         load_config(None, ["broker.url=localhost:6379"])

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from streamrl.shapes import build_random_model, padded_tokenizer, qwen3_config
+from workers.loop_profile import read_profile
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -49,6 +50,8 @@ def test_bench_weights_cpu(tmp_path: Path):
         "keep,recompute",
         "--cache",
         str(tmp_path),
+        "--loop-profile-s",
+        "0.005",
     ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=580)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -74,3 +77,6 @@ def test_bench_weights_cpu(tmp_path: Path):
     assert rnd["tokens"] == 16 * 16  # 2 groups x 8 samples x 16 fixed tokens through streamrl
     assert r["plain_tok_s"] > 0 and r["streamrl_tok_s"] > 0
     assert r["throughput_ratio"] == r["streamrl_tok_s"] / r["plain_tok_s"]
+    # --loop-profile-s reaches the generator: its loop profile is kept in OUT, its counts in the result.
+    stacks = read_profile(tmp_path / "out" / "bench-gen.loop_profile.txt")
+    assert r["loop_profile"]["loop_profile_samples"] > 0 and sum(stacks["all"].values()) > 0

@@ -166,3 +166,16 @@ def test_stop_aborts_what_cannot_finish_and_cleans_up(results):
     assert stats["tokens_generated"] == 3 * GROUP_SIZE * MAX_TOKENS
     assert 0 < stats["busy_fraction"] <= 1
     assert not results["fetched_dir_left"]
+
+
+def test_loop_profile_is_written_at_stop(results):
+    from workers.loop_profile import read_profile
+
+    stats = results["stats"]
+    assert stats["loop_profile_samples"] > 100  # generator.loop_profile_s=0.005 over a run of seconds
+    assert 0 <= stats["loop_profile_blocked_samples"] <= stats["loop_profile_samples"]
+    assert len(stats["loop_profile_top_blocked"]) <= 5
+    stacks = read_profile(results["_tmp"] / "run" / "logs" / "gen-0.loop_profile.txt")
+    assert sum(stacks["all"].values()) >= stats["loop_profile_samples"]
+    # The worker's own callbacks were sampled (its start-up gc.collect alone holds the loop a while).
+    assert any("events.py:Handle._run;worker.py:Worker.run" in stack for stack in stacks["all"])

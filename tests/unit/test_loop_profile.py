@@ -1,0 +1,123 @@
+"""workers.loop_profile: the function that holds a real asyncio loop tops the blocked samples, a loop that
+only awaits has ~none, and the written profile parses as collapsed stacks."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from workers.loop_lag import LoopLag
+from workers.loop_profile import LoopProfiler, read_profile
+
+INTERVAL_S, HOLD_S = 0.005, 0.3
+
+
+def _hold_the_loop(seconds: float) -> int:
+    """Pure Python that never yields: the loop runs nothing else meanwhile."""
+    end, n = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        n += 1
+    return n
+
+
+async def _profiled(body) -> LoopProfiler:
+    lag = LoopLag()  # the generator's 20 ms timer
+    prof = LoopProfiler(INTERVAL_S, lag)
+    timer = asyncio.create_task(lag.run())
+    prof.start()
+    try:
+        await asyncio.sleep(0.1)
+        await body()
+        await asyncio.sleep(0.1)  # the timer runs again: samples after the hold are not blocked
+    finally:
+        prof.stop()
+        timer.cancel()
+    return prof
+
+
+def _hold_in_c(n: int) -> int:
+    total = sum(range(n))  # one C call: the GIL is not released until it returns
+    for _ in range(10_000):  # the sampler gets the GIL back here, with this frame still on top
+        pass
+    return total
+
+
+async def _blocks():
+    _hold_the_loop(HOLD_S)
+
+
+async def _only_awaits():
+    for _ in range(30):
+        await asyncio.sleep(0.01)
+
+
+def test_the_function_that_holds_the_loop_tops_the_blocked_samples(tmp_path):
+    prof = asyncio.run(_profiled(_blocks))
+    top = prof.top(3)
+    assert top[0][0].startswith("test_loop_profile.py:_hold_the_loop:"), top
+    assert top[0][2] == 1.0  # every blocked sample was inside it
+    blocked_weight = sum(prof.blocked.values())
+    # Blocked from 2 timer periods (0.04 s) into the hold to its end: ~0.26 s = ~52 intervals. Weights
+    # are time, so a loaded machine (late timer, late sampler) moves them little; the upper bound
+    # catches samples counted twice (a catch-up sample right after a late one).
+    assert 0.5 * (HOLD_S - 0.04) / INTERVAL_S <= blocked_weight <= 1.25 * HOLD_S / INTERVAL_S, blocked_weight
+    assert prof.blocked_samples >= 5
+    assert prof.samples > prof.blocked_samples  # the loop's free 0.2 s was sampled too, as not blocked
+
+    path = prof.write(tmp_path / "w.loop_profile.txt", "test")
+    stacks = read_profile(path)
+    assert sum(stacks["blocked"].values()) == blocked_weight
+    assert sum(stacks["all"].values()) == sum(prof.all.values())
+    heaviest = max(stacks["blocked"], key=stacks["blocked"].get)
+    frames = heaviest.split(";")
+    assert frames[-1] == "test_loop_profile.py:_hold_the_loop"  # outermost first, the holder innermost
+    assert "test_loop_profile.py:_blocks" in frames and " " not in heaviest
+
+    summary = prof.summary()
+    assert summary["loop_profile_blocked_samples"] == prof.blocked_samples
+    assert summary["loop_profile_top_blocked"][0].startswith("test_loop_profile.py:_hold_the_loop:")
+    assert summary["loop_profile_top_blocked"][0].endswith(" 100.0%")
+
+
+def test_a_call_that_holds_the_gil_counts_for_its_whole_time():
+    t0 = time.perf_counter()
+    sum(range(1_000_000))
+    n = int(1_000_000 * HOLD_S / max(time.perf_counter() - t0, 1e-6))  # ~HOLD_S of C on this machine
+    held = []
+
+    async def body():
+        t0 = time.perf_counter()
+        _hold_in_c(n)
+        held.append(time.perf_counter() - t0)
+
+    prof = asyncio.run(_profiled(body))
+    # The sampler cannot sample during the call; its first sample after it is late and stands for the
+    # whole wait, so the blocked weight is still the held time (from 0.04 s in) in intervals.
+    assert prof.late >= 1
+    assert prof.top(1)[0][0].startswith("test_loop_profile.py:_hold_in_c:"), prof.top(3)
+    expected = (held[0] - 0.04) / INTERVAL_S
+    assert 0.5 * expected <= sum(prof.blocked.values()) <= 1.25 * held[0] / INTERVAL_S, (held, prof.summary())
+
+
+def test_a_loop_that_only_awaits_is_not_blocked():
+    prof = asyncio.run(_profiled(_only_awaits))
+    assert prof.samples >= 20  # ~0.5 s at 5 ms (fewer if the sampler ran late on a loaded machine)
+    # A sample is blocked only after 40 ms without the 20 ms timer: a loaded machine may delay it once.
+    assert prof.blocked_samples <= 2, prof.top(5)
+
+
+def test_a_stopped_timer_makes_no_sample_blocked():
+    async def main():
+        lag = LoopLag()
+        timer = asyncio.create_task(lag.run())
+        await asyncio.sleep(0.05)
+        timer.cancel()
+        await asyncio.gather(timer, return_exceptions=True)
+        prof = LoopProfiler(INTERVAL_S, lag)
+        prof.start()
+        _hold_the_loop(0.15)  # held, but with no timer nothing says so
+        prof.stop()
+        return lag, prof
+
+    lag, prof = asyncio.run(main())
+    assert lag.last_tick is None and prof.samples > 0 and prof.blocked_samples == 0
