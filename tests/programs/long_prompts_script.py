@@ -1,6 +1,8 @@
 """Seeded requests whose prompts together exceed one step's token budget, on one real vLLM CPU
 engine that runs at most 4 of them at once (generator.max_num_seqs); prints the number of tokens each
-request produced and the engine's max_num_seqs as JSON (run by test_vllm_long_prompts.py).
+request produced and the engine's max_num_seqs as JSON (run by test_vllm_long_prompts.py). Then the
+same seeded requests under generator.detokenize=end and =incremental: their tokens, log-probs and
+texts, and how many deltas carried text.
 
     python tests/programs/long_prompts_script.py MODEL_DIR
 """
@@ -27,9 +29,26 @@ async def main(model_dir: str) -> dict:
             n += len(delta.token_ids)
         return n
 
+    async def texts(mode: str) -> list[dict]:
+        gen.detokenize = mode
+        out = []
+        for i in range(3):
+            ids, lps, parts = [], [], []
+            async for d in engine.stream([4 + k for k in range(20)], engine.sampling_params(seed=7 + i), f"{mode}-{i}"):
+                ids += d.token_ids
+                lps += d.logprobs
+                parts.append(d.text)
+            out.append({"ids": ids, "logprobs": lps, "text": "".join(parts), "deltas_with_text": sum(map(bool, parts))})
+        return out
+
     try:
         tokens = list(await asyncio.gather(*(one(i) for i in range(8))))
-        return {"tokens": tokens, "max_num_seqs": engine.llm.vllm_config.scheduler_config.max_num_seqs}
+        return {
+            "tokens": tokens,
+            "max_num_seqs": engine.llm.vllm_config.scheduler_config.max_num_seqs,
+            "end": await texts("end"),
+            "incremental": await texts("incremental"),
+        }
     finally:
         engine.shutdown()
 

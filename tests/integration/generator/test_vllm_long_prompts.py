@@ -5,6 +5,8 @@ torch.Generator does not support: the engine died ("CPU Generator does not use o
 as a few ~550-token TextArena prompts were in flight. workers/vllm_engine.py disables chunked
 prefill on CPU.
 
+The same engine then checks generator.detokenize=end against vLLM's incremental detokenizer.
+
     pytest tests/integration/generator/test_vllm_long_prompts.py
 """
 
@@ -37,3 +39,10 @@ def test_seeded_long_prompts_over_the_step_budget_all_finish(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["tokens"] == [8] * 8  # every request finished, 4 at a time
     assert out["max_num_seqs"] == 4  # generator.max_num_seqs reached vLLM's scheduler
+    # generator.detokenize=end: vLLM detokenizes nothing, the last delta carries the whole text, and
+    # tokens, sampling log-probs and text equal vLLM's incremental detokenization of the same requests.
+    for end, inc in zip(out["end"], out["incremental"], strict=True):
+        assert end["ids"] == inc["ids"] and len(end["ids"]) == 8
+        assert end["logprobs"] == inc["logprobs"]
+        assert end["text"] == inc["text"] and end["text"]
+        assert end["deltas_with_text"] == 1 < inc["deltas_with_text"]
