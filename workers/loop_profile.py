@@ -158,14 +158,22 @@ def _add(table: Counter, key: tuple, weight: int) -> None:
 
 
 def _inside_callback(key: tuple) -> tuple:
-    """The innermost frames of a stack up to (without) asyncio's Handle._run: the callback's own."""
+    """The innermost frames of a stack up to (without) the event loop's own: the callback's. asyncio
+    runs a callback from Handle._run; uvloop's loop is C, so there the callback sits right under
+    the Python frame that started the loop (asyncio's Runner.run, uvloop.run, run_until_complete)."""
     for i, code in enumerate(key):
-        if isinstance(code, CodeType) and code.co_name == "_run" and code.co_filename.endswith(_EVENTS):
+        if isinstance(code, CodeType) and code.co_name in _LOOP_NAMES and code.co_filename.endswith(_LOOP_FILES):
             return key[:i]
     return key
 
 
-_EVENTS = os.path.join("asyncio", "events.py")
+_LOOP_FILES = (
+    os.path.join("asyncio", "events.py"),
+    os.path.join("asyncio", "base_events.py"),
+    os.path.join("asyncio", "runners.py"),
+    os.path.join("uvloop", "__init__.py"),
+)
+_LOOP_NAMES = frozenset({"_run", "_run_once", "run_forever", "run_until_complete", "run"})
 
 
 def _file(code: CodeType) -> str:

@@ -79,6 +79,17 @@ def test_the_function_that_holds_the_loop_tops_the_blocked_samples(tmp_path):
     assert summary["loop_profile_top_blocked"][0].endswith(" 100.0%")
 
 
+def test_under_uvloop_the_top_list_starts_inside_the_callback():
+    """uvloop (the workers' loop) runs callbacks from C: no Handle._run frame marks the loop's own
+    frames, so uvloop.run / asyncio's Runner.run must not top every blocked sample."""
+    import uvloop
+
+    prof = uvloop.run(_profiled(_blocks))
+    names = [name for name, *_ in prof.top(5)]
+    assert names[0].startswith("test_loop_profile.py:_hold_the_loop:"), names
+    assert not any(n.startswith(("runners.py:", "__init__.py:run", "base_events.py:")) for n in names), names
+
+
 def test_a_call_that_holds_the_gil_counts_for_its_whole_time():
     t0 = time.perf_counter()
     sum(range(1_000_000))
