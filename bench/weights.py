@@ -59,6 +59,12 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--cuda-graphs", action="store_true", help="vLLM CUDA graphs (enforce_eager=False)")
+    p.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=None,
+        help="generator.max_num_seqs (default: vLLM's, 128 on a GPU; the GPU configs run 256)",
+    )
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
     p.add_argument("--cache", default=None, help="where built models go (default: the temp dir)")
 
@@ -90,6 +96,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
             drain_timeout_s=2.0,
             **({"weights_poll_s": args.poll_s} if args.poll_s else {}),
             loop_profile_s=args.loop_profile_s,
+            max_num_seqs=args.max_num_seqs,
             max_model_len=args.prompt_len + args.max_tokens + 16,
         ),
         trainer=TrainerConfig(lr=1e-6),
@@ -311,15 +318,16 @@ async def _publish(broker, trainer, version: int, last_id: str) -> tuple[dict, s
 
 
 def run(args) -> int:
-    from bench.common import print_table, write_result
+    from bench.common import print_table, run_async, write_result
     from brokers.embedded import EmbeddedRedis
 
+    # uvloop and the embedded server's unix socket, as a job's generator has them (streamrl.runtime.serve).
     with tempfile.TemporaryDirectory(prefix="streamrl-benchw-") as tmp:
         if args.broker:
-            result = asyncio.run(_bench(args, args.broker, Path(tmp)))
+            result = run_async(_bench(args, args.broker, Path(tmp)))
         else:
             with EmbeddedRedis(Path(tmp) / "broker") as server:
-                result = asyncio.run(_bench(args, server.url, Path(tmp)))
+                result = run_async(_bench(args, server.local_url, Path(tmp)))
     s = result["settings"]
     print(
         f"weights bench: {s['model']} ({s['params'] / 1e6:.1f}M params, {s['dtype']}, {s['device']}), "

@@ -55,7 +55,10 @@ def test_the_function_that_holds_the_loop_tops_the_blocked_samples(tmp_path):
     prof = asyncio.run(_profiled(_blocks))
     top = prof.top(3)
     assert top[0][0].startswith("test_loop_profile.py:_hold_the_loop:"), top
-    assert top[0][2] == 1.0  # every blocked sample was inside it
+    # Nearly every blocked sample was inside it. Not all: "blocked" means the 20 ms timer is overdue,
+    # and right after the hold ends the loop runs other callbacks before the timer's (on a loaded
+    # 2-core CI machine, one run had 98.25% here).
+    assert top[0][2] >= 0.9, top
     blocked_weight = sum(prof.blocked.values())
     # Blocked from 2 timer periods (0.04 s) into the hold to its end: ~0.26 s = ~52 intervals. Weights
     # are time, so a loaded machine (late timer, late sampler) moves them little; the upper bound
@@ -76,7 +79,7 @@ def test_the_function_that_holds_the_loop_tops_the_blocked_samples(tmp_path):
     summary = prof.summary()
     assert summary["loop_profile_blocked_samples"] == prof.blocked_samples
     assert summary["loop_profile_top_blocked"][0].startswith("test_loop_profile.py:_hold_the_loop:")
-    assert summary["loop_profile_top_blocked"][0].endswith(" 100.0%")
+    assert float(summary["loop_profile_top_blocked"][0].rsplit(" ", 1)[1].rstrip("%")) >= 90
 
 
 def test_under_uvloop_the_top_list_starts_inside_the_callback():
