@@ -102,9 +102,7 @@ class EpisodeRunner:
         self.lockstep = Lockstep() if self.cfg.env.lockstep else None
 
     async def start(self) -> None:
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        self.tokenizer = self.gen.engine.get_tokenizer()
         self.chat = ChatBridge(self.tokenizer, self.cfg.tools) if self.cfg.tools.chat else None
         await self.gen.broker.ensure_group(self.stream, READ_GROUP)
         await self.gen.broker.ensure_group(self.keys.env_steps, "env")  # steps wait even before an env joins

@@ -52,7 +52,7 @@ class VLLMEngine:
         self.seed = seed
         self.llm = None
         self.tokenizer = None
-        """The model's tokenizer, loaded at the first decode (generator.detokenize=end)."""
+        """The model's tokenizer, loaded at first use (get_tokenizer)."""
         self.start_method: str | None = None
         """How the EngineCore process was started (fork or spawn), once started."""
         self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
@@ -152,11 +152,15 @@ class VLLMEngine:
             yield Delta(ids, lps, text, comp.finish_reason if out.finished else None)
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.get_tokenizer().decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def get_tokenizer(self):
+        """The model's tokenizer (loaded once; shared with the generator's episode runner)."""
         if self.tokenizer is None:
             from transformers import AutoTokenizer
 
             self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        return self.tokenizer.decode(token_ids, skip_special_tokens=skip_special_tokens)
+        return self.tokenizer
 
     async def pause(self) -> None:
         """Freeze running requests; returns once their outputs are flushed. Their KV cache stays

@@ -1,9 +1,12 @@
 """A trainer Batch of one group whose rollouts have given (prompt, completion) lengths: random
-token ids, behaviour log-probs and advantages from one seeded generator (the trainer tests' input)."""
+token ids, behaviour log-probs and advantages from one seeded generator (the trainer tests' input),
+and the check that two ways of running one train step gave the same step."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
 from streamrl.batch import Batch
 from streamrl.messages import Rollout
@@ -34,3 +37,14 @@ def shaped_batch(vocab: int, shapes: list[tuple[int, int]], seed: int, advantage
         ref_logprobs=None,
         staleness=np.zeros(rows, np.int64),
     )
+
+
+def assert_same_step(want: dict, got: dict, rtol: float, atol: float) -> None:
+    """Every step metric but the timing and padding, and every parameter's gradient, of `got` equal
+    `want`'s (each a dict with "metrics" and "grads"); the gradient is not trivially zero."""
+    for key, value in want["metrics"].items():
+        if key not in ("time_s", "padded_tokens"):
+            assert got["metrics"][key] == pytest.approx(value, rel=rtol, abs=atol), key
+    assert want["metrics"]["grad_norm"] > 1e-3
+    for name, grad in want["grads"].items():
+        torch.testing.assert_close(got["grads"][name], grad, rtol=rtol, atol=atol, msg=name)
