@@ -10,7 +10,7 @@ workers/reference.py minus the model: a per-token `ref_logprobs` annotation), `-
 annotators, and the real Assembler (join, complete groups, advantages, acks) in a trainer
 process with workers/trainer.py's broker traffic (background intake; per step of `--groups-per-step`
 groups the step log, version and metrics line; acks at each checkpoint), which also trims the
-streams below what every group consumed (streamrl/trimming.py, every `--trim-every-s`). Roles
+streams below what every group consumed (streamrl/core/trimming.py, every `--trim-every-s`). Roles
 connect through the embedded server's unix socket, as the roles of `streamrl up` do (`--tcp`:
 loopback TCP). Three runs, side by side: a plain XADD/XREAD reader/writer pair without consumer
 groups (baseline), the full path at full speed, and the full path rate-limited (latency).
@@ -41,9 +41,8 @@ from bench.common import (
     write_result,
 )
 from brokers.sharded import parse_placement
-from streamrl.annotator import Annotator
-from streamrl.broker import Keys
-from streamrl.config import (
+from streamrl.annotate.annotator import Annotator
+from streamrl.config.schema import (
     BrokerConfig,
     Config,
     LossConfig,
@@ -53,8 +52,9 @@ from streamrl.config import (
     RunConfig,
     TrainerConfig,
 )
-from streamrl.messages import Annotation, Rollout, decode, encode, new_rollout_id
-from streamrl.worker import Worker
+from streamrl.core.broker import Keys
+from streamrl.core.messages import Annotation, Rollout, decode, encode, new_rollout_id
+from streamrl.core.worker import Worker
 
 HELP = "message path throughput and latency (no model)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -382,7 +382,7 @@ def _plot(rows: list[dict], out: str) -> None:
 
 
 def run(args) -> int:
-    import workers.assembler  # noqa: F401  imported once here, so forked roles do not each pay for it
+    import streamrl.assemble.assembler  # noqa: F401  imported once here, so forked roles do not each pay for it
     import workers.reward  # noqa: F401
 
     per_step = args.group_size * args.groups_per_step

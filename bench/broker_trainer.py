@@ -7,10 +7,10 @@ import asyncio
 import json
 import time
 
-from streamrl import accounting
-from streamrl.config import Config
-from streamrl.trimming import trim_periodically
-from streamrl.worker import Worker
+from streamrl.config.schema import Config
+from streamrl.core import accounting
+from streamrl.core.trimming import trim_periodically
+from streamrl.core.worker import Worker
 
 
 class BenchTrainer(Worker):
@@ -33,7 +33,7 @@ class BenchTrainer(Worker):
         self.ack_rounds = 0
 
     async def start(self) -> None:
-        from workers.assembler import Assembler
+        from streamrl.assemble.assembler import Assembler
 
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from streamrl.plotting import pyplot  # noqa: F401  (bench modules take it from here)
+from streamrl.report.plotting import pyplot  # noqa: F401  (bench modules take it from here)
 
 _CTX = mp.get_context("fork")
 
@@ -64,7 +64,7 @@ def scratch_servers(
 
 def quiet_logging(role: str) -> None:
     """Warnings only from a bench child process (a started/stopped line per role would clutter the table)."""
-    from streamrl.logs import setup_logging
+    from streamrl.core.logs import setup_logging
 
     setup_logging(role, role, None, level="warning")
 

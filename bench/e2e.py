@@ -22,7 +22,7 @@ from pathlib import Path
 
 from bench.common import machine, print_table, pyplot, write_result
 from streamrl.commands.common import add_config_args
-from streamrl.errors import ConfigError
+from streamrl.core.errors import ConfigError
 
 HELP = "a real job for N steps, async vs max_staleness=0 (trained/generated tokens/s, busy, weight sync)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -64,7 +64,7 @@ def run_job(args, mode: str, run_dir: Path) -> dict:
     if proc.returncode != 0:
         tail = (run_dir.parent / f"{mode}.out").read_text(errors="replace")[-3000:]
         raise RuntimeError(f"the {mode} job failed (exit {proc.returncode}); its output ends with:\n{tail}")
-    from streamrl.config_files import load_config
+    from streamrl.config.files import load_config
 
     cfg = load_config(run_dir / "config.yaml")
     return {

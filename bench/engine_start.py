@@ -17,8 +17,8 @@ import os
 import time
 
 from streamrl.commands.common import resolve_model
-from streamrl.config_files import load_config
-from workers.vllm_engine import VLLMEngine
+from streamrl.config.files import load_config
+from streamrl.generate.vllm_engine import VLLMEngine
 
 
 async def measure(overrides: list[str]) -> dict:

@@ -45,8 +45,8 @@ def add_arguments(p) -> None:
 
 
 def _job(args, mode: str, latency: float, root: Path) -> dict:
-    from streamrl.config_files import load_config
-    from streamrl.metrics import read_metrics
+    from streamrl.config.files import load_config
+    from streamrl.train.metrics import read_metrics
 
     cfg = load_config(args.config or CONFIG, list(args.overrides))
     sets = [*BOTH_SETS, f"env.latency_ms=[{latency:g},{latency:g}]"]

@@ -33,7 +33,7 @@ from bench.common import (
     stop_all,
     write_result,
 )
-from streamrl.config import Config
+from streamrl.config.schema import Config
 
 HELP = "throughput vs max_staleness with simulated generator/trainer (no GPU)"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -66,7 +66,7 @@ def rates(args) -> dict:
 
 
 def _config(url: str, run: str, model_path: str, args, staleness: int) -> Config:
-    from streamrl.config_files import load_config
+    from streamrl.config.files import load_config
 
     return load_config(
         None,
@@ -174,13 +174,13 @@ def _plot(rows: list[dict], r: dict, out: str) -> None:
 def run(args) -> int:
     from argparse import Namespace
 
-    import workers.assembler  # noqa: F401  imported once, before forking the role processes
+    import streamrl.assemble.assembler  # noqa: F401  imported once, before forking the role processes
     import workers.feeder  # noqa: F401
     import workers.reward  # noqa: F401
     from streamrl.commands.common import resolve_model
 
     if args.warmup >= args.steps:
-        from streamrl.errors import ConfigError
+        from streamrl.core.errors import ConfigError
 
         raise ConfigError(f"--warmup {args.warmup} leaves no measured steps of --steps {args.steps}; lower --warmup")
     info = machine()

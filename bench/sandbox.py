@@ -1,4 +1,4 @@
-"""Latency of one sandboxed Python call (streamrl/sandbox.py) on a trivial snippet, against the bare
+"""Latency of one sandboxed Python call (streamrl/envs/sandbox/executor.py) on a trivial snippet, against the bare
 interpreter's start-up: what each `python` tool call costs before the code itself runs.
 
     python -m bench.sandbox                       # 200 sequential calls, then 8 threads x 25 calls
@@ -18,9 +18,9 @@ import subprocess
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from streamrl.sandbox import SandboxLimits, run_python
-from streamrl.sandbox_bwrap import interpreter
-from streamrl.sandbox_cgroup import available
+from streamrl.envs.sandbox.bwrap import interpreter
+from streamrl.envs.sandbox.cgroup import available
+from streamrl.envs.sandbox.executor import SandboxLimits, run_python
 
 
 def _pct(xs: list[float], q: float) -> float:

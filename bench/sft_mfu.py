@@ -28,7 +28,9 @@ HELP = "SFT step tokens/s and MFU with packing, hf and torchtitan backends"
 def add_arguments(p) -> None:
     p.add_argument("--config", default="configs/qwen3-1.7b-sft-gpu.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override a.b=c")
-    p.add_argument("--shape", default="qwen3-1.7b", help="streamrl.shapes shape built when model.path is missing")
+    p.add_argument(
+        "--shape", default="qwen3-1.7b", help="streamrl.models.shapes shape built when model.path is missing"
+    )
     p.add_argument("--device", default=None, help="trainer.device override (cpu for the smoke run)")
     p.add_argument("--variants", default="hf,torchtitan", help="comma list of BACKEND[+compile][+ac]")
     p.add_argument("--rows", type=int, default=2048, help="synthetic documents written")
@@ -63,7 +65,7 @@ def _rank_main(cfg, warmup: int, steps: int, out: str, rank: int, world: int) ->
 
 
 def _variant_main(cfg, variant: str, warmup: int, steps: int, out: str) -> None:
-    from workers.dist import launch
+    from streamrl.train.dist import launch
 
     parts = variant.split("+")
     cfg.trainer.backend = parts[0]
@@ -79,8 +81,8 @@ def _median(values: list[float]) -> float:
 def run(args) -> int:
     import torch
 
-    from streamrl.config_files import load_config
-    from streamrl.shapes import build_random_model
+    from streamrl.config.files import load_config
+    from streamrl.models.shapes import build_random_model
 
     out_dir = Path(args.out or "runs/bench-sft")
     out_dir.mkdir(parents=True, exist_ok=True)

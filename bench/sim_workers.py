@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrl.config import Config
-from streamrl.messages import Prompt, Rollout, encode, new_rollout_id
-from streamrl.metrics import MetricsWriter
-from streamrl.staleness import staleness_histogram
-from streamrl.worker import Worker
+from streamrl.config.schema import Config
+from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
+from streamrl.core.staleness import staleness_histogram
+from streamrl.core.worker import Worker
+from streamrl.train.metrics import MetricsWriter
 
 CHUNK_TOKENS = 8
 """Tokens decoded between checks of the weights version (a switch lands at a chunk boundary)."""
@@ -179,7 +179,7 @@ class SimTrainer(Worker):
         self._dumper: asyncio.Task | None = None
 
     async def start(self) -> None:
-        from workers.assembler import Assembler
+        from streamrl.assemble.assembler import Assembler
 
         self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
         await self.assembler.start()

@@ -1,7 +1,7 @@
 """Trainer-step throughput and MFU, hf vs torchtitan backend, on a Qwen3-shaped model with random weights.
 
 Each variant (a backend, optionally with compile / activation checkpointing) runs in its own
-process: the real engine (workers.trainer_engines.make_engine) on one rank takes `--warmup` + `--steps`
+process: the real engine (streamrl.train.engines.make_engine) on one rank takes `--warmup` + `--steps`
 full train steps on the same GRPO batch (rows of prompt + completion tokens, no padding), timed
 with the device synchronized. tokens/s counts every token the step processes (prompt and
 completion); MFU = tokens/s * FLOPs per token / the GPU's peak dense bf16 FLOP/s, with FLOPs per
@@ -24,7 +24,7 @@ characters, 256 completion tokens): --rows 128 --prompt-len 6 --prompt-jitter 2 
 --profile runs one more step under torch.profiler after the timed ones: its kernel time by category
 (bench/trainer_profile.py) is printed and kept in result.json, its chrome trace in
 trainer_mfu_<variant>_trace.json.gz. --checkpoint also times, per variant, a blocking save and two
-background saves (streamrl.checkpoint.Checkpointer): the training thread's stall and the write's duration.
+background saves (streamrl.train.checkpoint.Checkpointer): the training thread's stall and the write's duration.
 --publish times packing the weights on the device as a cuda_ipc publish does, from the engine's
 weight stream and from the whole-state default (full_state_dict) for comparison. A variant
 that runs out of GPU memory is reported as OOM with its peak, and the others still run.
@@ -55,7 +55,9 @@ PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 def add_arguments(p) -> None:
     p.add_argument("--config", default="configs/qwen3-1.7b-train.yaml")
     p.add_argument("--set", dest="overrides", action="append", default=[], help="config override a.b=c")
-    p.add_argument("--shape", default="qwen3-1.7b", help="streamrl.shapes shape built when model.path is missing")
+    p.add_argument(
+        "--shape", default="qwen3-1.7b", help="streamrl.models.shapes shape built when model.path is missing"
+    )
     p.add_argument("--device", default=None, help="trainer.device override (cpu for the smoke run)")
     p.add_argument(
         "--variants",
@@ -121,8 +123,8 @@ def make_batch(
 ):
     import numpy as np
 
-    from streamrl.batch import Batch
-    from streamrl.messages import Rollout
+    from streamrl.assemble.batch import Batch
+    from streamrl.core.messages import Rollout
 
     rng = np.random.default_rng(seed)
     group = 8 if rows % 8 == 0 else rows
@@ -172,8 +174,8 @@ def time_publish(engine, dtype: str, repeats: int = 3) -> dict:
     (full_state_dict: CPU copies, HF names over the whole dict)."""
     import torch
 
-    from streamrl.weightstores.cuda_ipc_publish import pack_stream
-    from workers.engine_interface import TrainerEngine
+    from streamrl.train.engine_interface import TrainerEngine
+    from streamrl.weights.cuda_ipc_publish import pack_stream
 
     streams = {"publish_stream_s": engine.weight_stream, "publish_whole_s": lambda: TrainerEngine.weight_stream(engine)}
     out = {}
@@ -196,7 +198,7 @@ def time_checkpoints(engine, ckpt_dir: Path) -> dict:
     caller, the buffers' allocation off the caller's thread, and how long each write took."""
     import shutil
 
-    from streamrl.checkpoint import Checkpointer
+    from streamrl.train.checkpoint import Checkpointer
 
     out = {}
     try:
@@ -254,7 +256,7 @@ def _rank_main(
 ) -> None:
     import torch
 
-    from workers.trainer_engines import make_engine
+    from streamrl.train.engines import make_engine
 
     t0 = time.perf_counter()
     engine = make_engine(cfg, cfg.model.path, rank, world)
@@ -313,7 +315,7 @@ def _rank_main(
 def _variant_main(cfg, variant: str, batches, args, out: str, ckpt_dir: str | None) -> None:
     """One variant in a fresh process (its own CUDA context, compile caches and memory)."""
     from bench.trainer_variants import apply_variant
-    from workers.dist import launch
+    from streamrl.train.dist import launch
 
     apply_variant(cfg, variant)
     main = _rank_main, cfg, batches, args.warmup, args.steps, out, ckpt_dir, args.publish, args.profile
@@ -332,8 +334,8 @@ def run(args) -> int:
 def _measure(args, out_dir: Path) -> int:
     import torch
 
-    from streamrl.config_files import load_config
-    from streamrl.shapes import build_random_model
+    from streamrl.config.files import load_config
+    from streamrl.models.shapes import build_random_model
 
     overrides = list(args.overrides) + ([f"trainer.device={args.device}"] if args.device else [])
     cfg = load_config(args.config, overrides)

@@ -6,7 +6,7 @@ from __future__ import annotations
 def apply_variant(cfg, variant: str) -> None:
     """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N][+kernel=K] onto cfg.trainer
     (bench/trainer_mfu.py's docstring says what each does)."""
-    from streamrl.errors import ConfigError
+    from streamrl.core.errors import ConfigError
 
     backend, *parts = variant.split("+")
     cfg.trainer.backend = backend

@@ -35,7 +35,7 @@ TARGETS = {"ready_s": 0.5, "stall_s": 0.05, "throughput_ratio": 0.95}
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--shape", default="qwen3-tiny", help="streamrl.shapes shape built with random weights")
+    p.add_argument("--shape", default="qwen3-tiny", help="streamrl.models.shapes shape built with random weights")
     p.add_argument("--model", help="an existing HF model folder instead of --shape")
     p.add_argument("--dtype", default=None, help="default: bfloat16 on GPU, float32 on CPU")
     p.add_argument("--backend", default=None, help="weights.backend (default: cuda_ipc on GPU, shm on CPU)")
@@ -70,7 +70,7 @@ def add_arguments(p) -> None:
 
 
 def _config(args, url: str, model: str, dtype: str, backend: str):
-    from streamrl.config import (
+    from streamrl.config.schema import (
         BrokerConfig,
         Config,
         GeneratorConfig,
@@ -124,7 +124,7 @@ async def _plain(engine, prompts: list[list[int]], seed0: int) -> tuple[int, flo
 
 async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, last_id: str):
     """The same requests as prompt groups through Redis; done when every rollout is on the stream."""
-    from streamrl.messages import Prompt, decode, encode
+    from streamrl.core.messages import Prompt, decode, encode
 
     t0 = time.perf_counter()
     for g, ids in enumerate(prompts):
@@ -149,7 +149,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     import torch
 
     from brokers.redis_streams import connect
-    from streamrl.shapes import build_random_model
+    from streamrl.models.shapes import build_random_model
     from workers.generator import GeneratorWorker
 
     gpu = torch.cuda.device_count() > 0  # NVML: this process must not initialise CUDA before vLLM forks
@@ -278,7 +278,7 @@ async def _loop(worker) -> None:
 
 async def _keep_busy(worker, broker, prompts) -> None:
     """Keep the generator full while versions are published (switches happen mid-generation)."""
-    from streamrl.messages import Prompt, encode
+    from streamrl.core.messages import Prompt, encode
 
     i = 0
     while True:
@@ -321,7 +321,7 @@ def run(args) -> int:
     from bench.common import print_table, run_async, write_result
     from brokers.embedded import EmbeddedRedis
 
-    # uvloop and the embedded server's unix socket, as a job's generator has them (streamrl.runtime.serve).
+    # uvloop and the embedded server's unix socket, as a job's generator has them (streamrl.launch.runtime.serve).
     with tempfile.TemporaryDirectory(prefix="streamrl-benchw-") as tmp:
         if args.broker:
             result = run_async(_bench(args, args.broker, Path(tmp)))

@@ -38,8 +38,8 @@ def perturb(engine, scale: float = 1e-3) -> None:
 def train_engine(cfg, model: str):
     import torch.distributed as dist
 
-    from workers.dist import _init_group, free_port
-    from workers.train_engine import TrainEngine
+    from streamrl.train.dist import _init_group, free_port
+    from streamrl.train.hf_engine import TrainEngine
 
     if not dist.is_initialized():
         _init_group(0, 1, None, f"tcp://127.0.0.1:{free_port()}")
@@ -51,8 +51,8 @@ async def serve(spec: dict) -> None:
     import torch
 
     from brokers.redis_streams import connect
-    from streamrl.config import Config
-    from streamrl.weights import make_publisher, publisher_class
+    from streamrl.config.schema import Config
+    from streamrl.weights.store import make_publisher, publisher_class
 
     cfg = Config.model_validate(spec["config"])
     gpu = torch.cuda.is_available()

@@ -30,7 +30,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from brokers.urls import UNIX_PATH_MAX, unix_path_fits, unix_url
-from streamrl.errors import BrokerError
+from streamrl.core.errors import BrokerError
 
 log = structlog.get_logger("streamrl").bind(component="embedded_redis")
 MIN_VERSION = (6, 2)

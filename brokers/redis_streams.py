@@ -1,4 +1,4 @@
-"""The Redis Streams broker: `streamrl.broker.Broker` on redis-py asyncio.
+"""The Redis Streams broker: `streamrl.core.broker.Broker` on redis-py asyncio.
 
 Every entry carries one field, `d` (the msgpack payload); consumer groups give fan-out across
 roles and load sharing within one. Connection drops are retried with exponential back-off, so a
@@ -25,8 +25,8 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from brokers.redis_scripts import ACK_MANY, ADD_AND_ACK, ADD_MANY, LAG_SCRIPT
 from brokers.urls import UNIX_FORM, client_options
-from streamrl.broker import Entry
-from streamrl.errors import BrokerError
+from streamrl.core.broker import Entry
+from streamrl.core.errors import BrokerError
 
 FIELD = b"d"
 log = structlog.get_logger("streamrl").bind(component="broker")

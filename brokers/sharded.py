@@ -22,8 +22,8 @@ import zlib
 from collections import defaultdict
 
 from brokers.redis_streams import RedisBroker, connect
-from streamrl.broker import Entry
-from streamrl.errors import ConfigError
+from streamrl.core.broker import Entry
+from streamrl.core.errors import ConfigError
 
 SHARD_POLL_MS = 5
 """Blocking reads across servers wait in slices this long (one server cannot wake another's wait)."""

@@ -13,7 +13,7 @@ import os
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
-from streamrl.errors import BrokerError
+from streamrl.core.errors import BrokerError
 
 UNIX_PATH_MAX = 107
 """Longest unix socket path in bytes: sockaddr_un.sun_path is 108 bytes on Linux, NUL included."""

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 from streamrl.commands import load_modules
-from streamrl.errors import ConfigError, StreamRLError
+from streamrl.core.errors import ConfigError, StreamRLError
 
 COMMANDS = [
     "up",

@@ -19,7 +19,7 @@ import pytest
 
 from brokers.embedded import EmbeddedRedis
 from brokers.redis_streams import RedisBroker, connect
-from streamrl.config import BrokerConfig, Config, RunConfig
+from streamrl.config.schema import BrokerConfig, Config, RunConfig
 from tests import watchdog
 from tests.watchdog import pytest_runtest_protocol  # noqa: F401 (a hook: pytest finds it by name here)
 

@@ -23,12 +23,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from streamrl.broker import Broker, Entry
-from streamrl.config import Config
-from streamrl.envs import Env, check_step, env_factory, resolve_env
-from streamrl.errors import ConfigError
-from streamrl.messages import Observation, StepRequest, encode
-from streamrl.worker import Worker
+from streamrl.config.schema import Config
+from streamrl.core.broker import Broker, Entry
+from streamrl.core.errors import ConfigError
+from streamrl.core.messages import Observation, StepRequest, encode
+from streamrl.core.worker import Worker
+from streamrl.envs.base import Env, check_step, env_factory, resolve_env
 
 GROUP = "env"
 MAX_CACHED = 4096

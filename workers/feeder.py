@@ -3,9 +3,9 @@
     streamrl worker feeder --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
 Admits a group only while `admitted - released < (v + max_staleness + 1) * groups_per_step`
-(streamrl.staleness.admission_budget); stops admitting once the run's steps are covered.
+(streamrl.core.staleness.admission_budget); stops admitting once the run's steps are covered.
 The admitted count lives in the broker and moves in the same atomic script that appends the
-prompts (streamrl.accounting.admit), so a feeder killed at any instant neither loses nor double
+prompts (streamrl.core.accounting.admit), so a feeder killed at any instant neither loses nor double
 counts a group, and a restarted feeder continues where it stopped.
 """
 
@@ -16,13 +16,13 @@ import random
 
 from transformers import AutoTokenizer
 
-from streamrl.accounting import admit
-from streamrl.chat import task_items
-from streamrl.eval import EvalIssuer
-from streamrl.messages import Prompt, encode
-from streamrl.staleness import admission_budget
-from streamrl.tasks import load_task
-from streamrl.worker import Worker
+from streamrl.core.accounting import admit
+from streamrl.core.messages import Prompt, encode
+from streamrl.core.staleness import admission_budget
+from streamrl.core.worker import Worker
+from streamrl.eval.rounds import EvalIssuer
+from streamrl.feed.tasks import load_task
+from streamrl.generate.chat import task_items
 
 
 class FeederWorker(Worker):
@@ -39,7 +39,7 @@ class FeederWorker(Worker):
         r = self.cfg.rollout
         self.total = self.cfg.trainer.steps * r.groups_per_step
         self.evals = None
-        if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval.py): outside admission and the ledger
+        if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval/rounds.py): outside admission and the ledger
             ev = self.cfg.eval
             items = load_task(
                 ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens, self.cfg

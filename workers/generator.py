@@ -19,17 +19,17 @@ import time
 import uuid
 from pathlib import Path
 
-from streamrl.accounting import close_group
-from streamrl.broker import Broker, Entry
-from streamrl.config import Config
-from streamrl.errors import ConfigError
-from streamrl.messages import Prompt, Rollout, encode, new_rollout_id
-from streamrl.weights import WeightHandle, WeightLoader, WeightStoreError, make_loader
-from streamrl.worker import Worker
-from workers.episodes import EpisodeRunner
-from workers.loop_lag import LoopLag
-from workers.loop_profile import LoopProfiler
-from workers.vllm_engine import VLLMEngine, sample_seed
+from streamrl.config.schema import Config
+from streamrl.core.accounting import close_group
+from streamrl.core.broker import Broker, Entry
+from streamrl.core.errors import ConfigError
+from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
+from streamrl.core.worker import Worker
+from streamrl.generate.episode_runner import EpisodeRunner
+from streamrl.generate.loop_lag import LoopLag
+from streamrl.generate.loop_profile import LoopProfiler
+from streamrl.generate.vllm_engine import VLLMEngine, sample_seed
+from streamrl.weights.store import WeightHandle, WeightLoader, WeightStoreError, make_loader
 
 GROUP = "generator"
 MAX_GROUP_ATTEMPTS = 3
@@ -97,7 +97,7 @@ class GeneratorWorker(Worker):
         self._fatal: BaseException | None = None
         self._started_mono = time.monotonic()
         self.episodes = EpisodeRunner(self) if cfg.env.fn else None
-        """Multi-turn episodes (workers/episodes.py) when env.fn is set."""
+        """Multi-turn episodes (streamrl/generate/episode_runner.py) when env.fn is set."""
 
     # -- lifecycle -------------------------------------------------------------------------
     async def start(self) -> None:
@@ -305,7 +305,7 @@ class GeneratorWorker(Worker):
             worker=self.worker_id,
             finished_at=time.time(),
         )
-        # No MAXLEN: the trainer trims below what every group consumed (streamrl.trimming).
+        # No MAXLEN: the trainer trims below what every group consumed (streamrl.core.trimming).
         await self.broker.add(self.keys.rollouts, encode(rollout))
         self.count("rollouts")
         self.count("tokens_generated", len(s.token_ids))

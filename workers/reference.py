@@ -3,11 +3,11 @@
     streamrl worker reference --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
 Started only when loss.kl_beta > 0. The log-probs come from the trainer's own function
-(streamrl.modeling.causal_lm_logprobs, with trainer.logprob_chunk_tokens), so both sides of the KL
+(streamrl.models.hf.causal_lm_logprobs, with trainer.logprob_chunk_tokens), so both sides of the KL
 term are computed by the same code. The model runs on reference.device (`auto`: trainer.device;
 `cpu` frees the GPUs for the trainer and generators). Reads `rollouts` with the consumer group "reference" in
 batches of reference.batch_size, and acks after the annotations are written (the annotator loop,
-streamrl/annotator.py). A rollout the model cannot score (malformed token ids) gets an annotation
+streamrl/annotate/annotator.py). A rollout the model cannot score (malformed token ids) gets an annotation
 with `error` and a dead-letter record.
 """
 
@@ -17,10 +17,10 @@ import asyncio
 
 import torch
 
-from streamrl.annotator import Annotator
-from streamrl.eval import is_eval_group
-from streamrl.messages import Rollout
-from streamrl.modeling import completion_logprobs, load_hf_model, pick_device
+from streamrl.annotate.annotator import Annotator
+from streamrl.core.messages import Rollout
+from streamrl.eval.rounds import is_eval_group
+from streamrl.models.hf import completion_logprobs, load_hf_model, pick_device
 
 GROUP = "reference"
 

@@ -3,7 +3,7 @@
     streamrl worker reward --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
 Reads `rollouts` with the consumer group "reward" (workers of this role share the load), writes
-Annotation(key="reward") to `annotations`, then acks (the annotator loop, streamrl/annotator.py).
+Annotation(key="reward") to `annotations`, then acks (the annotator loop, streamrl/annotate/annotator.py).
 A function that raises, hangs past reward.timeout_s, or returns a non-finite value yields an
 annotation with `error` set (the assembler drops that group and the feeder admits a replacement)
 and a dead-letter record.
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import math
 
-from streamrl.annotator import Annotator, CallTimeout
-from streamrl.messages import Rollout
-from streamrl.rewards import make_reward
+from streamrl.annotate.annotator import Annotator, CallTimeout
+from streamrl.annotate.rewards import make_reward
+from streamrl.core.messages import Rollout
 
 GROUP = "reward"
 
@@ -35,7 +35,7 @@ class RewardWorker(Annotator):
 
     async def annotate(self, rollouts: list[Rollout]) -> list[tuple]:
         """Score a batch on one call thread, waking the event loop once per batch; a call that hangs
-        past reward.timeout_s fails that rollout only (streamrl/annotator.py, Calls.map)."""
+        past reward.timeout_s fails that rollout only (streamrl/annotate/annotator.py, Calls.map)."""
         timeout = self.cfg.reward.timeout_s
         out = []
         for ok, got in await self.calls.map(self._score, rollouts, timeout):

@@ -1,12 +1,12 @@
 """`streamrl sft`'s training loop: supervised fine-tuning on the RL trainer's engines and checkpoints.
 
     streamrl sft --config configs/tiny-sft-cpu.yaml --run-dir runs/sft
-    main(cfg, run_dir, resume=False)        # launches cfg.trainer.world_size ranks (workers/dist.py)
+    main(cfg, run_dir, resume=False)        # launches cfg.trainer.world_size ranks (streamrl/train/dist.py)
 
 Every rank builds the engine (trainer.backend: hf or torchtitan, FSDP2), reads the data
-(streamrl/sft_data.py) and trains its share of each step's rows (streamrl/sft_pack.py,
-workers/sft_engine.py). Step s trains the rows streamrl.sft_data.step_indices(s) names, so a
-checkpoint (streamrl/checkpoint.py: model, optimizer, lr schedule, RNG; meta.json: the step and
+(streamrl/sft/data.py) and trains its share of each step's rows (streamrl/sft/pack.py,
+streamrl/sft/step.py). Step s trains the rows streamrl.sft.data.step_indices(s) names, so a
+checkpoint (streamrl/train/checkpoint.py: model, optimizer, lr schedule, RNG; meta.json: the step and
 data position) resumes exactly. Rank 0 writes metrics.jsonl (and the metric sinks) and prints a
 progress line per step.
 """
@@ -23,13 +23,19 @@ import structlog
 import torch
 import torch.distributed as dist
 
-from streamrl.checkpoint import latest_checkpoint, list_checkpoints, load_checkpoint, save_checkpoint, truncate_metrics
-from streamrl.config import Config
-from streamrl.metrics import MetricsWriter
-from streamrl.sft_data import SampleError, load_splits, step_indices, tokenize_row
-from workers.dist import broadcast_object, launch
-from workers.sft_engine import enable_document_attention, sft_eval_loss, sft_train_step
-from workers.trainer_engines import make_engine
+from streamrl.config.schema import Config
+from streamrl.sft.data import SampleError, load_splits, step_indices, tokenize_row
+from streamrl.sft.step import enable_document_attention, sft_eval_loss, sft_train_step
+from streamrl.train.checkpoint import (
+    latest_checkpoint,
+    list_checkpoints,
+    load_checkpoint,
+    save_checkpoint,
+    truncate_metrics,
+)
+from streamrl.train.dist import broadcast_object, launch
+from streamrl.train.engines import make_engine
+from streamrl.train.metrics import MetricsWriter
 
 log = structlog.get_logger("streamrl").bind(role="sft")
 

@@ -4,11 +4,11 @@
 
 Launches cfg.trainer.world_size torch.distributed ranks (or joins torchrun's). Rank 0 owns the
 broker side: the assembler, the weight store and metrics. It decides each step (the batch, whether
-to snapshot and to checkpoint) and every rank runs that step through workers/rank_step.py, the one
+to snapshot and to checkpoint) and every rank runs that step through streamrl/train/rank_step.py, the one
 function all ranks execute. After each step the version v+1 is snapshot on rank 0 and published in
 the background, so the loop's only publishing cost is the snapshot copy.
 
-Recovery (streamrl/checkpoint.py, streamrl/accounting.py): each step's groups are logged in the
+Recovery (streamrl/train/checkpoint.py, streamrl/core/accounting.py): each step's groups are logged in the
 broker before training; a checkpoint is saved every trainer.checkpoint_every steps, and only then
 are the trained entries acked. A restarted trainer loads the newest checkpoint and replays the
 logged steps above it from their still-pending entries, so no group is trained twice or skipped.
@@ -24,22 +24,28 @@ from pathlib import Path
 
 import numpy as np
 
-from streamrl import accounting, run_end
-from streamrl.checkpoint import Checkpointer, PendingCheckpoint, latest_checkpoint, load_checkpoint, truncate_metrics
-from streamrl.config import Config
-from streamrl.episode import episode_metrics
-from streamrl.errors import NOT_TRANSIENT, StreamRLError
-from streamrl.messages import Control, encode
-from streamrl.metrics import MetricsWriter
-from streamrl.staleness import staleness_histogram
-from streamrl.trimming import trim_periodically
-from streamrl.weights import make_publisher, publisher_class
-from streamrl.worker import Worker, startup_failure
-from workers.assembler import Assembler
-from workers.dist import broadcast_object, launch
-from workers.engine_interface import TrainerEngine
-from workers.rank_step import RankStep, StepOrder, follow
-from workers.trainer_engines import make_engine
+from streamrl.assemble.assembler import Assembler
+from streamrl.config.schema import Config
+from streamrl.core import accounting, run_end
+from streamrl.core.errors import NOT_TRANSIENT, StreamRLError
+from streamrl.core.messages import Control, encode
+from streamrl.core.staleness import staleness_histogram
+from streamrl.core.trimming import trim_periodically
+from streamrl.core.worker import Worker, startup_failure
+from streamrl.generate.episode_sample import episode_metrics
+from streamrl.train.checkpoint import (
+    Checkpointer,
+    PendingCheckpoint,
+    latest_checkpoint,
+    load_checkpoint,
+    truncate_metrics,
+)
+from streamrl.train.dist import broadcast_object, launch
+from streamrl.train.engine_interface import TrainerEngine
+from streamrl.train.engines import make_engine
+from streamrl.train.metrics import MetricsWriter
+from streamrl.train.rank_step import RankStep, StepOrder, follow
+from streamrl.weights.store import make_publisher, publisher_class
 
 
 class TrainerWorker(Worker):
@@ -280,7 +286,7 @@ class TrainerWorker(Worker):
         }
         if checkpoint_s is not None:  # steps that saved: how long the save blocked training
             rec["checkpoint_stall_s"] = round(checkpoint_s, 4)
-        evals = self.assembler.evals  # finished eval rounds (workers/eval_collector.py)
+        evals = self.assembler.evals  # finished eval rounds (streamrl/eval/collector.py)
         if evaluation := (evals.take_all() if self.version >= self.cfg.trainer.steps else evals.take()):
             rec.update(evaluation)
             self.log.info("eval", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in evaluation.items()})
@@ -346,8 +352,8 @@ def warm_up(engine, cfg: Config) -> None:
 
 
 def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
-    from streamrl.logs import setup_logging
-    from streamrl.runtime import serve
+    from streamrl.core.logs import setup_logging
+    from streamrl.launch.runtime import serve
 
     if world > 1:  # a spawned rank starts with no logging set up: rank 0 writes the trainer's JSON log
         setup_logging("trainer", worker_id if rank == 0 else f"{worker_id}-rank{rank}", run_dir, run=cfg.run.name)

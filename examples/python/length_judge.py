@@ -9,8 +9,8 @@ Replace the body with a call to your judge model or sandbox; an `async def` is a
 rollout as failed: it gets an `error` annotation and the trainer applies the key's on_timeout policy.
 """
 
-from streamrl.messages import Rollout
-from streamrl.sdk import producer
+from streamrl.annotate.sdk import producer
+from streamrl.core.messages import Rollout
 
 MAX_TOKENS = 16
 

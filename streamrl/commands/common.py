@@ -7,10 +7,10 @@ import os
 import tempfile
 from pathlib import Path
 
-from streamrl.cache import cache_dir
-from streamrl.config import Config
-from streamrl.config_files import load_config
-from streamrl.errors import ConfigError
+from streamrl.config.files import load_config
+from streamrl.config.schema import Config
+from streamrl.core.cache import cache_dir
+from streamrl.core.errors import ConfigError
 
 
 def prepare_out_dir(out: str | None) -> Path | None:
@@ -50,7 +50,7 @@ def load(args) -> Config:
 
 def resolve_model(cfg: Config) -> Config:
     """Set model.path (building the tiny offline model into the cache when it is unset)."""
-    from streamrl.tiny import resolve_model_path
+    from streamrl.models.tiny import resolve_model_path
 
     path = resolve_model_path(cfg.model, cache_dir() / "models", cfg.run.seed)
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(path)})})
@@ -77,13 +77,13 @@ def add_preflight_arg(p: argparse.ArgumentParser) -> None:
         dest="preflight",
         action="store_false",
         help="skip the checks against this machine (reward.fn imports, files and model.path exist, "
-        "the broker answers, vLLM imports, CUDA where asked for; streamrl/preflight.py)",
+        "the broker answers, vLLM imports, CUDA where asked for; streamrl/launch/preflight.py)",
     )
 
 
 def preflight(args, cfg: Config) -> None:
-    """Raise ConfigError naming every problem streamrl/preflight.py finds, unless --no-preflight."""
-    from streamrl.preflight import require
+    """Raise ConfigError naming every problem streamrl/launch/preflight.py finds, unless --no-preflight."""
+    from streamrl.launch.preflight import require
 
     if args.preflight:
         require(cfg)

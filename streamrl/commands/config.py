@@ -7,7 +7,7 @@ from streamrl.commands.common import add_config_args, add_preflight_arg, load, p
 NAME = "config"
 HELP = "validate a config and print it fully resolved"
 DESCRIPTION = (
-    "Validate a config, check it against this machine (streamrl/preflight.py), and print every "
+    "Validate a config, check it against this machine (streamrl/launch/preflight.py), and print every "
     "field with its resolved value (nothing starts)."
 )
 

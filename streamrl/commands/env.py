@@ -2,7 +2,7 @@
 
     streamrl env --fn my_envs:Calculator --run tiny --broker redis://:PW@host:6379/0 [--concurrency 32]
 
-The class subclasses streamrl.envs.Env (`reset(item)`, `step(action) -> (observation, reward,
+The class subclasses streamrl.envs.base.Env (`reset(item)`, `step(action) -> (observation, reward,
 done)`, sync or async). Run the command several times (any host) for more throughput: every
 replica reads `env_steps` with the consumer group "env" and they share the steps. The job's own
 config decides the rest (env.max_turns on the generators); `streamrl worker env` is the same
@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
         "--fn",
         required=True,
         metavar="package.module:Class",
-        help="env class (streamrl.envs.Env), or an adapter: textarena:<game> (docs/environments.md)",
+        help="env class (streamrl.envs.base.Env), or an adapter: textarena:<game> (docs/environments.md)",
     )
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
     p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
@@ -47,10 +47,10 @@ def run(args) -> int:
     import sys
 
     from streamrl.commands.common import broker_url
-    from streamrl.config import BrokerConfig, Config, EnvConfig, RunConfig
-    from streamrl.envs import resolve_env
-    from streamrl.logs import setup_logging
-    from streamrl.runtime import serve
+    from streamrl.config.schema import BrokerConfig, Config, EnvConfig, RunConfig
+    from streamrl.core.logs import setup_logging
+    from streamrl.envs.base import resolve_env
+    from streamrl.launch.runtime import serve
     from workers.env import EnvWorker
 
     sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to where the user runs the command

@@ -1,4 +1,4 @@
-"""`streamrl export`: a run's checkpoint (RL or SFT) as a Hugging Face model folder (streamrl/export.py)."""
+"""`streamrl export`: a run's checkpoint (RL or SFT) as a Hugging Face model folder (streamrl/train/export.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from streamrl.export import export_checkpoint
+    from streamrl.train.export import export_checkpoint
 
     out = export_checkpoint(Path(args.run_dir), Path(args.out), args.step)
     print(f"exported {out}", flush=True)

@@ -5,7 +5,7 @@
 
 `add` creates the consumer group NAME on `rollouts` (as the admin) and a user that may only run
 the stream commands a producer needs (ACL_COMMANDS) on its run's `rollouts`, `annotations` and
-`deadletter` keys, and GET the run's end mark (`run:end`, streamrl/run_end.py). What Redis can and
+`deadletter` keys, and GET the run's end mark (`run:end`, streamrl/core/run_end.py). What Redis can and
 cannot restrict is spelled out in docs/protocol.md ("Access control"): on Redis 6.2 commands and
 key patterns are granted independently; on Redis >= 7 selectors pair XADD with
 `annotations`/`deadletter` only, GET with `run:end` only and SET/DEL with the heartbeat keys.
@@ -18,8 +18,8 @@ import re
 import secrets
 from urllib.parse import quote, urlsplit, urlunsplit
 
-from streamrl.broker import Keys
-from streamrl.errors import ConfigError
+from streamrl.core.broker import Keys
+from streamrl.core.errors import ConfigError
 
 NAME = "producer"
 HELP = "create or remove a restricted broker user for an external reward producer"

@@ -55,7 +55,7 @@ def step_wall(m: dict) -> float:
 
 def summarize(run_dir: Path, skip: int = 1) -> dict:
     """Throughput, busy fractions, weight-sync latency and staleness of a run (steps after `skip`)."""
-    from streamrl.metrics import read_metrics
+    from streamrl.train.metrics import read_metrics
 
     rows = read_metrics(run_dir)
     if not rows:
@@ -122,8 +122,8 @@ def eval_summary(rows: list[dict]) -> dict:
 
 def plot_run(run_dir: Path, out: Path) -> list[Path]:
     """Write the run's PNGs into `out`; returns their paths."""
-    from streamrl.metrics import read_metrics
-    from streamrl.plotting import pyplot
+    from streamrl.report.plotting import pyplot
+    from streamrl.train.metrics import read_metrics
 
     plt = pyplot()
     rows = read_metrics(run_dir)
@@ -215,7 +215,7 @@ def losses_figure(plt, rows: list[dict]):
 
 
 def run(args) -> int:
-    from streamrl.errors import ConfigError
+    from streamrl.core.errors import ConfigError
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "metrics.jsonl").is_file():

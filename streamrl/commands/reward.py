@@ -3,7 +3,7 @@
     streamrl reward --fn my_judge:judge --run tiny --broker redis://judge:PW@host:6379/0 [--key judge --name judge]
 
 The function takes a list of decoded `Rollout`s and returns one score per rollout (sync or
-async; see streamrl/sdk.py). List its key in the trainer's `annotations.external` so the
+async; see streamrl/annotate/sdk.py). List its key in the trainer's `annotations.external` so the
 assembler waits for it. Run the command several times (any host) for more throughput: replicas
 with the same --name share the work.
 """
@@ -13,8 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
-from streamrl.errors import ConfigError
-from streamrl.imports import import_spec
+from streamrl.core.errors import ConfigError
+from streamrl.core.imports import import_spec
 
 NAME = "reward"
 HELP = "attach an external reward producer (a Python function) to a running job"
@@ -29,7 +29,7 @@ def add_arguments(p) -> None:
         "--fn",
         required=True,
         metavar="package.module:function",
-        help="scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.sdk.producer)",
+        help="scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.annotate.sdk.producer)",
     )
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
     p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
@@ -72,9 +72,9 @@ def load_function(spec: str):
 def run(args) -> int:
     from pathlib import Path
 
+    from streamrl.annotate.sdk import serve_producer, spec_of
     from streamrl.commands.common import broker_url
-    from streamrl.logs import setup_logging
-    from streamrl.sdk import serve_producer, spec_of
+    from streamrl.core.logs import setup_logging
 
     fn = load_function(args.fn)
     spec = spec_of(

@@ -15,8 +15,8 @@ import json
 import os
 from pathlib import Path
 
-from streamrl.errors import ConfigError, StreamRLError
-from streamrl.rundir import describe_finished, finished_summary, is_live
+from streamrl.core.errors import ConfigError, StreamRLError
+from streamrl.launch.rundir import describe_finished, finished_summary, is_live
 
 NAME = "scale"
 HELP = "change the number of supervised processes of a role in a running `streamrl up`"
@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 
 def parse_counts(items: list[str]) -> dict[str, int]:
-    from streamrl.supervisor import SCALABLE_ROLES
+    from streamrl.launch.supervisor import SCALABLE_ROLES
 
     out = {}
     for item in items:
@@ -47,7 +47,7 @@ def parse_counts(items: list[str]) -> dict[str, int]:
 
 def write_counts(run_dir: Path, counts: dict[str, int]) -> dict[str, int]:
     """Merge `counts` into RUN_DIR/scale.json atomically (the supervisor never reads half a file)."""
-    from streamrl.supervisor import SCALE_FILE
+    from streamrl.launch.supervisor import SCALE_FILE
 
     path = run_dir / SCALE_FILE
     current = json.loads(path.read_text()) if path.is_file() else {}

@@ -10,8 +10,8 @@ import time
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, load, resolve_model
-from streamrl.config_files import dump_config
-from streamrl.errors import ConfigError
+from streamrl.config.files import dump_config
+from streamrl.core.errors import ConfigError
 
 NAME = "sft"
 HELP = "supervised fine-tuning (chat messages or prompt/completion pairs) on the trainer's engines"
@@ -38,9 +38,9 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from streamrl.checkpoint import list_checkpoints
-    from streamrl.export import export_checkpoint
-    from streamrl.sft_data import load_splits
+    from streamrl.sft.data import load_splits
+    from streamrl.train.checkpoint import list_checkpoints
+    from streamrl.train.export import export_checkpoint
     from workers.sft import main
 
     if args.resume:

@@ -23,7 +23,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from streamrl.broker import Keys
+from streamrl.core.broker import Keys
 
 NAME = "status"
 HELP = "live view of a run: trainer, streams, consumer lag, workers, staleness, reward"
@@ -198,7 +198,7 @@ def _run_name(args) -> str:
 async def _main(args) -> int:
     from brokers.redis_streams import connect
     from streamrl.commands.common import broker_url
-    from streamrl.rundir import describe_finished, finished_summary
+    from streamrl.launch.rundir import describe_finished, finished_summary
 
     if args.run_dir and (summary := finished_summary(Path(args.run_dir))) is not None:
         print(describe_finished(Path(args.run_dir), summary))  # its broker is gone with its `up`

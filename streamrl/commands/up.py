@@ -7,8 +7,8 @@ import signal
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, add_preflight_arg, load, preflight, resolve_model
-from streamrl.errors import ConfigError
-from streamrl.rundir import claim, earlier_run, new_run_dir
+from streamrl.core.errors import ConfigError
+from streamrl.launch.rundir import claim, earlier_run, new_run_dir
 
 NAME = "up"
 HELP = "run a whole job on this machine (broker + every role)"
@@ -31,7 +31,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from streamrl.supervisor import Supervisor
+    from streamrl.launch.supervisor import Supervisor
 
     if args.resume:
         if not (Path(args.resume) / "config.yaml").is_file():
@@ -79,7 +79,7 @@ def run(args) -> int:
         # Producers of the run see it end (and leave) before the broker goes away under them; the
         # broker goes last, after every role drained and the accounting read it.
         _end_run_and_stop_broker(url, cfg.run.name, code, sup.broker_watch.server if sup is not None else embedded)
-        from streamrl.weightstores.shm import shm_root
+        from streamrl.weights.shm import shm_root
 
         # This run's host-local weights and copies (shm, dir and torchstore backends); keyed by the
         # run dir, so another job of the same run.name keeps its own.
@@ -91,10 +91,10 @@ def run(args) -> int:
 
 
 def _end_run_and_stop_broker(url: str, run: str, code: int, server) -> None:
-    """Set the run's end mark (streamrl/run_end.py), then stop the embedded server (the one running
+    """Set the run's end mark (streamrl/core/run_end.py), then stop the embedded server (the one running
     now: restarted if the first died), whatever signals arrive meanwhile: it runs in its own
     session, so nothing else would stop it."""
-    from streamrl.run_end import end_run
+    from streamrl.core.run_end import end_run
 
     old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
@@ -109,7 +109,7 @@ def _end_run_and_stop_broker(url: str, run: str, code: int, server) -> None:
 
 def _export(run_dir: Path) -> None:
     """RUN_DIR/hf from the last checkpoint; a failure is reported, the finished run stays a success."""
-    from streamrl.export import export_checkpoint
+    from streamrl.train.export import export_checkpoint
 
     try:
         print(f"model: {export_checkpoint(run_dir, run_dir / 'hf')}", flush=True)

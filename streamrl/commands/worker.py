@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, broker_url, load, resolve_model
-from streamrl.errors import EXIT_NO_RESTART, ConfigError
+from streamrl.core.errors import EXIT_NO_RESTART, ConfigError
 
 NAME = "worker"
 HELP = "run one role process against a broker (multi-host, elastic)"
@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from streamrl.runtime import print_fatal, run_role
+    from streamrl.launch.runtime import print_fatal, run_role
 
     try:
         cfg = load(args)

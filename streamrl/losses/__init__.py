@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamrl.advantages import dynamic_sampling_keep, overlong_penalty
+from streamrl.assemble.advantages import dynamic_sampling_keep, overlong_penalty
 from streamrl.losses.inputs import LossInputs
 from streamrl.losses.registry import (
     BUILTIN_LOSSES,
@@ -36,7 +36,7 @@ from streamrl.losses.settings import ClipSettings, LossSettings, PPOSettings
 if TYPE_CHECKING:
     import torch
 
-    from streamrl.config import LossConfig
+    from streamrl.config.schema import LossConfig
 
 __all__ = [
     "LossInputs",

@@ -12,11 +12,11 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from streamrl.errors import ConfigError
+from streamrl.core.errors import ConfigError
 from streamrl.losses.registry import loss_requirements
 
 if TYPE_CHECKING:
-    from streamrl.config import LossConfig
+    from streamrl.config.schema import LossConfig
     from streamrl.losses.inputs import LossInputs
     from streamrl.losses.registry import Objective
 

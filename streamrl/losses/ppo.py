@@ -15,7 +15,7 @@ from typing import Literal
 
 import torch
 
-from streamrl.config import Advantage, Aggregation
+from streamrl.config.schema import Advantage, Aggregation
 from streamrl.losses import LossInputs, register_loss
 from streamrl.losses.core import Terms, log_ratio, ppo_clip
 from streamrl.losses.settings import PPOSettings

@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from pydantic import ValidationError
 
-from streamrl.config import LossConfig
-from streamrl.errors import ConfigError
-from streamrl.imports import import_spec
+from streamrl.config.schema import LossConfig
+from streamrl.core.errors import ConfigError
+from streamrl.core.imports import import_spec
 from streamrl.losses.settings import ClipSettings, LossSettings, settings_error
 
 if TYPE_CHECKING:
-    from streamrl.config import Config
+    from streamrl.config.schema import Config
 
 PACKAGE = "streamrl.losses"
 

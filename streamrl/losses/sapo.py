@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from streamrl.config import Aggregation
+from streamrl.config.schema import Aggregation
 from streamrl.losses import LossInputs, LossSettings, register_loss
 from streamrl.losses.core import Terms, log_ratio
 

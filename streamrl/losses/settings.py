@@ -4,7 +4,7 @@
         tis_cap: float = Field(2.0, gt=0)
     @register_loss("tis", settings=TISSettings)
 
-`loss:` in the config (streamrl.config.LossConfig) holds the settings every objective shares
+`loss:` in the config (streamrl.config.schema.LossConfig) holds the settings every objective shares
 (KL, entropy, aggregation, advantage, DAPO's reward shaping) and passes the rest through; the
 objective named by `loss.name` registers a `LossSettings` subclass that declares its own
 parameters (eps_low, tis_cap, ...) and its defaults for the shared ones (sapo: seq_mean).
@@ -19,8 +19,8 @@ from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, ValidationError
 
-from streamrl.config import LossConfig
-from streamrl.errors import ConfigError
+from streamrl.config.schema import LossConfig
+from streamrl.core.errors import ConfigError
 
 
 class LossSettings(LossConfig):

@@ -1,6 +1,6 @@
 """Configuration errors stop `streamrl up` before anything starts, fast, naming the fix
-(streamrl/preflight.py), and a role that hits one at start-up stops the job without restarts
-(EXIT_NO_RESTART, streamrl/recovery.py).
+(streamrl/launch/preflight.py), and a role that hits one at start-up stops the job without restarts
+(EXIT_NO_RESTART, streamrl/launch/recovery.py).
 
     pytest tests/e2e/test_config_errors.py
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from streamrl.errors import EXIT_NO_RESTART
+from streamrl.core.errors import EXIT_NO_RESTART
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from streamrl.checkpoint import latest_checkpoint
+from streamrl.train.checkpoint import latest_checkpoint
 from tests.e2e.test_faults import assert_exact
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,8 +1,8 @@
 """Other libraries' environments, unchanged, drive a real job: `streamrl up` with
 configs/tiny-textarena-cpu.yaml plays TextArena's Secretary-v0 through the adapter
-(streamrl/env_adapters/textarena.py), the prompts being the games' own first observations and the
+(streamrl/envs/adapters/textarena.py), the prompts being the games' own first observations and the
 reward the game's own; configs/tiny-verifiers-cpu.yaml runs verifiers' own TextArenaEnv through
-streamrl/env_adapters/verifiers.py, the reward being what the env records on its trace.
+streamrl/envs/adapters/verifiers.py, the reward being what the env records on its trace.
 
     pytest tests/e2e/test_env_adapters.py
 """

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from streamrl.broker import Keys
+from streamrl.core.broker import Keys
 from tests.e2e.test_faults import assert_exact
 
 ROOT = Path(__file__).resolve().parents[2]

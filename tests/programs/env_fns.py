@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from streamrl.envs import Env
+from streamrl.envs.base import Env
 
 
 class Counter(Env):
@@ -57,7 +57,7 @@ class FlakyDialog(Env):
     digit (about one episode in ten early on): env errors must fail only those episodes."""
 
     def reset(self, item):
-        from streamrl.envs import CharclassDialog
+        from streamrl.envs.base import CharclassDialog
 
         self.inner = CharclassDialog(latency_ms=(1.0, 5.0))
         self.inner.reset(item)

@@ -25,7 +25,7 @@ GROUP_SIZE = 4
 
 async def _pull(broker, keys, state: dict, block_ms: int | None = 100) -> None:
     """Append every rollout published since the last pull to state["rollouts"]."""
-    from streamrl.messages import as_dict, decode
+    from streamrl.core.messages import as_dict, decode
 
     for e in await broker.read(keys.rollouts, state["last_id"], count=100, block_ms=block_ms):
         state["last_id"] = e.id
@@ -50,8 +50,7 @@ async def main(spec: dict) -> dict:
     from safetensors.torch import load_file
 
     from brokers.redis_streams import connect
-    from streamrl.broker import Keys
-    from streamrl.config import (
+    from streamrl.config.schema import (
         BrokerConfig,
         Config,
         GeneratorConfig,
@@ -60,11 +59,12 @@ async def main(spec: dict) -> dict:
         RunConfig,
         WeightsConfig,
     )
-    from streamrl.logs import setup_logging
-    from streamrl.messages import Prompt, encode
-    from streamrl.tiny import vocab
-    from streamrl.weights import make_publisher
-    from streamrl.weightstores.files import version_dirs
+    from streamrl.core.broker import Keys
+    from streamrl.core.logs import setup_logging
+    from streamrl.core.messages import Prompt, encode
+    from streamrl.models.tiny import vocab
+    from streamrl.weights.files import version_dirs
+    from streamrl.weights.store import make_publisher
     from workers.generator import GeneratorWorker
 
     torch.set_num_threads(1)

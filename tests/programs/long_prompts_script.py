@@ -15,8 +15,8 @@ import sys
 
 
 async def main(model_dir: str) -> dict:
-    from streamrl.config import GeneratorConfig
-    from workers.vllm_engine import VLLMEngine
+    from streamrl.config.schema import GeneratorConfig
+    from streamrl.generate.vllm_engine import VLLMEngine
 
     gen = GeneratorConfig(max_model_len=1024, max_tokens=8, max_num_seqs=4)
     engine = VLLMEngine(model_dir, gen, dtype="float32", seed=0)

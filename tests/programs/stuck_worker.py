@@ -8,9 +8,9 @@ import asyncio
 import subprocess
 import sys
 
-from streamrl.config import BrokerConfig, Config, RunConfig
-from streamrl.runtime import serve
-from streamrl.worker import Worker
+from streamrl.config.schema import BrokerConfig, Config, RunConfig
+from streamrl.core.worker import Worker
+from streamrl.launch.runtime import serve
 
 
 class StuckWorker(Worker):

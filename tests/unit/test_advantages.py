@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrl.advantages import batch_advantages, dynamic_sampling_keep, group_advantages, overlong_penalty
-from streamrl.errors import ConfigError
+from streamrl.assemble.advantages import batch_advantages, dynamic_sampling_keep, group_advantages, overlong_penalty
+from streamrl.core.errors import ConfigError
 
 
 def test_group_modes_by_hand():

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.batch import Batch
-from streamrl.errors import StreamRLError
-from streamrl.logprobs import token_logprobs
-from streamrl.messages import Rollout
-from workers.train_engine import num_micro_batches, pad_batch, plan_micro_batches
+from streamrl.assemble.batch import Batch
+from streamrl.core.errors import StreamRLError
+from streamrl.core.messages import Rollout
+from streamrl.train.hf_engine import num_micro_batches, pad_batch, plan_micro_batches
+from streamrl.train.logprobs import token_logprobs
 
 PAD = 0
 
@@ -217,9 +217,9 @@ def test_token_budget_cuts_padding_against_row_count_slices():
 def test_token_budget_micro_batches_give_the_full_batch_gradient(name, agg):
     """Sorted, token-packed micro-batches on 2 ranks (each re-padded to its own length) give the
     gradient and metrics of one full-batch pass: the losses only sum rows over global normalisers."""
-    from streamrl.config import LossConfig
+    from streamrl.config.schema import LossConfig
     from streamrl.losses import LossInputs, compute_loss
-    from workers.train_engine import plan_micro_batches as plan_fn
+    from streamrl.train.hf_engine import plan_micro_batches as plan_fn
 
     batch = make_batch(RAGGED, with_ref=True)
     cfg = LossConfig(name=name, aggregation=agg, horizon=20, kl_beta=0.05, entropy_coef=0.01)

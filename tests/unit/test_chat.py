@@ -9,12 +9,12 @@ import itertools
 
 import pytest
 
-from streamrl.chat import ChatBridge, chat_items
-from streamrl.episode import EpisodeSample, split_extension
-from streamrl.errors import ConfigError
-from streamrl.tiny import build_tokenizer, vocab
-from streamrl.tiny_chat import IM_END
-from streamrl.tools_config import ToolsConfig
+from streamrl.config.tools import ToolsConfig
+from streamrl.core.errors import ConfigError
+from streamrl.generate.chat import ChatBridge, chat_items
+from streamrl.generate.episode_sample import EpisodeSample, split_extension
+from streamrl.models.tiny import build_tokenizer, vocab
+from streamrl.models.tiny_chat import IM_END
 
 TOOLS = [
     {

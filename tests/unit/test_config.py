@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config_files import DEFAULT_CONFIG, apply_overrides, load_config
-from streamrl.errors import ConfigError
+from streamrl.config.files import DEFAULT_CONFIG, apply_overrides, load_config
+from streamrl.core.errors import ConfigError
 
 CONFIGS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
@@ -78,7 +78,7 @@ def test_malformed_override_and_missing_file(tmp_path):
 
 
 def test_supervisor_devices_pin_each_role_process_to_its_gpus(tmp_path):
-    from streamrl.supervisor import Supervisor
+    from streamrl.launch.supervisor import Supervisor
 
     cfg = load_config(overrides=["supervisor.devices={generator: [0, 1], trainer: '2,3'}", "trainer.world_size=2"])
     sup = Supervisor(cfg, tmp_path, "redis://127.0.0.1:1/0")

@@ -14,11 +14,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from streamrl.config import Config, TaskConfig
-from streamrl.errors import ConfigError
-from streamrl.preflight import check_task
-from streamrl.tasks import load_task
-from streamrl.tiny import build_tokenizer
+from streamrl.config.schema import Config, TaskConfig
+from streamrl.core.errors import ConfigError
+from streamrl.feed.tasks import load_task
+from streamrl.launch.preflight import check_task
+from streamrl.models.tiny import build_tokenizer
 
 RECORDS = [{"q": f"What is {i} + {i}?", "a": 2 * i, "level": i % 3, "extra": [i]} for i in range(6)]
 TASK = {"name": "dataset", "fields": {"prompt": "q", "answer": "a", "meta": ["level"]}, "template": "Q: {prompt}\nA:"}

@@ -21,7 +21,7 @@ TOP = ("streamrl", "workers", "brokers", "configs", "bench", "tests", "docs", "e
 PATH = re.compile(r"(?<![\w./$~-])((?:" + "|".join(re.escape(t) for t in TOP) + r")/[\w./<>{}*-]*)")
 """A repository path: starts at a top-level folder (not inside another path, e.g. /dev/shm/streamrl-x)."""
 MODULE = re.compile(r"(?<![\w./-])((?:streamrl|workers|brokers|bench)(?:\.\w+)+)")
-"""A dotted module reference such as `streamrl.sdk.producer` or `python -m bench.trainer_mfu`."""
+"""A dotted module reference such as `streamrl.annotate.sdk.producer` or `python -m bench.trainer_mfu`."""
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 PLACEHOLDER = re.compile(r"[<>{}*]")
 
@@ -119,7 +119,7 @@ def test_the_checks_catch_what_they_claim_to(tmp_path):
     doc.write_text(
         "see `workers/no_such_file.py` and streamrl.no_such_module.fn\n"
         "[a](nope.md) [b](architecture.md#no-such-heading) [c](architecture.md#the-stages)\n"
-        "fine: `streamrl/commands/<name>.py`, `streamrl/worker.py`, streamrl.sdk.producer, "
+        "fine: `streamrl/commands/<name>.py`, `streamrl/core/worker.py`, streamrl.annotate.sdk.producer, "
         "/dev/shm/streamrl-x/v1, `tests/unit/test_docs.py::test_x`.\n"
     )
     assert missing_paths(doc) == [

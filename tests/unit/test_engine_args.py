@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from streamrl.config import GeneratorConfig
-from workers.vllm_engine import VLLMEngine, kv_cache_args
+from streamrl.config.schema import GeneratorConfig
+from streamrl.generate.vllm_engine import VLLMEngine, kv_cache_args
 
 
 def test_kv_cache_size_is_fixed_on_a_gpu_only():

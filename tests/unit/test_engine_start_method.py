@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.config import GeneratorConfig
-from workers.vllm_engine import _start_method
+from streamrl.config.schema import GeneratorConfig
+from streamrl.generate.vllm_engine import _start_method
 
 ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl import env_adapters
-from streamrl.config import Config
-from streamrl.envs import resolve_env
-from streamrl.errors import ConfigError
-from streamrl.tasks import load_task
+from streamrl.config.schema import Config
+from streamrl.core.errors import ConfigError
+from streamrl.envs import adapters as env_adapters
+from streamrl.envs.base import resolve_env
+from streamrl.feed.tasks import load_task
 
 pytest.importorskip("textarena", reason="pip install -e '.[envs]'")
 

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from streamrl.episode import EpisodeSample, split_extension
-from streamrl.errors import DecodeError
-from streamrl.messages import Observation, Rollout, StepRequest, decode, encode
+from streamrl.core.errors import DecodeError
+from streamrl.core.messages import Observation, Rollout, StepRequest, decode, encode
+from streamrl.generate.episode_sample import EpisodeSample, split_extension
 
 
 def episode() -> EpisodeSample:
@@ -100,7 +100,7 @@ def test_step_request_and_observation_round_trip_and_validate():
 
 
 def test_episode_metrics_of_a_batch():
-    from streamrl.episode import episode_metrics
+    from streamrl.generate.episode_sample import episode_metrics
 
     def r(turns, steps, env_tokens):
         return Rollout(
@@ -132,7 +132,7 @@ def test_episode_metrics_of_a_batch():
 
 
 def test_an_episode_checkpoint_round_trips_and_continues_where_it_stopped():
-    from streamrl.messages import EpisodeState
+    from streamrl.core.messages import EpisodeState
 
     s = episode()
     st = EpisodeState(

@@ -1,4 +1,4 @@
-"""Eval metrics and scheduling (streamrl/eval.py), pure: pytest tests/unit/test_eval.py -q"""
+"""Eval metrics and scheduling (streamrl/eval/rounds.py), pure: pytest tests/unit/test_eval.py -q"""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from streamrl.config import Config, EvalConfig
-from streamrl.eval import (
+from streamrl.config.schema import Config, EvalConfig
+from streamrl.eval.rounds import (
     answer_key,
     due_version,
     eval_group_id,

@@ -3,11 +3,11 @@
 import numpy as np
 import pytest
 
-from streamrl.config_files import load_config
-from streamrl.errors import FatalError
-from streamrl.failures import FailureCounts, FailureStreak, cause, parse_record
-from streamrl.messages import Annotation
-from workers.join_policy import JoinPolicy
+from streamrl.assemble.join_policy import JoinPolicy
+from streamrl.config.files import load_config
+from streamrl.core.errors import FatalError
+from streamrl.core.messages import Annotation
+from streamrl.launch.failures import FailureCounts, FailureStreak, cause, parse_record
 
 
 def test_streak_raises_at_the_bound_with_the_first_error_and_resets():

@@ -114,7 +114,7 @@ def test_the_graph_reader_sees_every_kind_of_import(tmp_path):
     # imports would make them pass vacuously.
     src = (
         "from __future__ import annotations\nfrom typing import TYPE_CHECKING\nfrom . import b\n"
-        "if TYPE_CHECKING:\n    from streamrl.config import Config\n"
+        "if TYPE_CHECKING:\n    from streamrl.config.schema import Config\n"
         "class K:\n    import json\n"
         "def f():\n    from bench.common import pyplot\n    import unittest.mock\n"
     )
@@ -125,7 +125,7 @@ def test_the_graph_reader_sees_every_kind_of_import(tmp_path):
         ("__future__", True, False),
         ("typing", True, False),
         ("pkg.b", True, False),
-        ("streamrl.config", True, True),
+        ("streamrl.config.schema", True, True),
         ("json", True, False),
         ("bench.common", False, False),
         ("unittest.mock", False, False),

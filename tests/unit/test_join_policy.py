@@ -1,13 +1,13 @@
-"""workers/join_policy.py: which keys a group waits for, timeout verdicts, error handling, reward mixing."""
+"""streamrl/assemble/join_policy.py: which keys a group waits for, timeout verdicts, error handling, reward mixing."""
 
 import numpy as np
 import pytest
 
-from streamrl.config import Config
-from streamrl.config_files import load_config
-from streamrl.errors import ConfigError
-from streamrl.messages import Annotation
-from workers.join_policy import TIMEOUT_PRODUCER, JoinPolicy
+from streamrl.assemble.join_policy import TIMEOUT_PRODUCER, JoinPolicy
+from streamrl.config.files import load_config
+from streamrl.config.schema import Config
+from streamrl.core.errors import ConfigError
+from streamrl.core.messages import Annotation
 
 
 def policy(*external, reward_weight=1.0, kl_beta=0.0) -> JoinPolicy:

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from workers.episodes import Lockstep
+from streamrl.generate.episode_runner import Lockstep
 
 pytestmark = pytest.mark.anyio
 

@@ -1,11 +1,11 @@
-"""workers.loop_lag: a blocked event loop shows up as timer lag, per window and in the summary."""
+"""streamrl.generate.loop_lag: a blocked event loop shows up as timer lag, per window and in the summary."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 
-from workers.loop_lag import LoopLag
+from streamrl.generate.loop_lag import LoopLag
 
 
 def test_a_blocked_loop_is_measured_and_a_free_one_is_not():

@@ -1,4 +1,4 @@
-"""workers.loop_profile: the function that holds a real asyncio loop tops the blocked samples, a loop that
+"""streamrl.generate.loop_profile: the function that holds a real asyncio loop tops the blocked samples, a loop that
 only awaits has ~none, and the written profile parses as collapsed stacks."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import time
 
-from workers.loop_lag import LoopLag
-from workers.loop_profile import LoopProfiler, read_profile
+from streamrl.generate.loop_lag import LoopLag
+from streamrl.generate.loop_profile import LoopProfiler, read_profile
 
 INTERVAL_S, HOLD_S = 0.005, 0.3
 

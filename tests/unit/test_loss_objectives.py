@@ -15,7 +15,7 @@ import math
 import pytest
 import torch
 
-from streamrl.config import LossConfig
+from streamrl.config.schema import LossConfig
 from streamrl.losses import LossInputs, compute_loss, get_objective, loss_settings
 
 torch.set_num_threads(1)
@@ -180,7 +180,7 @@ def test_ppo_clip_fractions_and_ratio_metrics():
     "name", ["grpo", "gspo", "cispo", "sapo", "tis", "decoupled_ppo", "clipped_reinforce", "reinforce"]
 )
 def test_equal_rewards_give_zero_policy_gradient(name):
-    from streamrl.advantages import batch_advantages
+    from streamrl.assemble.advantages import batch_advantages
 
     adv = batch_advantages([0.7] * 4, [0, 0, 0, 0], "group_norm")
     assert adv.tolist() == [0.0] * 4

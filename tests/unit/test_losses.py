@@ -13,8 +13,9 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from streamrl.config import Config, LossConfig
-from streamrl.errors import ConfigError
+from streamrl.config.schema import Config, LossConfig
+from streamrl.core.errors import ConfigError
+from streamrl.launch.preflight import check_loss_fn
 from streamrl.losses import (
     BUILTIN_LOSSES,
     LossInputs,
@@ -28,7 +29,6 @@ from streamrl.losses import (
     resolve_loss,
 )
 from streamrl.losses.core import kl_estimate
-from streamrl.preflight import check_loss_fn
 
 torch.set_num_threads(1)
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,7 +55,7 @@ def test_unknown_name_lists_available_losses():
 
 def test_config_validates_without_importing_the_objectives_or_torch():
     code = (
-        "import sys; from streamrl.config import Config; "
+        "import sys; from streamrl.config.schema import Config; "
         "c = Config.model_validate({'loss': {'name': 'dr_grpo', 'eps_low': 0.1}}); "
         "assert c.loss.name == 'dr_grpo'; "
         "assert 'torch' not in sys.modules, 'config import pulled in torch'; "

@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from streamrl.config import TrainerConfig
-from workers.train_engine import lr_factor
+from streamrl.config.schema import TrainerConfig
+from streamrl.train.hf_engine import lr_factor
 
 
 def factors(**kw):

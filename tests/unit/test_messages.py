@@ -1,4 +1,4 @@
-"""The wire codec (streamrl/messages.py): round trips, the packed-array format, and rejections.
+"""The wire codec (streamrl/core/messages.py): round trips, the packed-array format, and rejections.
 
 pytest tests/unit/test_messages.py
 """
@@ -14,8 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrl.errors import DecodeError
-from streamrl.messages import (
+from streamrl.core.errors import DecodeError
+from streamrl.core.messages import (
     MAX_ENTRY_BYTES,
     SCHEMA_VERSION,
     Annotation,

@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import ModelConfig
-from streamrl.errors import ConfigError
-from streamrl.tiny import resolve_model_path
+from streamrl.config.schema import ModelConfig
+from streamrl.core.errors import ConfigError
+from streamrl.models.tiny import resolve_model_path
 
 
 def test_hub_id_passes_through_untouched(tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from streamrl.config import Config
-from streamrl.preflight import _vllm_install_key, check_vllm
+from streamrl.config.schema import Config
+from streamrl.launch.preflight import _vllm_install_key, check_vllm
 
 
 def test_a_success_is_stamped_and_a_changed_install_is_checked_again(tmp_path, monkeypatch):

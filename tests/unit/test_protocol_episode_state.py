@@ -6,7 +6,7 @@ import re
 from dataclasses import fields
 from pathlib import Path
 
-from streamrl.messages import EpisodeState
+from streamrl.core.messages import EpisodeState
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
 

@@ -1,11 +1,11 @@
-"""Restart policy of `streamrl up` (streamrl/recovery.py) and how deaths are described."""
+"""Restart policy of `streamrl up` (streamrl/launch/recovery.py) and how deaths are described."""
 
 import signal
 
-from streamrl.config import SupervisorConfig
-from streamrl.config_files import load_config
-from streamrl.recovery import RestartPolicy
-from streamrl.supervisor import describe_exit
+from streamrl.config.files import load_config
+from streamrl.config.schema import SupervisorConfig
+from streamrl.launch.recovery import RestartPolicy
+from streamrl.launch.supervisor import describe_exit
 
 
 def test_backoff_doubles_and_caps():
@@ -38,7 +38,7 @@ def test_supervisor_and_checkpoint_settings_load():
 
 
 def test_no_restart_exit_code_is_never_restarted():
-    from streamrl.errors import EXIT_NO_RESTART
+    from streamrl.core.errors import EXIT_NO_RESTART
 
     p = RestartPolicy(SupervisorConfig(restart_trainer=True))
     assert p.allows("reward", 0, code=1) and p.allows("trainer", 0, code=1)

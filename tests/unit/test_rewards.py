@@ -5,17 +5,17 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from streamrl.config import RewardConfig
-from streamrl.errors import ConfigError
-from streamrl.rewards import (
+from streamrl.annotate.rewards import (
     BUILTIN_REWARDS,
     charclass_reward,
     extract_final_number,
     math_reward,
     resolve_reward,
 )
-from streamrl.rewards_math import math_verify_reward
-from streamrl.tasks import CHAR_CLASSES
+from streamrl.annotate.rewards_math import math_verify_reward
+from streamrl.config.schema import RewardConfig
+from streamrl.core.errors import ConfigError
+from streamrl.feed.tasks import CHAR_CLASSES
 
 DIGITS = {"task": "charclass", "cls": "digits", "chars": CHAR_CLASSES["digits"], "length": 16}
 UPPER = {"task": "charclass", "cls": "upper", "chars": CHAR_CLASSES["upper"], "length": 16}
@@ -72,7 +72,7 @@ def test_resolve_builtins_and_module_paths():
     assert resolve_reward("charclass") is charclass_reward
     assert resolve_reward("math") is math_verify_reward
     assert resolve_reward("math_regex") is math_reward
-    assert resolve_reward("streamrl.rewards:math_reward") is math_reward
+    assert resolve_reward("streamrl.annotate.rewards:math_reward") is math_reward
 
 
 @pytest.mark.parametrize(
@@ -83,8 +83,8 @@ def test_resolve_builtins_and_module_paths():
             r"not a built-in reward \(charclass, env, math, math_regex, reasoning_gym, think_format\); use one of those or `package.module:function`",
         ),
         ("no_such_module_xyz:fn", r"cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
-        ("streamrl.rewards:nope", r"has no function 'nope'; define `def NAME"),
-        ("streamrl.rewards:BUILTIN_REWARDS", r"has no function 'BUILTIN_REWARDS'"),
+        ("streamrl.annotate.rewards:nope", r"has no function 'nope'; define `def NAME"),
+        ("streamrl.annotate.rewards:BUILTIN_REWARDS", r"has no function 'BUILTIN_REWARDS'"),
     ],
 )
 def test_resolve_errors_name_the_fix(spec: str, match: str):

@@ -7,10 +7,10 @@ import threading
 import pytest
 from pydantic import ValidationError
 
-from streamrl.config import REWARD_BUILTINS, RewardConfig
-from streamrl.messages import Annotation, decode, encode
-from streamrl.rewards import BUILTIN_REWARDS, Scored, make_reward
-from streamrl.rewards_math import math_verify_reward, think_format_reward
+from streamrl.annotate.rewards import BUILTIN_REWARDS, Scored, make_reward
+from streamrl.annotate.rewards_math import math_verify_reward, think_format_reward
+from streamrl.config.schema import REWARD_BUILTINS, RewardConfig
+from streamrl.core.messages import Annotation, decode, encode
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_components_sum_with_weights_and_keep_each_part():
         components=[
             {"fn": "math", "weight": 1.0},
             {"fn": "think_format", "weight": 0.2},
-            {"fn": "streamrl.rewards_math:think_format_reward", "name": "fmt2", "weight": -1},
+            {"fn": "streamrl.annotate.rewards_math:think_format_reward", "name": "fmt2", "weight": -1},
         ]
     )
     fn = make_reward(cfg)
@@ -79,7 +79,7 @@ def test_components_sum_with_weights_and_keep_each_part():
     assert out.parts == {"math": 1.0, "think_format": 1.0, "fmt2": 1.0}
     assert make_reward(RewardConfig(fn="math")) is math_verify_reward  # no components: reward.fn alone
     with pytest.raises(ValidationError, match="names .* repeat"):
-        RewardConfig(components=[{"fn": "math"}, {"fn": "streamrl.rewards:math"}])
+        RewardConfig(components=[{"fn": "math"}, {"fn": "streamrl.annotate.rewards:math"}])
     with pytest.raises(ValidationError, match="reward.components\\[\\].fn='mathh'"):
         RewardConfig(components=[{"fn": "mathh"}])
 
@@ -88,7 +88,7 @@ def test_annotation_parts_travel_and_are_validated():
     a = Annotation(rollout_id="g0:0", key="reward", value=1.2, parts={"math": 1.0, "think_format": 1.0})
     assert decode(encode(a)).parts == {"math": 1.0, "think_format": 1.0}
     assert decode(encode(Annotation(rollout_id="g0:0", key="reward", value=1.0))).parts == {}
-    from streamrl.errors import DecodeError
+    from streamrl.core.errors import DecodeError
 
     with pytest.raises(DecodeError, match="parts must map names to finite numbers"):
         decode(encode(Annotation(rollout_id="g0:0", key="reward", value=1.0, parts={"math": float("nan")})))

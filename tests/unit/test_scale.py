@@ -5,9 +5,9 @@ import json
 import pytest
 
 from streamrl.commands.scale import parse_counts, write_counts
-from streamrl.config import Config
-from streamrl.errors import ConfigError
-from streamrl.supervisor import SCALE_FILE, Supervisor
+from streamrl.config.schema import Config
+from streamrl.core.errors import ConfigError
+from streamrl.launch.supervisor import SCALE_FILE, Supervisor
 
 
 def test_parse_counts():

@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streamrl.config import Config, SFTConfig
-from streamrl.sft_data import Sample, SampleError, charclass_demos, step_indices, tokenize_row
-from streamrl.sft_pack import collate, document_mask, plan_micro_batches
-from streamrl.tiny import build_tokenizer
+from streamrl.config.schema import Config, SFTConfig
+from streamrl.models.tiny import build_tokenizer
+from streamrl.sft.data import Sample, SampleError, charclass_demos, step_indices, tokenize_row
+from streamrl.sft.pack import collate, document_mask, plan_micro_batches
 
 # Qwen2.5-style ChatML: tools in the system turn, tool results as user turns, tool calls after content.
 # (transformers renders with trim_blocks: a newline right after a block tag is dropped, hence {{ '\\n' }}.)
@@ -136,8 +136,8 @@ def test_truncation_and_bad_rows(tok):
 
 
 def test_charclass_demos_score_one():
-    from streamrl.rewards import charclass_reward
-    from streamrl.tasks import charclass_items
+    from streamrl.annotate.rewards import charclass_reward
+    from streamrl.feed.tasks import charclass_items
 
     demos = charclass_demos(40, 16, seed=0)
     metas = {i["text"]: i["meta"] for i in charclass_items(4, 16, 0)}

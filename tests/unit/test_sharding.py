@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from brokers.sharded import key_name, parse_placement, shard_of
-from streamrl.broker import Keys
-from streamrl.errors import ConfigError
+from streamrl.core.broker import Keys
+from streamrl.core.errors import ConfigError
 
 
 def test_key_name_is_what_follows_the_run_prefix():

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from streamrl.staleness import admission_budget, is_stale, staleness, staleness_histogram
+from streamrl.core.staleness import admission_budget, is_stale, staleness, staleness_histogram
 
 
 def test_admission_follows_areal_rule():

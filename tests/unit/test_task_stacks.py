@@ -1,8 +1,8 @@
-"""`streamrl.runtime.task_stacks`: what a slow stop is waiting on, logged on `stop_slow` / `forced_exit`."""
+"""`streamrl.launch.runtime.task_stacks`: what a slow stop is waiting on, logged on `stop_slow` / `forced_exit`."""
 
 import asyncio
 
-from streamrl.runtime import task_stacks
+from streamrl.launch.runtime import task_stacks
 
 
 async def _wait_on(event: asyncio.Event) -> None:

@@ -8,10 +8,10 @@ from pathlib import Path
 import msgpack
 import pytest
 
-from streamrl.config import Config, TaskConfig, TinyModelConfig
-from streamrl.errors import ConfigError
-from streamrl.tasks import CHAR_CLASSES, GSM8K_TEMPLATE, load_task, parse_gsm8k_answer
-from streamrl.tiny import CHARS, build_tokenizer, fingerprint, vocab
+from streamrl.config.schema import Config, TaskConfig, TinyModelConfig
+from streamrl.core.errors import ConfigError
+from streamrl.feed.tasks import CHAR_CLASSES, GSM8K_TEMPLATE, load_task, parse_gsm8k_answer
+from streamrl.models.tiny import CHARS, build_tokenizer, fingerprint, vocab
 
 
 def test_tokenizer_round_trips_every_task_character():

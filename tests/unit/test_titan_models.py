@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from bench.trainer_mfu import flops_per_token
-from streamrl.config import Config, ParallelismConfig, TrainerConfig
-from streamrl.config_files import load_config
-from streamrl.errors import ConfigError
-from workers.titan_models import rope_settings, spec_from_hf
+from streamrl.config.files import load_config
+from streamrl.config.schema import Config, ParallelismConfig, TrainerConfig
+from streamrl.core.errors import ConfigError
+from streamrl.models.titan import rope_settings, spec_from_hf
 
 LLAMA = {
     "model_type": "llama",

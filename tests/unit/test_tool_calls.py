@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamrl.tool_calls import parse_tool_calls
+from streamrl.envs.tool_calls import parse_tool_calls
 
 
 def test_hermes_tags_several_calls_with_text_around():

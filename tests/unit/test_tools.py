@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from streamrl.config import Config
-from streamrl.envs import check_step, env_factory, resolve_env
-from streamrl.errors import ConfigError
-from streamrl.tool_calls import ToolCall
-from streamrl.tool_env import ToolEnv
-from streamrl.tools import clip, dispatch, load_tools
+from streamrl.config.schema import Config
+from streamrl.core.errors import ConfigError
+from streamrl.envs.base import check_step, env_factory, resolve_env
+from streamrl.envs.tool_calls import ToolCall
+from streamrl.envs.tool_env import ToolEnv
+from streamrl.envs.tools import clip, dispatch, load_tools
 
 
 def add(a: int, b: float = 1.0) -> float:
@@ -72,7 +72,7 @@ def test_load_tools_errors_name_the_fix():
 
 
 def test_tool_env_steps_count_calls_and_errors():
-    cfg = Config(env={"fn": "streamrl.tool_env:ToolEnv"}, tools={"names": SPECS, "max_output_chars": 64})
+    cfg = Config(env={"fn": "streamrl.envs.tool_env:ToolEnv"}, tools={"names": SPECS, "max_output_chars": 64})
     make = env_factory(resolve_env(cfg.env.fn), cfg)
     env = make()
     env.reset({"text": "q", "meta": {}})
@@ -116,7 +116,7 @@ def test_clip_keeps_head_and_tail():
 def test_episode_metrics_sum_env_counters():
     from types import SimpleNamespace
 
-    from streamrl.episode import episode_metrics
+    from streamrl.generate.episode_sample import episode_metrics
 
     def ep(calls, errors):
         return SimpleNamespace(
@@ -134,7 +134,7 @@ def test_episode_metrics_sum_env_counters():
 
 
 def test_preflight_reports_a_tool_that_cannot_load():
-    from streamrl.preflight import check_tools
+    from streamrl.launch.preflight import check_tools
 
     assert check_tools(Config(tools={"names": SPECS})) is None
     assert "cannot import module 'no_such_mod'" in check_tools(Config(tools={"names": ["no_such_mod:f"]}))

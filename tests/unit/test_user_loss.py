@@ -15,10 +15,10 @@ import textwrap
 import pytest
 import torch
 
-from streamrl.config import Config, LossConfig
-from streamrl.errors import ConfigError
+from streamrl.config.schema import Config, LossConfig
+from streamrl.core.errors import ConfigError
+from streamrl.launch.preflight import check_loss_fn
 from streamrl.losses import LossInputs, compute_loss, get_objective, loss_requirements
-from streamrl.preflight import check_loss_fn
 
 USER_MODULE = '''
 import torch

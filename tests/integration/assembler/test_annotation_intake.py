@@ -10,12 +10,12 @@ import json
 import numpy as np
 import pytest
 
-from streamrl.config import AnnotationsConfig, ExternalAnnotation
-from streamrl.messages import Annotation, Rollout, encode, new_rollout_id
-from streamrl.trimming import trim_stream
+from streamrl.assemble.assembler import GROUP
+from streamrl.config.schema import AnnotationsConfig, ExternalAnnotation
+from streamrl.core.messages import Annotation, Rollout, encode, new_rollout_id
+from streamrl.core.trimming import trim_stream
 from tests.integration.assembler.test_assembler import make, publish_group, rid
 from tests.programs.reward_fns import misbehave
-from workers.assembler import GROUP
 from workers.reward import RewardWorker
 
 pytestmark = pytest.mark.anyio

@@ -5,9 +5,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from streamrl.messages import Annotation, Prompt, Rollout, decode, encode
-from streamrl.worker import Worker
-from workers.assembler import GROUP, Assembler
+from streamrl.assemble.assembler import GROUP, Assembler
+from streamrl.core.messages import Annotation, Prompt, Rollout, decode, encode
+from streamrl.core.worker import Worker
 
 pytestmark = pytest.mark.anyio
 
@@ -17,7 +17,7 @@ class Owner(Worker):
 
 
 def rid(gid: str, sample: int) -> str:
-    """A fixed well-formed rollout id (a generator mints a random nonce: streamrl.messages.new_rollout_id)."""
+    """A fixed well-formed rollout id (a generator mints a random nonce: streamrl.core.messages.new_rollout_id)."""
     return f"{gid}:{sample}:t0"
 
 

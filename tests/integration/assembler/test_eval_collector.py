@@ -9,9 +9,9 @@ import asyncio
 import numpy as np
 import pytest
 
-from streamrl import accounting
-from streamrl.eval import EvalIssuer, pass_at_k
-from streamrl.messages import Annotation, Prompt, decode, encode
+from streamrl.core import accounting
+from streamrl.core.messages import Annotation, Prompt, decode, encode
+from streamrl.eval.rounds import EvalIssuer, pass_at_k
 from tests.integration.assembler.test_assembler import make, publish_group, rollout
 
 pytestmark = pytest.mark.anyio
@@ -128,8 +128,8 @@ async def test_an_unfinished_older_round_is_dropped_when_a_newer_one_completes(c
 
 def test_a_prompt_temperature_overrides_the_generators():
     pytest.importorskip("vllm")
-    from streamrl.config import GeneratorConfig
-    from workers.vllm_engine import VLLMEngine
+    from streamrl.config.schema import GeneratorConfig
+    from streamrl.generate.vllm_engine import VLLMEngine
 
     engine = VLLMEngine("unused", GeneratorConfig(temperature=1.0), "float32", seed=0)  # not started: params only
     assert engine.sampling_params(7).temperature == 1.0

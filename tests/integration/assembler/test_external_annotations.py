@@ -7,8 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from streamrl.config import AnnotationsConfig, ExternalAnnotation
-from streamrl.messages import Annotation, encode
+from streamrl.config.schema import AnnotationsConfig, ExternalAnnotation
+from streamrl.core.messages import Annotation, encode
 from tests.integration.assembler.test_assembler import make, publish_group, rid
 
 pytestmark = pytest.mark.anyio

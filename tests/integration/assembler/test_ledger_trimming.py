@@ -1,11 +1,11 @@
-"""The group ledger (streamrl/accounting.py) and stream trimming (streamrl/trimming.py) on a real redis-server."""
+"""The group ledger (streamrl/core/accounting.py) and stream trimming (streamrl/core/trimming.py) on a real redis-server."""
 
 import numpy as np
 import pytest
 
-from streamrl import accounting
-from streamrl.messages import Prompt, Rollout, encode
-from streamrl.trimming import stream_groups, trim_stream, trim_streams
+from streamrl.core import accounting
+from streamrl.core.messages import Prompt, Rollout, encode
+from streamrl.core.trimming import stream_groups, trim_stream, trim_streams
 
 pytestmark = pytest.mark.anyio
 
@@ -30,7 +30,7 @@ def rollout(gid: str, s: int) -> bytes:
 
 
 async def test_close_group_is_once_and_releases_atomically(broker):
-    from streamrl.broker import Keys
+    from streamrl.core.broker import Keys
 
     keys = Keys("ledger")
     assert await accounting.close_group(broker, keys, "g1", "dropped_stale")
@@ -41,7 +41,7 @@ async def test_close_group_is_once_and_releases_atomically(broker):
 
 
 async def test_log_step_is_write_once_and_flags_double_training(broker):
-    from streamrl.broker import Keys
+    from streamrl.core.broker import Keys
 
     keys = Keys("steps")
     new, rec = await accounting.log_step(broker, keys, 1, ["g0", "g1"], ["g0:0", "g1:0"])
@@ -55,7 +55,7 @@ async def test_log_step_is_write_once_and_flags_double_training(broker):
 
 
 async def test_admit_appends_and_sets_the_counter_atomically(broker):
-    from streamrl.broker import Keys
+    from streamrl.core.broker import Keys
 
     keys = Keys("admit")
     await accounting.admit(broker, keys, [prompt(0), prompt(1)], 2)
@@ -64,7 +64,7 @@ async def test_admit_appends_and_sets_the_counter_atomically(broker):
 
 
 async def test_summary_counts_lost_in_flight_and_double_trained(broker, redis_server):
-    from streamrl.broker import Keys
+    from streamrl.core.broker import Keys
 
     keys = Keys("summary")
     await accounting.admit(broker, keys, [prompt(i) for i in range(5)], 5)
@@ -87,7 +87,7 @@ async def test_summary_counts_lost_in_flight_and_double_trained(broker, redis_se
 
 
 async def test_trim_keeps_everything_some_group_has_not_consumed(broker, config):
-    keys = __import__("streamrl.broker", fromlist=["Keys"]).Keys(config.run.name)
+    keys = __import__("streamrl.core.broker", fromlist=["Keys"]).Keys(config.run.name)
     stream = keys.rollouts
     ids = [await broker.add(stream, rollout(f"g{i}", 0)) for i in range(300)]
     await broker.ensure_group(stream, "reward")

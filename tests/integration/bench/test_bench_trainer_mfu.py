@@ -141,8 +141,8 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
 
 def test_variant_options_set_the_trainer_section():
     from bench.trainer_variants import apply_variant
-    from streamrl.config import Config
-    from streamrl.errors import ConfigError
+    from streamrl.config.schema import Config
+    from streamrl.core.errors import ConfigError
 
     cfg = Config()
     apply_variant(cfg, "torchtitan+ac+nochunk+mbt=4096+mbs=64")

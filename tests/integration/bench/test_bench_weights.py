@@ -14,8 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streamrl.shapes import build_random_model, padded_tokenizer, qwen3_config
-from workers.loop_profile import read_profile
+from streamrl.generate.loop_profile import read_profile
+from streamrl.models.shapes import build_random_model, padded_tokenizer, qwen3_config
 
 REPO = Path(__file__).resolve().parents[3]
 

@@ -13,10 +13,10 @@ import pytest
 from structlog.testing import capture_logs
 
 from brokers.redis_streams import connect, redact
-from streamrl.broker import Keys
-from streamrl.errors import BrokerError
-from streamrl.messages import Control, Rollout, decode, encode
-from streamrl.worker import Worker
+from streamrl.core.broker import Keys
+from streamrl.core.errors import BrokerError
+from streamrl.core.messages import Control, Rollout, decode, encode
+from streamrl.core.worker import Worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -14,9 +14,9 @@ import asyncio
 
 import pytest
 
-from streamrl.broker import Keys
-from streamrl.config import BrokerConfig, Config, RunConfig
-from streamrl.worker import Worker
+from streamrl.config.schema import BrokerConfig, Config, RunConfig
+from streamrl.core.broker import Keys
+from streamrl.core.worker import Worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 

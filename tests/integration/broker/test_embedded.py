@@ -21,7 +21,7 @@ from structlog.testing import capture_logs
 import brokers.embedded as embedded
 from brokers.embedded import EmbeddedRedis, find_redis_server
 from brokers.redis_streams import connect
-from streamrl.errors import BrokerError
+from streamrl.core.errors import BrokerError
 
 pytestmark = pytest.mark.timeout(60)
 

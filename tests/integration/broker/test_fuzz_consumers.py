@@ -27,11 +27,11 @@ import redis
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from streamrl.broker import Keys
-from streamrl.messages import MAX_ENTRY_BYTES, Annotation, Prompt, Rollout, encode
-from streamrl.tiny import vocab
-from streamrl.worker import Worker
-from workers.assembler import Assembler
+from streamrl.assemble.assembler import Assembler
+from streamrl.core.broker import Keys
+from streamrl.core.messages import MAX_ENTRY_BYTES, Annotation, Prompt, Rollout, encode
+from streamrl.core.worker import Worker
+from streamrl.models.tiny import vocab
 
 REPO = Path(__file__).resolve().parents[3]
 VOCAB = len(vocab())
@@ -275,7 +275,7 @@ def test_consumers_still_work_after_fuzzing(workers):
     want = {f"{prompt.group_id}:{s}" for s in range(prompt.group_size)}
     deadline, got = time.time() + 120, set()
     while time.time() < deadline and len(got) < 2 * len(want):
-        from streamrl.messages import decode, sample_key
+        from streamrl.core.messages import decode, sample_key
 
         got = {
             (sample_key(a.rollout_id), a.key)
@@ -297,7 +297,7 @@ class _Owner(Worker):
 @pytest.fixture(scope="module")
 def assembler(redis_server):
     from brokers.redis_streams import connect
-    from streamrl.config import BrokerConfig, Config, RunConfig
+    from streamrl.config.schema import BrokerConfig, Config, RunConfig
 
     loop = asyncio.new_event_loop()
     broker = loop.run_until_complete(connect(redis_server.url, retries=3))

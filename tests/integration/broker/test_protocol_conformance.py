@@ -19,12 +19,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import NoPermissionError, ResponseError
 
-from streamrl.config import ExternalAnnotation
-from streamrl.messages import Control, decode
-from streamrl.trimming import trim_stream
+from streamrl.assemble.assembler import GROUP
+from streamrl.config.schema import ExternalAnnotation
+from streamrl.core.messages import Control, decode
+from streamrl.core.trimming import trim_stream
 from tests.integration.assembler.test_assembler import make
 from tests.integration.rewards.test_producers import producer_add
-from workers.assembler import GROUP
 
 pytestmark = pytest.mark.anyio
 

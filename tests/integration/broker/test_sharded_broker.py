@@ -15,12 +15,12 @@ import redis
 from bench.broker import BenchReference
 from brokers.embedded import EmbeddedRedis
 from brokers.sharded import ShardedBroker, connect_sharded
-from streamrl.broker import Keys
-from streamrl.config import BrokerConfig, Config, LossConfig, RewardConfig, RolloutConfig, RunConfig
-from streamrl.errors import ConfigError
-from streamrl.messages import Rollout, encode
-from streamrl.worker import Worker
-from workers.assembler import Assembler
+from streamrl.assemble.assembler import Assembler
+from streamrl.config.schema import BrokerConfig, Config, LossConfig, RewardConfig, RolloutConfig, RunConfig
+from streamrl.core.broker import Keys
+from streamrl.core.errors import ConfigError
+from streamrl.core.messages import Rollout, encode
+from streamrl.core.worker import Worker
 from workers.reward import RewardWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

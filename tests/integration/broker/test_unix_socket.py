@@ -14,7 +14,7 @@ from structlog.testing import capture_logs
 from brokers.embedded import EmbeddedRedis
 from brokers.redis_streams import connect
 from brokers.urls import UNIX_PATH_MAX, unix_socket_path, unix_url
-from streamrl.errors import BrokerError
+from streamrl.core.errors import BrokerError
 
 pytestmark = pytest.mark.timeout(60)
 

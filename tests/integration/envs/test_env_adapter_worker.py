@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import Config
-from streamrl.messages import StepRequest, encode
-from streamrl.tasks import load_task
+from streamrl.config.schema import Config
+from streamrl.core.messages import StepRequest, encode
+from streamrl.feed.tasks import load_task
 from tests.integration.envs.test_env_worker import burst, env_config, observations
 from workers.env import EnvWorker
 

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from streamrl.errors import DecodeError
-from streamrl.messages import Observation, StepRequest, decode, encode
+from streamrl.core.errors import DecodeError
+from streamrl.core.messages import Observation, StepRequest, decode, encode
 from workers.env import GROUP, EnvWorker
 
 pytestmark = pytest.mark.anyio

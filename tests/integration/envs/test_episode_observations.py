@@ -1,4 +1,4 @@
-"""The generator's observation reader (workers/episodes.py) against a real redis-server: malformed
+"""The generator's observation reader (streamrl/generate/episode_runner.py) against a real redis-server: malformed
 observations are dead-lettered and acked, duplicates ignored, a missing one times out the episode."""
 
 import asyncio
@@ -7,9 +7,9 @@ import time
 import msgpack
 import pytest
 
-from streamrl.messages import Observation, StepRequest, decode, encode
-from streamrl.worker import Worker
-from workers.episodes import READ_GROUP, EpisodeFailed, EpisodeRunner
+from streamrl.core.messages import Observation, StepRequest, decode, encode
+from streamrl.core.worker import Worker
+from streamrl.generate.episode_runner import READ_GROUP, EpisodeFailed, EpisodeRunner
 
 pytestmark = pytest.mark.anyio
 
@@ -75,7 +75,7 @@ async def test_a_missing_observation_fails_the_episode_after_the_timeout(config,
 async def test_only_checkpoints_that_fit_the_prompt_are_continued(config, broker):
     import numpy as np
 
-    from streamrl.messages import EpisodeState, Prompt
+    from streamrl.core.messages import EpisodeState, Prompt
 
     r = await runner(config, broker, max_turns=2)
     prompt = Prompt(group_id="g0", prompt_ids=np.array([1, 40]), group_size=4, admitted_version=0)

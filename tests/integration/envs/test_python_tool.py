@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from streamrl.config import Config
-from streamrl.envs import check_step, env_factory, resolve_env
-from streamrl.sandbox import sandbox_problem
+from streamrl.config.schema import Config
+from streamrl.envs.base import check_step, env_factory, resolve_env
+from streamrl.envs.sandbox.executor import sandbox_problem
 
 pytestmark = pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox here: {sandbox_problem()}")
 
@@ -20,7 +20,7 @@ def call(code: str) -> str:
 
 
 def test_python_tool_results_errors_and_limits():
-    cfg = Config(env={"fn": "streamrl.tool_env:ToolEnv"}, tools={"names": ["python"], "sandbox": {"wall_s": 2}})
+    cfg = Config(env={"fn": "streamrl.envs.tool_env:ToolEnv"}, tools={"names": ["python"], "sandbox": {"wall_s": 2}})
     env = env_factory(resolve_env(cfg.env.fn), cfg)()
     env.reset({"text": "q", "meta": {}})
     _, _, done, info = check_step(env.step(call("print(17 * 23)") + call("1/0") + call("while True: pass")))
@@ -34,8 +34,8 @@ def test_python_tool_results_errors_and_limits():
 
 
 def test_bad_sandbox_limits_name_the_fix():
-    from streamrl.errors import ConfigError
+    from streamrl.core.errors import ConfigError
 
-    cfg = Config(env={"fn": "streamrl.tool_env:ToolEnv"}, tools={"names": ["python"], "sandbox": {"wall": 2}})
+    cfg = Config(env={"fn": "streamrl.envs.tool_env:ToolEnv"}, tools={"names": ["python"], "sandbox": {"wall": 2}})
     with pytest.raises(ConfigError, match="tools.sandbox: .*SandboxLimits fields"):
         env_factory(resolve_env(cfg.env.fn), cfg)

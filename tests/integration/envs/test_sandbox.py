@@ -1,4 +1,4 @@
-"""Escape attempts against the sandboxed Python tool (streamrl/sandbox.py): each is contained, reported in the
+"""Escape attempts against the sandboxed Python tool (streamrl/envs/sandbox/executor.py): each is contained, reported in the
 result, and the calling process (and a host process the code tries to kill) keeps running.
 
     pytest tests/integration/envs/test_sandbox.py
@@ -18,8 +18,15 @@ from urllib.parse import urlparse
 
 import pytest
 
-from streamrl.sandbox import SandboxLimits, SandboxUnavailable, _run, run_python, run_python_async, sandbox_problem
-from streamrl.sandbox_cgroup import available as cgroups_available
+from streamrl.envs.sandbox.cgroup import available as cgroups_available
+from streamrl.envs.sandbox.executor import (
+    SandboxLimits,
+    SandboxUnavailable,
+    _run,
+    run_python,
+    run_python_async,
+    sandbox_problem,
+)
 
 REPO = Path(__file__).resolve().parents[3]
 FAST = SandboxLimits(wall_s=8, cpu_s=2)
@@ -224,7 +231,7 @@ def test_killing_the_parent_or_everyone_hits_only_the_sandbox():
 def test_a_killed_caller_takes_its_sandbox_with_it():
     """The env worker dies mid-call (SIGKILL, no cleanup): the sandbox does not outlive it."""
     code, tag = tagged("import time\ntime.sleep(60)")
-    script = "import sys\nfrom streamrl.sandbox import run_python\nrun_python(sys.stdin.read())"
+    script = "import sys\nfrom streamrl.envs.sandbox.executor import run_python\nrun_python(sys.stdin.read())"
     caller = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, text=True)
     caller.stdin.write(code)
     caller.stdin.close()
@@ -306,7 +313,7 @@ def test_refuses_without_bubblewrap(monkeypatch):
 
 
 def test_limits_are_validated():
-    from streamrl.errors import ConfigError
+    from streamrl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="wall_s"):
         SandboxLimits(wall_s=0)

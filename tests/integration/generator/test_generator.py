@@ -19,9 +19,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from streamrl.config import TinyModelConfig
-from streamrl.messages import parse_rollout_id
-from streamrl.tiny import build_tiny_model, vocab
+from streamrl.config.schema import TinyModelConfig
+from streamrl.core.messages import parse_rollout_id
+from streamrl.models.tiny import build_tiny_model, vocab
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parents[2] / "programs" / "gen_script.py"
@@ -169,7 +169,7 @@ def test_stop_aborts_what_cannot_finish_and_cleans_up(results):
 
 
 def test_loop_profile_is_written_at_stop(results):
-    from workers.loop_profile import read_profile
+    from streamrl.generate.loop_profile import read_profile
 
     stats = results["stats"]
     assert stats["loop_profile_samples"] > 100  # generator.loop_profile_s=0.005 over a run of seconds

@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 
 from brokers.redis_streams import connect
-from streamrl.accounting import LedgerKeys, admit, log_step, summarize
-from streamrl.broker import Keys
-from streamrl.config import TinyModelConfig
-from streamrl.config_files import load_config
-from streamrl.envs import Env
-from streamrl.messages import EpisodeState, Prompt, decode, encode
-from streamrl.tiny import build_tiny_model, vocab
+from streamrl.config.files import load_config
+from streamrl.config.schema import TinyModelConfig
+from streamrl.core.accounting import LedgerKeys, admit, log_step, summarize
+from streamrl.core.broker import Keys
+from streamrl.core.messages import EpisodeState, Prompt, decode, encode
+from streamrl.envs.base import Env
+from streamrl.models.tiny import build_tiny_model, vocab
 from tests.integration.assembler.test_assembler import make
 from tests.programs.env_fns import SlowAfterFirst
 from tests.programs.gen_procs import REPO, Generators

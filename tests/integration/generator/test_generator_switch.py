@@ -11,8 +11,8 @@ import asyncio
 
 import pytest
 
-from streamrl.config import ModelConfig
-from streamrl.weights import WeightHandle
+from streamrl.config.schema import ModelConfig
+from streamrl.weights.store import WeightHandle
 from workers.generator import GeneratorWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.config import ModelConfig, TinyModelConfig
-from streamrl.errors import ConfigError
-from streamrl.tiny import MARKER, build_tiny_model, resolve_model_path, vocab
+from streamrl.config.schema import ModelConfig, TinyModelConfig
+from streamrl.core.errors import ConfigError
+from streamrl.models.tiny import MARKER, build_tiny_model, resolve_model_path, vocab
 
 REPO = Path(__file__).resolve().parents[3]
 

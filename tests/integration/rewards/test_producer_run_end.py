@@ -19,8 +19,8 @@ import pytest
 
 from brokers.embedded import EmbeddedRedis
 from brokers.redis_streams import connect
-from streamrl import run_end
-from streamrl.broker import Keys
+from streamrl.core import run_end
+from streamrl.core.broker import Keys
 from tests.integration.rewards.test_producers import annotations, producer_add, publish
 
 pytestmark = pytest.mark.anyio

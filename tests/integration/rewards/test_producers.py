@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 
 from brokers.redis_streams import connect
-from streamrl import run_end
-from streamrl.broker import Keys
-from streamrl.errors import BrokerError
-from streamrl.messages import Annotation, Rollout, decode, encode
-from streamrl.sdk import ProducerWorker, producer, spec_of
+from streamrl.annotate.sdk import ProducerWorker, producer, spec_of
+from streamrl.core import run_end
+from streamrl.core.broker import Keys
+from streamrl.core.errors import BrokerError
+from streamrl.core.messages import Annotation, Rollout, decode, encode
 from tests.nodejs import start_node_producer
 
 pytestmark = pytest.mark.anyio
@@ -238,7 +238,7 @@ async def test_a_hung_sync_call_times_out_and_does_not_hold_up_the_exit(redis_se
     """A sync function that hangs past timeout_s fails its batch at the deadline, and SIGTERM still
     ends the producer promptly: the hung call's thread is retired, not waited for at exit."""
     (tmp_path / "hung_judge.py").write_text(
-        "import time\nfrom streamrl.sdk import producer\n\n"
+        "import time\nfrom streamrl.annotate.sdk import producer\n\n"
         "@producer(key='judge', batch_size=8, timeout_s=0.5)\n"
         "def judge(rollouts):\n    time.sleep(120)\n    return [0.0] * len(rollouts)\n"
     )

@@ -5,9 +5,9 @@ meta alone, as a reward worker on another host would)."""
 import numpy as np
 import pytest
 
-from streamrl.config import Config
-from streamrl.messages import Rollout, decode, encode
-from streamrl.tasks import load_task
+from streamrl.config.schema import Config
+from streamrl.core.messages import Rollout, decode, encode
+from streamrl.feed.tasks import load_task
 from workers.reward import RewardWorker
 
 pytest.importorskip("reasoning_gym", reason="pip install -e '.[envs]'")
@@ -62,7 +62,7 @@ async def test_reward_worker_scores_real_items_with_their_scorer(config, broker,
 
 
 def test_a_bad_dataset_name_or_config_fails_with_the_fix(config):
-    from streamrl.errors import ConfigError
+    from streamrl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="set reasoning_gym.dataset to one of"):
         cfg = gym_config(config, "no_such_dataset")

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.config import TinyModelConfig
-from streamrl.messages import Rollout, decode, encode
-from streamrl.modeling import completion_logprobs, load_hf_model
-from streamrl.tiny import build_tiny_model
+from streamrl.config.schema import TinyModelConfig
+from streamrl.core.messages import Rollout, decode, encode
+from streamrl.models.hf import completion_logprobs, load_hf_model
+from streamrl.models.tiny import build_tiny_model
 from workers.reference import ReferenceWorker, reference_device
 
 pytestmark = pytest.mark.anyio
@@ -65,7 +65,7 @@ async def test_reference_on_cpu_while_the_trainer_is_on_cuda(config, broker, tin
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the message shown on a machine without a GPU")
 def test_preflight_names_the_fix_for_a_cuda_reference_without_a_gpu(config):
-    from streamrl.preflight import check_cuda
+    from streamrl.launch.preflight import check_cuda
 
     cfg = config.model_copy(deep=True)
     cfg.loss.kl_beta, cfg.reference.device, cfg.trainer.device = 0.01, "cuda", "cpu"

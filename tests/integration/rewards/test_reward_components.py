@@ -10,8 +10,8 @@ import asyncio
 import numpy as np
 import pytest
 
-from streamrl.config import RewardComponent
-from streamrl.messages import decode, encode, sample_key
+from streamrl.config.schema import RewardComponent
+from streamrl.core.messages import decode, encode, sample_key
 from tests.integration.assembler.test_assembler import make, rollout
 from workers.reward import RewardWorker
 

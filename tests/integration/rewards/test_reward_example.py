@@ -1,5 +1,5 @@
 """The README's reward-function example (examples/rewards/length_reward.py) through the real loader
-(`reward.fn` -> streamrl.rewards.resolve_reward), the reward worker against redis, and a fresh
+(`reward.fn` -> streamrl.annotate.rewards.resolve_reward), the reward worker against redis, and a fresh
 `streamrl worker reward` process started the way the README says (folder on PYTHONPATH).
 
     pytest tests/integration/rewards/test_reward_example.py
@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from streamrl.errors import ConfigError
-from streamrl.messages import Rollout, decode, encode
-from streamrl.rewards import resolve_reward
-from streamrl.tasks import charclass_items
+from streamrl.annotate.rewards import resolve_reward
+from streamrl.core.errors import ConfigError
+from streamrl.core.messages import Rollout, decode, encode
+from streamrl.feed.tasks import charclass_items
 from workers.reward import RewardWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

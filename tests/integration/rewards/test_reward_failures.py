@@ -9,11 +9,11 @@ import zlib
 import numpy as np
 import pytest
 
-from streamrl.errors import FatalError
-from streamrl.failures import DeadLetterWatch
-from streamrl.messages import Rollout, encode, new_rollout_id
-from streamrl.worker import Worker
-from workers.assembler import Assembler
+from streamrl.assemble.assembler import Assembler
+from streamrl.core.errors import FatalError
+from streamrl.core.messages import Rollout, encode, new_rollout_id
+from streamrl.core.worker import Worker
+from streamrl.launch.failures import DeadLetterWatch
 from workers.reward import RewardWorker
 
 pytestmark = pytest.mark.anyio

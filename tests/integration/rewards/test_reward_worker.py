@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from streamrl.messages import Rollout, decode, encode
+from streamrl.core.messages import Rollout, decode, encode
 from workers.reward import RewardWorker
 
 pytestmark = pytest.mark.anyio

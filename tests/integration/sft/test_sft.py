@@ -26,13 +26,13 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.checkpoint import list_checkpoints, load_checkpoint
-from streamrl.config import Config, TinyModelConfig
-from streamrl.export import checkpoint_model_state, export_checkpoint
-from streamrl.metrics import read_metrics
-from streamrl.tiny import build_tiny_model
+from streamrl.config.schema import Config, TinyModelConfig
+from streamrl.models.tiny import build_tiny_model
+from streamrl.train.checkpoint import list_checkpoints, load_checkpoint
+from streamrl.train.dist import launch
+from streamrl.train.export import checkpoint_model_state, export_checkpoint
+from streamrl.train.metrics import read_metrics
 from tests.integration.trainer.test_train_engine import make_batch
-from workers.dist import launch
 
 REPO = Path(__file__).resolve().parents[3]
 PACK_RTOL, LP_ATOL, VLLM_ATOL = 1e-5, 1e-5, 1e-4
@@ -92,8 +92,8 @@ def sft_config(tiny: Path, data: Path, backend: str, **sft) -> Config:
 
 
 def _one_step(cfg: Config, out: str, rank: int, world: int) -> None:
+    from streamrl.sft.step import sft_eval_loss
     from workers.sft import SFTRun
-    from workers.sft_engine import sft_eval_loss
 
     run = SFTRun(cfg, Path(out).parent, rank, world)
     m = run.step(0)
@@ -121,8 +121,8 @@ def test_cross_document_attention_would_change_the_loss(tiny, data):
     (so attention spans documents) gives a different loss. Guards the packed == unpacked test."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from streamrl.sft_data import tokenize_row
-    from streamrl.sft_pack import collate
+    from streamrl.sft.data import tokenize_row
+    from streamrl.sft.pack import collate
 
     tok = AutoTokenizer.from_pretrained(tiny)
     model = AutoModelForCausalLM.from_pretrained(tiny)
@@ -159,8 +159,8 @@ def test_gpu_block_mask_is_the_cpu_dense_mask():
     (SDPA + dense block-diagonal mask); checked forward-only here, where flex has no backward."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from streamrl.sft_pack import document_mask
-    from workers.sft_engine import document_block_mask
+    from streamrl.sft.pack import document_mask
+    from streamrl.sft.step import document_block_mask
 
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1] * 20])  # 200 tokens: crosses flex's 128-token blocks
     torch.manual_seed(0)
@@ -173,7 +173,7 @@ def test_gpu_block_mask_is_the_cpu_dense_mask():
 @pytest.fixture(scope="module")
 def runs(tiny, data, tmp_path_factory) -> dict[str, Path]:
     """A finished 4-step SFT run per backend (checkpoints at steps 2 and 4)."""
-    from streamrl.config_files import dump_config
+    from streamrl.config.files import dump_config
     from workers.sft import main
 
     out = {}
@@ -210,8 +210,8 @@ def test_resume_continues_exactly(runs, tiny, data, tmp_path, backend):
 
 
 def _engine_logprobs(cfg: Config, ckpt: str, out: str, rank: int, world: int) -> None:
-    from workers.train_engine import pad_batch
-    from workers.trainer_engines import make_engine
+    from streamrl.train.engines import make_engine
+    from streamrl.train.hf_engine import pad_batch
 
     engine = make_engine(cfg, cfg.model.path, rank, world)
     load_checkpoint(engine, Path(ckpt))
@@ -223,7 +223,7 @@ def _engine_logprobs(cfg: Config, ckpt: str, out: str, rank: int, world: int) ->
 
 
 def trainer_logprobs(run_dir: Path, tmp_path: Path) -> list[list[float]]:
-    from streamrl.config_files import load_config
+    from streamrl.config.files import load_config
 
     out = tmp_path / "engine_lp.json"
     ckpt = list_checkpoints(run_dir)[4]
@@ -269,7 +269,7 @@ def test_export_command(runs, tmp_path, capsys):
 
 
 def test_export_errors_name_the_fix(runs, tmp_path):
-    from streamrl.errors import ConfigError
+    from streamrl.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="there are steps \\[2, 4\\]"):
         export_checkpoint(runs["hf"], tmp_path / "x", step=3)

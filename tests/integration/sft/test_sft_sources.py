@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import SFTConfig, TaskConfig, TinyModelConfig
-from streamrl.errors import ConfigError
-from streamrl.sft_data import load_splits, tokenize_row
-from streamrl.tiny import build_tiny_model, build_tokenizer
+from streamrl.config.schema import SFTConfig, TaskConfig, TinyModelConfig
+from streamrl.core.errors import ConfigError
+from streamrl.models.tiny import build_tiny_model, build_tokenizer
+from streamrl.sft.data import load_splits, tokenize_row
 from tests.unit.test_sft_data import CONVERSATION, QWEN_STYLE, TOOLS
 
 ROWS = [{"prompt": f"p{i}:", "completion": "x" * (i % 5 + 1)} for i in range(20)]
@@ -96,8 +96,8 @@ def _first_step(cfg, out: str, rank: int, world: int) -> None:
 
 
 def test_two_ranks_train_the_same_step_as_one_and_skip_bad_rows(tmp_path):
-    from streamrl.config import Config
-    from workers.dist import launch
+    from streamrl.config.schema import Config
+    from streamrl.train.dist import launch
 
     tiny = build_tiny_model(TinyModelConfig(init_std=0.2), tmp_path / "tiny", seed=0)
     rows = ROWS + [{"question": "no prompt/completion"}]

@@ -13,7 +13,7 @@ import sys
 import time
 from pathlib import Path
 
-from streamrl.checkpoint import list_checkpoints
+from streamrl.train.checkpoint import list_checkpoints
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.batch import Batch
-from streamrl.messages import Rollout
+from streamrl.assemble.batch import Batch
+from streamrl.core.messages import Rollout
 
 
 def shaped_batch(vocab: int, shapes: list[tuple[int, int]], seed: int, advantages: np.ndarray | None = None) -> Batch:

@@ -1,4 +1,4 @@
-"""streamrl.checkpoint.Checkpointer: the training thread pays only for staging; the write happens in
+"""streamrl.train.checkpoint.Checkpointer: the training thread pays only for staging; the write happens in
 the background, the checkpoint is invisible until complete (also after a crash mid-write), and a
 resume from it restores exactly the state at the save.
 
@@ -23,9 +23,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint import FileSystemWriter
 
-from streamrl.checkpoint import Checkpointer, latest_checkpoint, list_checkpoints, load_checkpoint
-from streamrl.errors import StreamRLError
-from workers.dist import launch
+from streamrl.core.errors import StreamRLError
+from streamrl.train.checkpoint import Checkpointer, latest_checkpoint, list_checkpoints, load_checkpoint
+from streamrl.train.dist import launch
 
 
 class GatedWriter(FileSystemWriter):

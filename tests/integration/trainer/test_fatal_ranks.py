@@ -1,11 +1,11 @@
-"""A trainer rank's FatalError keeps its type through workers.dist.launch, so the trainer process
-exits with EXIT_NO_RESTART (streamrl.runtime) instead of a crash `streamrl up` would restart."""
+"""A trainer rank's FatalError keeps its type through streamrl.train.dist.launch, so the trainer process
+exits with EXIT_NO_RESTART (streamrl.launch.runtime) instead of a crash `streamrl up` would restart."""
 
 import pytest
 import torch.distributed as dist
 
-from streamrl.errors import FatalError
-from workers.dist import launch
+from streamrl.core.errors import FatalError
+from streamrl.train.dist import launch
 
 
 def _fatal_on_rank_1(rank: int, world: int) -> None:

@@ -3,7 +3,7 @@ document-masked attention give the log-probs, loss and gradients of right-padded
 
     pytest tests/integration/trainer/test_pack_rows.py
 
-Real TitanEngines on one gloo rank (CPU, float32, the tiny Qwen3 shape of streamrl.shapes): one trains
+Real TitanEngines on one gloo rank (CPU, float32, the tiny Qwen3 shape of streamrl.models.shapes): one trains
 on padded rows, one on packed rows (budget 16: seven rollouts of 7-22 tokens become four rows, one of
 them a rollout longer than the budget), same weights and batch. Tolerance: the packed forward's SDPA
 takes a dense block-diagonal mask where the padded one is plain causal (other CPU kernels), so values
@@ -18,13 +18,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.batch import Batch
-from streamrl.config import Config, TrainerConfig
-from streamrl.shapes import build_random_model
+from streamrl.assemble.batch import Batch
+from streamrl.config.schema import Config, TrainerConfig
+from streamrl.models.shapes import build_random_model
+from streamrl.train.dist import launch
+from streamrl.train.engines import make_engine
+from streamrl.train.row_packing import pack_rows, plan_rows
 from tests.integration.trainer.shaped_batch import assert_same_step, shaped_batch
-from workers.dist import launch
-from workers.row_packing import pack_rows, plan_rows
-from workers.trainer_engines import make_engine
 
 SHAPES = [(3, 5), (6, 2), (2, 7), (4, 4), (5, 3), (1, 6), (10, 12)]  # (prompt, completion) tokens
 BUDGET = 16

@@ -1,4 +1,4 @@
-"""workers/rank_step.py on two real gloo ranks with the tiny Llama: rank 0 issues the orders, rank 1
+"""streamrl/train/rank_step.py on two real gloo ranks with the tiny Llama: rank 0 issues the orders, rank 1
 follows, and both run the same collectives (train, weight snapshot, checkpoint) from the broadcast order.
 
     pytest tests/integration/trainer/test_rank_step.py
@@ -13,14 +13,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.checkpoint import Checkpointer, list_checkpoints
-from streamrl.config import Config, TinyModelConfig, TrainerConfig
-from streamrl.tiny import build_tiny_model
-from streamrl.weights import publisher_class
+from streamrl.config.schema import Config, TinyModelConfig, TrainerConfig
+from streamrl.models.tiny import build_tiny_model
+from streamrl.train.checkpoint import Checkpointer, list_checkpoints
+from streamrl.train.dist import launch
+from streamrl.train.hf_engine import TrainEngine
+from streamrl.train.rank_step import RankStep, StepOrder, follow
+from streamrl.weights.store import publisher_class
 from tests.integration.trainer.test_train_engine import make_batch
-from workers.dist import launch
-from workers.rank_step import RankStep, StepOrder, follow
-from workers.train_engine import TrainEngine
 
 
 def _rank_main(model_path: str, run_dir: str, out: str, rank: int, world: int) -> None:

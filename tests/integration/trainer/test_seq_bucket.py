@@ -5,7 +5,7 @@ second length into a dynamic-shape graph; the padding changes no log-prob, loss 
     pytest tests/integration/trainer/test_seq_bucket.py
 
 Real engines on one gloo rank (CPU, float32): the torchtitan backend with compile on the tiny Qwen3
-shape (streamrl.shapes, inductor's C++ backend), and both backends without compile for the parity.
+shape (streamrl.models.shapes, inductor's C++ backend), and both backends without compile for the parity.
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.batch import Batch
-from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TrainerConfig
-from streamrl.shapes import build_random_model
+from streamrl.assemble.batch import Batch
+from streamrl.config.schema import Config, GeneratorConfig, ParallelismConfig, TrainerConfig
+from streamrl.models.shapes import build_random_model
+from streamrl.train.dist import launch
+from streamrl.train.engines import make_engine
 from tests.integration.trainer.shaped_batch import assert_same_step, shaped_batch
-from workers.dist import launch
 from workers.trainer import warm_up
-from workers.trainer_engines import make_engine
 
 pytestmark = pytest.mark.timeout(300)
 

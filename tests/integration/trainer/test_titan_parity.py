@@ -3,7 +3,7 @@
     pytest tests/integration/trainer/test_titan_parity.py
     python tests/integration/trainer/test_titan_parity.py spec.json out.json   # the vLLM probe (subprocess)
 
-The tiny Llama (streamrl.tiny) runs in TitanEngine on real gloo ranks: world 1 (activation
+The tiny Llama (streamrl.models.tiny) runs in TitanEngine on real gloo ranks: world 1 (activation
 checkpointing on), world 2 (FSDP2 over 2 ranks), world 2 with tensor parallel 2, and the hf
 backend's TrainEngine on the same batch. Tolerances (float32 on CPU):
 - torchtitan vs a plain transformers forward: 1e-5 nats per token (measured ~5e-7);
@@ -29,13 +29,13 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.batch import Batch
-from streamrl.config import Config, GeneratorConfig, ParallelismConfig, TinyModelConfig, TrainerConfig
-from streamrl.tiny import build_tiny_model
+from streamrl.assemble.batch import Batch
+from streamrl.config.schema import Config, GeneratorConfig, ParallelismConfig, TinyModelConfig, TrainerConfig
+from streamrl.models.tiny import build_tiny_model
+from streamrl.train.dist import broadcast_object, launch
+from streamrl.train.engines import make_engine
+from streamrl.train.hf_engine import pad_batch
 from tests.integration.trainer.test_train_engine import make_batch
-from workers.dist import broadcast_object, launch
-from workers.train_engine import pad_batch
-from workers.trainer_engines import make_engine
 
 REPO = Path(__file__).resolve().parents[3]
 LP_ATOL, VLLM_ATOL = 1e-5, 1e-4
@@ -215,7 +215,7 @@ def test_tensor_parallel_2_matches_world_1(tmp_path, batch):
 def test_chunked_titan_step_has_the_full_logits_gradient(tiny, batch, tmp_path, arch):
     """torchtitan backend, 3-token chunks over FSDP2 on 2 ranks vs full logits on 1 rank: the same
     gradient of every weight (entropy bonus and KL included), also with tied embeddings (Qwen3)."""
-    from streamrl.shapes import build_random_model
+    from streamrl.models.shapes import build_random_model
     from tests.integration.trainer.test_train_engine import _grads_main
 
     model = str(tiny if arch == "llama" else build_random_model("qwen3-tiny", tmp_path / "qwen3", "float32"))
@@ -235,8 +235,8 @@ def test_chunked_titan_step_has_the_full_logits_gradient(tiny, batch, tmp_path, 
 async def test_vllm_gives_the_engine_logprobs_before_and_after_a_store_round_trip(
     runs, batch, tiny, config, broker, tmp_path
 ):
-    from streamrl.weights import make_loader, make_publisher
-    from streamrl.weightstores.shm import shm_root
+    from streamrl.weights.shm import shm_root
+    from streamrl.weights.store import make_loader, make_publisher
 
     store, loader = make_publisher(config, broker, tmp_path), make_loader(config, broker, tmp_path)
     try:

@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.config import Config, TinyModelConfig, TrainerConfig
-from streamrl.tiny import build_tiny_model
-from streamrl.weightstores.cuda_ipc_publish import pack_state_dict, pack_stream
+from streamrl.config.schema import Config, TinyModelConfig, TrainerConfig
+from streamrl.models.tiny import build_tiny_model
+from streamrl.train.dist import launch
+from streamrl.train.engines import make_engine
+from streamrl.weights.cuda_ipc_publish import pack_state_dict, pack_stream
 from tests.integration.trainer.test_train_engine import make_batch
-from workers.dist import launch
-from workers.trainer_engines import make_engine
 
 
 def _views(packed) -> dict[str, torch.Tensor]:
@@ -66,7 +66,7 @@ def _rank_main(model_path: str, out: str, rank: int, world: int) -> None:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory) -> dict[str, Path]:
-    from streamrl.shapes import build_random_model
+    from streamrl.models.shapes import build_random_model
 
     root = tmp_path_factory.mktemp("models")
     return {

@@ -20,13 +20,13 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.batch import Batch
-from streamrl.config import Config, GeneratorConfig, LossConfig, TinyModelConfig, TrainerConfig
-from streamrl.errors import ConfigError
-from streamrl.messages import Rollout
-from streamrl.tiny import build_tiny_model
-from workers.dist import RankFailed, broadcast_object, launch
-from workers.train_engine import TrainEngine, pad_batch
+from streamrl.assemble.batch import Batch
+from streamrl.config.schema import Config, GeneratorConfig, LossConfig, TinyModelConfig, TrainerConfig
+from streamrl.core.errors import ConfigError
+from streamrl.core.messages import Rollout
+from streamrl.models.tiny import build_tiny_model
+from streamrl.train.dist import RankFailed, broadcast_object, launch
+from streamrl.train.hf_engine import TrainEngine, pad_batch
 
 TEMPERATURE = 0.8
 EXTRA_STEPS = 4  # after the compared first step, world 1 keeps training to show learning
@@ -295,7 +295,7 @@ def _grads_main(
     micro_batch_tokens: int = 0,
 ) -> None:
     """One step with an entropy bonus and a KL term; the full gradient of every weight to a file."""
-    from workers.trainer_engines import make_engine
+    from streamrl.train.engines import make_engine
 
     cfg = Config(
         generator=GeneratorConfig(temperature=TEMPERATURE),
@@ -326,7 +326,7 @@ def test_chunked_logprobs_give_the_full_logits_gradient(tiny, batch, tmp_path, a
     """The engine's step with chunked log-probs (3 tokens a chunk, FSDP over 2 ranks) has the
     gradient of the full-logits step (1 rank), entropy bonus and KL included; also with the LM head
     tied to the embeddings (Qwen3), where FSDP's root group holds the shared weight."""
-    from streamrl.shapes import build_random_model
+    from streamrl.models.shapes import build_random_model
 
     model = str(tiny if arch == "llama" else build_random_model("qwen3-tiny", tmp_path / "qwen3", "float32"))
     full, chunked = tmp_path / "full", tmp_path / "chunked"
@@ -369,9 +369,9 @@ def test_hf_hidden_states_path_equals_the_logits_path_in_float64(tiny, batch, ar
     Qwen3 with tied embeddings): the logits path's values and gradients of every weight, float64."""
     from transformers import AutoModelForCausalLM
 
-    from streamrl.logprobs import gathered_logprobs
-    from streamrl.modeling import check_plain_head, decoder_hidden_states
-    from streamrl.shapes import build_random_model
+    from streamrl.models.hf import check_plain_head, decoder_hidden_states
+    from streamrl.models.shapes import build_random_model
+    from streamrl.train.logprobs import gathered_logprobs
 
     path = tiny if arch == "llama" else build_random_model("qwen3-tiny", tmp_path / "qwen3", "float32")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
@@ -420,9 +420,9 @@ def test_launch_names_the_failing_rank():
 
 
 def test_reference_worker_logprobs_match_the_plain_forward(hf_model, batch):
-    """streamrl.modeling.completion_logprobs (the reference worker's) goes through the same chunked
+    """streamrl.models.hf.completion_logprobs (the reference worker's) goes through the same chunked
     function: equal to a plain per-sequence forward, ragged rows and an empty completion included."""
-    from streamrl.modeling import completion_logprobs
+    from streamrl.models.hf import completion_logprobs
 
     prompts = [r.prompt_ids for r in batch.rollouts] + [batch.rollouts[0].prompt_ids]
     completions = [r.completion_ids for r in batch.rollouts] + [np.zeros(0, np.int32)]
@@ -444,7 +444,7 @@ def _engine_logprobs_main(model_path: str, batch: Batch, out: str, chunk: int, r
 
 @pytest.mark.parametrize("chunk", [0, 4])
 def test_reference_worker_and_trainer_logprobs_are_identical(tiny, hf_model, batch, tmp_path, chunk):
-    """The two sides of the KL term come from one function (streamrl.modeling.causal_lm_logprobs) with
+    """The two sides of the KL term come from one function (streamrl.models.hf.causal_lm_logprobs) with
     the trainer's logprob_chunk_tokens: the reference worker's log-probs of the same model and tokens
     are bit for bit the trainer engine's, with full logits (0) and chunked (4)."""
     from workers.reference import ReferenceWorker

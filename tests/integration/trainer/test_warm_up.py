@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.config import Config, GeneratorConfig, TinyModelConfig, TrainerConfig
-from streamrl.tiny import build_tiny_model
+from streamrl.config.schema import Config, GeneratorConfig, TinyModelConfig, TrainerConfig
+from streamrl.models.tiny import build_tiny_model
+from streamrl.train.dist import launch
+from streamrl.train.engines import make_engine
 from tests.integration.trainer.test_train_engine import make_batch
-from workers.dist import launch
 from workers.trainer import warm_up
-from workers.trainer_engines import make_engine
 
 
 def _state(engine) -> dict:

@@ -15,17 +15,17 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.config import Config, ModelConfig, WeightsConfig
-from streamrl.weights import module_weight_stream
-from streamrl.weightstores.cuda_ipc import ALIGN, PackedState, decode_spec
-from streamrl.weightstores.cuda_ipc_publish import pack_state_dict, pack_stream
+from streamrl.config.schema import Config, ModelConfig, WeightsConfig
+from streamrl.weights.cuda_ipc import ALIGN, PackedState, decode_spec
+from streamrl.weights.cuda_ipc_publish import pack_state_dict, pack_stream
+from streamrl.weights.store import module_weight_stream
 
 REPO = Path(__file__).resolve().parents[3]
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA GPU")
 
 READER = r"""
 import hashlib, json, sys, torch
-from streamrl.weightstores.cuda_ipc import decode_spec, open_spec
+from streamrl.weights.cuda_ipc import decode_spec, open_spec
 packed = open_spec(decode_spec(open(sys.argv[1]).read()))
 digest = lambda t: hashlib.sha256(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes()).hexdigest()
 print(json.dumps({name: [str(t.dtype), list(t.shape), digest(t)] for name, t in packed.tensors()}))
@@ -69,7 +69,7 @@ def test_packed_weight_stream_dedups_tied_weights():
 @pytest.mark.gpu
 @pytest.mark.anyio
 async def test_cuda_ipc_round_trip_in_another_process_and_gc(config: Config, broker, tmp_path: Path):
-    from streamrl.weights import make_loader, make_publisher
+    from streamrl.weights.store import make_loader, make_publisher
 
     cfg = config.model_copy(
         update={"weights": WeightsConfig(backend="cuda_ipc", keep=2), "model": ModelConfig(dtype="bfloat16")}

@@ -14,8 +14,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrl.config import Config, WeightsConfig
-from streamrl.weights import WeightHandle, WeightStoreError, make_loader, make_publisher
+from streamrl.config.schema import Config, WeightsConfig
+from streamrl.weights.store import WeightHandle, WeightStoreError, make_loader, make_publisher
 
 pytest.importorskip("torchstore", reason="the torchstore extra is not installed (make setup installs it)")
 pytestmark = pytest.mark.anyio

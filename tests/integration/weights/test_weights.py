@@ -17,11 +17,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from streamrl.config import Config, WeightsConfig
-from streamrl.errors import ConfigError
-from streamrl.weights import WeightHandle, WeightStoreError, make_loader, make_publisher, snapshot_state_dict
-from streamrl.weightstores.files import WEIGHTS_FILE, version_dirs
-from streamrl.weightstores.shm import shm_root
+from streamrl.config.schema import Config, WeightsConfig
+from streamrl.core.errors import ConfigError
+from streamrl.weights.files import WEIGHTS_FILE, version_dirs
+from streamrl.weights.shm import shm_root
+from streamrl.weights.store import WeightHandle, WeightStoreError, make_loader, make_publisher, snapshot_state_dict
 
 pytestmark = pytest.mark.anyio
 

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from streamrl.config import Config
-from streamrl.oom import OomWatch
-from streamrl.supervisor import Child, Supervisor
+from streamrl.config.schema import Config
+from streamrl.launch.oom import OomWatch
+from streamrl.launch.supervisor import Child, Supervisor
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -13,9 +13,9 @@ import urllib.request
 import pytest
 from structlog.testing import capture_logs
 
-from streamrl.config import Config, MetricsConfig, RunConfig
-from streamrl.metrics import MetricsWriter
-from streamrl.sinks import NullSink, scalars
+from streamrl.config.schema import Config, MetricsConfig, RunConfig
+from streamrl.train.metrics import MetricsWriter
+from streamrl.train.sinks import NullSink, scalars
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -13,7 +13,7 @@ import pytest
 from bench.common import pyplot
 from streamrl.cli import main
 from streamrl.commands.report import LOSS_KEYS, losses_figure, staleness_figure, summarize
-from streamrl.metrics import MetricsWriter
+from streamrl.train.metrics import MetricsWriter
 
 
 def _run_dir(tmp_path):

@@ -1,4 +1,4 @@
-"""Run-directory state (streamrl/rundir.py) on a real filesystem: fresh default dirs, the `up` lock,
+"""Run-directory state (streamrl/launch/rundir.py) on a real filesystem: fresh default dirs, the `up` lock,
 what counts as an earlier run, and when a summary means the run has finished.
 
     pytest tests/integration/worker/test_rundir.py
@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from streamrl.errors import ConfigError
-from streamrl.rundir import claim, describe_finished, earlier_run, finished_summary, is_live, new_run_dir
+from streamrl.core.errors import ConfigError
+from streamrl.launch.rundir import claim, describe_finished, earlier_run, finished_summary, is_live, new_run_dir
 
 
 def test_default_run_dirs_started_in_one_second_are_distinct(tmp_path):

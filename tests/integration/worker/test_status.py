@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from streamrl.commands.status import Collector, render, sparkline, staleness_bars
-from streamrl.messages import encode
+from streamrl.core.messages import encode
 from tests.integration.rewards.test_producers import rollout
 
 pytestmark = pytest.mark.anyio

@@ -14,8 +14,8 @@ from structlog.testing import capture_logs
 
 from bench.common import pyplot
 from streamrl.commands.report import busy_figure, summarize
-from streamrl.metrics import MetricsWriter
-from streamrl.worker import Worker
+from streamrl.core.worker import Worker
+from streamrl.train.metrics import MetricsWriter
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -11,9 +11,9 @@ import asyncio
 import pytest
 
 from brokers.redis_streams import RedisBroker
-from streamrl.config import BrokerConfig
-from streamrl.messages import Control, encode
-from streamrl.worker import Worker
+from streamrl.config.schema import BrokerConfig
+from streamrl.core.messages import Control, encode
+from streamrl.core.worker import Worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 GROUP = "generator"

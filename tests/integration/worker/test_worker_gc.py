@@ -1,4 +1,4 @@
-"""A worker's start-up heap is frozen out of the cyclic GC before its loop (streamrl/worker.py,
+"""A worker's start-up heap is frozen out of the cyclic GC before its loop (streamrl/core/worker.py,
 freeze_startup_heap): full collections in the loop then walk only what the loop allocated.
 
     pytest tests/integration/worker/test_worker_gc.py
@@ -10,7 +10,7 @@ import gc
 
 import pytest
 
-from streamrl.worker import Worker
+from streamrl.core.worker import Worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

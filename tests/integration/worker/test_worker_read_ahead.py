@@ -10,10 +10,10 @@ import time
 
 import pytest
 
-from streamrl.broker import Keys
-from streamrl.config import BrokerConfig
-from streamrl.messages import Control, encode
-from streamrl.worker import Worker
+from streamrl.config.schema import BrokerConfig
+from streamrl.core.broker import Keys
+from streamrl.core.messages import Control, encode
+from streamrl.core.worker import Worker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
 

@@ -1,0 +1,481 @@
+"""The trainer's assembler: join rollouts with their required annotations into complete groups,
+apply the staleness bound, compute group advantages, and hand out batches.
+
+Runs inside trainer rank 0 (workers/trainer.py). Reads `rollouts` and `annotations` with the
+consumer group "trainer"; acks a batch's entries only after the step that used them (commit),
+and a dropped/failed group's entries as soon as it is dropped. Redeliveries are idempotent:
+a rollout id or (rollout id, key) seen twice is acked and ignored.
+
+Copies and unknown ids (docs/protocol.md, "Annotation semantics"): a rollout id names one
+generated completion. Per (group, sample) the first copy read (the lowest entry id) is trained;
+a later copy (the sample was generated again) and its annotations are acked as `duplicates`. An
+annotation whose rollout has not been read yet is held; once a read of `rollouts` comes back
+short (every rollout added before it was delivered) a held annotation still without its rollout
+names none: it is acked and counted in `unknown_annotations`, so it never holds back trimming.
+
+Intake (`poll`: read, decode, validate, join) runs where the batches are asked for, or, after
+`start_intake()`, in a background task that keeps reading while the trainer trains (the train
+step runs in a thread), so a step's wait for its batch is not also the time to decode and join
+everything that arrived during the previous step. `_state` serialises the filing of entries with
+the closing, building and acking of groups.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import numpy as np
+
+from streamrl.assemble.advantages import batch_advantages, overlong_penalty
+from streamrl.assemble.batch import Batch
+from streamrl.assemble.join_policy import JoinPolicy
+from streamrl.assemble.pending_group import PendingGroup, rollout_problem
+from streamrl.config.schema import Config
+from streamrl.core.accounting import close_group
+from streamrl.core.broker import Broker, Entry, Keys
+from streamrl.core.consumer import StreamConsumer
+from streamrl.core.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
+from streamrl.core.staleness import is_stale
+from streamrl.eval.collector import EvalCollector
+from streamrl.launch.failures import FailureStreak
+from streamrl.losses import resolve_loss
+
+GROUP = "trainer"
+
+
+class Assembler:
+    def __init__(self, cfg: Config, broker: Broker, owner, consumer: str = "trainer-0"):
+        """`owner` is the trainer Worker: its log and stats (dead_lettered) are the assembler's."""
+        self.cfg = cfg
+        self.broker = broker
+        self.owner = owner
+        self.keys = Keys(cfg.run.name)
+        self.consumer = consumer
+        self.reader = StreamConsumer(broker, cfg.broker, consumer, self.keys, owner.log, owner.count)
+        """The trainer group's reads of `rollouts` and `annotations` (one consumer: `consumer`)."""
+        self.required = cfg.required_annotations()
+        self.join = JoinPolicy(cfg)
+        self.loss = resolve_loss(cfg)  # the objective's defaults: dapo samples dynamically, dr_grpo uses group_mean
+        self.streak = FailureStreak(cfg)
+        """Failed groups in a row: past the bound it raises FatalError (the trainer stops the job)."""
+        self.groups: dict[str, PendingGroup] = {}
+        self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
+        """rollout_id (of a trained copy) -> key -> (entry id, annotation)."""
+        self.held: dict[str, dict[str, list[tuple[str, Annotation]]]] = {}
+        """group_id -> rollout_id -> [(entry id, annotation)]: annotations whose rollout is not read yet
+        (all of them: which one is valid for the rollout can only be told once it is read)."""
+        self.ready: list[str] = []
+        self.closed: set[str] = set()
+        self.replay: set[str] = set()
+        """Groups of logged steps a resumed trainer retrains exactly as logged (no filter, no staleness drop)."""
+        self._rescanned = time.monotonic()
+        self._unused_keys: set[str] = set()
+        self.vocab_size: int | None = None
+        """Token ids at or above it are dead-lettered (the trainer's embedding would fail on them)."""
+        self.evals = EvalCollector(cfg, broker, self.keys, self.join)
+        """Eval rounds (streamrl/eval/rounds.py): their entries go there, never into a group or a batch."""
+        self._state = asyncio.Lock()
+        self._reading = asyncio.Lock()
+        self._intake: asyncio.Task | None = None
+        self._intake_stop = False
+        self._polls = 0
+        """Polls completed by the intake task; `_polled` is set (and replaced) at each one."""
+        self._polled = asyncio.Event()
+        self.counters = {
+            "dropped_stale": 0,
+            "requeued": 0,
+            "failed": 0,
+            "filtered": 0,
+            "duplicates": 0,
+            "late": 0,
+            "dropped_timeout": 0,
+            "annotation_timeouts": 0,
+            "annotation_errors": 0,
+            "unknown_annotations": 0,
+        }
+
+    async def start(self) -> None:
+        for stream in (self.keys.rollouts, self.keys.annotations):
+            await self.broker.ensure_group(stream, GROUP)
+            # One consumer (trainer rank 0) reads this group: adopt what an earlier trainer process
+            # under another id left pending; our own pending entries are then read first (no idle
+            # claiming later, which would hand our own waiting entries back to us as duplicates).
+            await self.broker.claim_idle(stream, GROUP, self.consumer, 0, count=100_000)
+
+    def restore(self, closed: set[str], replay: set[str]) -> None:
+        """After a resume: groups with a final outcome are closed; `replay` groups are retrained as logged."""
+        self.closed |= closed
+        self.replay = set(replay)
+
+    # -- intake ----------------------------------------------------------------------------
+    async def poll(self) -> int:
+        """Read what is available (own pending first, then new) and file it. Returns entries read."""
+        async with self._reading:
+            return await self._poll()
+
+    async def _poll(self) -> int:
+        n = 0
+        if time.monotonic() - self._rescanned > self.cfg.broker.claim_idle_ms / 1000:
+            # Re-read our own pending entries now and then: after a broker restart, entries whose
+            # XREADGROUP reply was lost are pending on us but were never seen (nobody else claims them).
+            self._rescanned = time.monotonic()
+            self.reader.rescan(self.keys.rollouts, self.keys.annotations)
+        for stream, kind in ((self.keys.rollouts, Rollout), (self.keys.annotations, Annotation)):
+            items = await self.reader.read(stream, GROUP, count=512, expect=kind, claim=False)
+            async with self._state:
+                for entry, msg in items:
+                    n += 1
+                    if reason := self._invalid(msg):
+                        await self.reader.dead_letter(stream, entry, reason)
+                        await self.broker.ack(stream, GROUP, [entry.id])
+                    elif self.evals.owns(msg):
+                        await self.evals.add(stream, entry.id, msg)
+                    elif kind is Rollout:
+                        await self._add_rollout(entry.id, msg)
+                    else:
+                        await self._add_annotation(entry.id, msg)
+                if kind is Rollout and self.reader.caught_up.get(stream):
+                    await self._ack_unknown()
+        return n
+
+    def start_intake(self) -> None:
+        """Keep polling in a background task (until `stop_intake`); batches then wait on its polls."""
+        if self._intake is None:
+            self._intake_stop = False
+            self._intake = asyncio.create_task(self._intake_loop())
+
+    async def stop_intake(self) -> None:
+        """End the background intake after its current poll (a read blocks at most broker.block_ms):
+        cancelling it mid-read would leave delivered entries unseen until the next rescan."""
+        task, self._intake = self._intake, None
+        if task is None:
+            return
+        self._intake_stop = True
+        await asyncio.wait({task})
+        if not task.cancelled() and task.exception() is not None:
+            self.owner.log.warning("intake_failed", error=repr(task.exception()))
+
+    async def _intake_loop(self) -> None:
+        try:
+            while not self._intake_stop:
+                await self.poll()
+                self._polls += 1
+                done, self._polled = self._polled, asyncio.Event()
+                done.set()
+        finally:
+            self._polled.set()  # a waiter sees the task has ended (and its error, in advance)
+
+    async def advance(self) -> None:
+        """One round of intake: the background task's next poll if it runs (re-raising its error), else a poll."""
+        task = self._intake
+        if task is None:
+            await self.poll()
+            return
+        seen, polled = self._polls, self._polled
+        while self._polls == seen and not task.done():
+            await polled.wait()
+            polled = self._polled
+        if task.done():
+            self._intake = None
+            task.result()  # its error (the FatalError of a failure streak, a broker error) is the caller's
+            raise RuntimeError("the assembler's intake ended without an error while batches were asked for")
+
+    def _invalid(self, msg) -> str:
+        """Why a decodable message still cannot be used (it would break a group or the train step)."""
+        if isinstance(msg, Rollout):
+            return rollout_problem(msg, self.groups.get(msg.group_id), self.vocab_size)
+        if parse_rollout_id(msg.rollout_id) is None:
+            return (
+                f"annotation {msg.key!r} from producer {msg.producer!r}: rollout_id {msg.rollout_id!r} is not "
+                "'<group_id>:<sample>:<nonce>'; copy the rollout's rollout_id unchanged"
+            )
+        if self.join.shape(msg.key) is None and msg.key not in self._unused_keys:
+            self._unused_keys.add(msg.key)  # accepted and ignored (docs/protocol.md); said once, it may be a typo
+            self.owner.log.warning(
+                "unused_annotation_key",
+                key=msg.key,
+                producer=msg.producer,
+                hint="list it in annotations.external to train on it",
+            )
+        return self.join.invalid(msg)
+
+    async def _add_rollout(self, entry_id: str, r: Rollout) -> None:
+        if r.group_id in self.closed:
+            self.counters["late"] += 1
+            await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+            return
+        g = self.groups.setdefault(r.group_id, PendingGroup(r.group_id, r.group_size))
+        if r.rollout_id in g.rollouts or r.rollout_id in g.superseded:
+            if g.rollouts.get(r.rollout_id, ("",))[0] != entry_id:  # the same entry re-read is still needed
+                self.counters["duplicates"] += 1
+                await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+            return
+        held = self.held.get(r.group_id, {}).pop(r.rollout_id, [])
+        if r.sample in g.samples:
+            # Another completion of a sample we already have (generated again after a crash): the
+            # first copy read is trained; this one and every annotation computed for it are not.
+            g.superseded.add(r.rollout_id)
+            self.counters["duplicates"] += 1 + len(held)
+            await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+            if held:
+                await self.broker.ack(self.keys.annotations, GROUP, [eid for eid, _ in held])
+            return
+        g.rollouts[r.rollout_id] = (entry_id, r)
+        g.samples[r.sample] = r.rollout_id
+        for eid, a in held:
+            if r.group_id in self.closed:  # an earlier held annotation failed the group
+                self.counters["late"] += 1
+                await self.broker.ack(self.keys.annotations, GROUP, [eid])
+            else:
+                await self._attach(g, eid, a)
+        if r.group_id not in self.closed:
+            await self._check_group(g, r.rollout_id)
+
+    async def _add_annotation(self, entry_id: str, a: Annotation) -> None:
+        group_id = parse_rollout_id(a.rollout_id)[0]
+        g = self.groups.get(group_id)
+        if group_id in self.closed or (g is not None and a.rollout_id in g.superseded):
+            self.counters["late" if group_id in self.closed else "duplicates"] += 1
+            await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+        elif g is not None and a.rollout_id in g.rollouts:
+            await self._attach(g, entry_id, a)
+        else:
+            held = self.held.setdefault(group_id, {}).setdefault(a.rollout_id, [])
+            if all(eid != entry_id for eid, _ in held):  # the same entry re-read is held already
+                held.append((entry_id, a))
+
+    async def _attach(self, g: PendingGroup, entry_id: str, a: Annotation) -> None:
+        """File an annotation of one of `g`'s trained copies: first per key wins, errors apply their policy."""
+        slot = self.annotations.setdefault(a.rollout_id, {})
+        if a.key in slot:
+            if slot[a.key][0] != entry_id:
+                self.counters["duplicates"] += 1
+                await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+            return
+        if reason := self.join.mismatch(a, len(g.rollouts[a.rollout_id][1].completion_ids)):
+            # The group waits for a good one (or its key's timeout).
+            await self.reader.dead_letter(self.keys.annotations, Entry(entry_id, encode(a), {}), reason)
+            await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+            return
+        slot[a.key] = (entry_id, a)
+        if a.error:
+            self.counters["annotation_errors"] += 1
+            if self.join.on_error(a.key) != "default":
+                await self._close(g.group_id, "failed", reason=f"{a.key}: {a.error}")
+                return
+        await self._check_group(g, a.rollout_id)
+
+    async def _ack_unknown(self) -> None:
+        """Every rollout added before the last read has been read: held annotations name no rollout."""
+        ids = [eid for rids in self.held.values() for held in rids.values() for eid, _ in held]
+        if not ids:
+            return
+        producers = sorted({a.producer for rids in self.held.values() for held in rids.values() for _, a in held})
+        self.counters["unknown_annotations"] += len(ids)
+        self.owner.log.warning(
+            "unknown_rollout_ids",
+            annotations=len(ids),
+            producers=producers[:10],
+            examples=[rid for rids in self.held.values() for rid in rids][:5],
+        )
+        self.held.clear()
+        await self.broker.ack(self.keys.annotations, GROUP, ids)
+
+    async def _check_group(self, g: PendingGroup, changed: str = "") -> None:
+        """Move `g` to `ready` if it is complete; `changed`: the rollout id whose entry was just filed."""
+        if g.completed_at or len(g.rollouts) < g.group_size:
+            return
+        g.full_at = g.full_at or time.time()
+        if changed and self.join.missing([changed], self.annotations):
+            return  # that rollout still waits: the group does too (the whole-group check is per entry O(group))
+        if self.join.missing(list(g.rollouts), self.annotations):
+            return
+        g.completed_at = time.time()
+        if errors := self._reward_errors(g):  # reward.on_error=score: every rollout failed
+            self.streak.failed(f"reward: {errors[0]}")
+        else:
+            self.streak.ok()
+        if g.group_id in self.replay:
+            self.ready.append(g.group_id)
+            return
+        if self.loss.dynamic_sampling and np.ptp(self._rewards(g)) == 0:
+            # DAPO dynamic sampling: a group with equal rewards has zero advantage; drop it and let
+            # the feeder admit a replacement, so the batch is refilled with informative groups.
+            await self._close(g.group_id, "filtered")
+            return
+        self.ready.append(g.group_id)
+
+    def _reward_errors(self, g: PendingGroup) -> list[str]:
+        """The reward errors of a group whose every rollout's reward errored, else []."""
+        errors = [self.annotations[rid]["reward"][1].error for rid in g.rollouts]
+        return errors if all(errors) else []
+
+    def _ordered(self, g: PendingGroup) -> list[Rollout]:
+        return [r for _, r in sorted(g.rollouts.values(), key=lambda er: er[1].sample)]
+
+    def _rewards(self, g: PendingGroup) -> np.ndarray:
+        """Rewards of a group's rollouts in sample order, with DAPO's soft overlong penalty if configured."""
+        rollouts = self._ordered(g)
+        rewards = self.join.combine(self._components(g))
+        loss = self.cfg.loss
+        if loss.overlong_buffer > 0:
+            lengths = np.asarray([len(r.completion_ids) for r in rollouts])
+            rewards = rewards + overlong_penalty(
+                lengths, self.cfg.generator.max_tokens, loss.overlong_buffer, loss.overlong_penalty
+            ).astype(np.float32)
+        return rewards
+
+    def _components(self, g: PendingGroup) -> dict[str, np.ndarray]:
+        """Each reward key's values (built-in `reward`, external keys) in sample order."""
+        return self.join.components(
+            [{k: a for k, (_, a) in self.annotations[r.rollout_id].items()} for r in self._ordered(g)]
+        )
+
+    async def _expire(self) -> None:
+        """Apply annotations.external timeouts to groups whose rollouts are all in (streamrl/assemble/join_policy.py)."""
+        if not self.join.external:
+            return  # only external keys have timeouts; skip the scan on the hot path
+        now = time.time()
+        for g in [g for g in self.groups.values() if g.full_at and not g.completed_at]:
+            missing = self.join.missing(list(g.rollouts), self.annotations)
+            verdict = self.join.verdict(missing, now - g.full_at)
+            if verdict == "drop":
+                await self._close(g.group_id, "dropped_timeout", reason=f"no {sorted(missing)} in time")
+            elif verdict == "default":
+                for rid in g.rollouts:  # stand-ins have no stream entry (""), so nothing to ack for them
+                    slot = self.annotations.setdefault(rid, {})
+                    for key in [k for k in missing if k not in slot]:
+                        slot[key] = ("", self.join.stand_in(rid, key))
+                        self.counters["annotation_timeouts"] += 1
+                await self._check_group(g)
+
+    # -- closing groups ----------------------------------------------------------------------
+    def _entry_ids(self, group_id: str) -> tuple[list[str], list[str]]:
+        g = self.groups.get(group_id)
+        rids = list(g.rollouts) if g else []
+        r_ids = [g.rollouts[r][0] for r in rids] if g else []
+        a_ids = [eid for r in rids for eid, _ in self.annotations.get(r, {}).values() if eid]
+        held = [eid for entries in self.held.get(group_id, {}).values() for eid, _ in entries]
+        self.counters["late"] += len(held)  # for copies of samples not read yet: they will be late too
+        return r_ids, a_ids + held
+
+    async def _ack_group(self, *group_ids: str) -> None:
+        """Ack every entry of these groups (both streams in one round trip) and forget them."""
+        r_ids, a_ids = [], []
+        for group_id in group_ids:
+            r, a = self._entry_ids(group_id)
+            r_ids += r
+            a_ids += a
+        # One round trip for both streams: per batch this is on the trainer's critical path.
+        await self.broker.ack_many(GROUP, {self.keys.rollouts: r_ids, self.keys.annotations: a_ids})
+        for group_id in group_ids:
+            g = self.groups.pop(group_id, None)
+            for rid in g.rollouts if g else {}:
+                self.annotations.pop(rid, None)
+            self.held.pop(group_id, None)
+            self.closed.add(group_id)
+
+    async def _close(self, group_id: str, why: str, reason: str = "") -> None:
+        """Drop a group for good: ack its entries and release its admission slot."""
+        g = self.groups.get(group_id)
+        if why == "stale" and self.cfg.rollout.stale_policy == "requeue" and g and g.rollouts:
+            await self._requeue(g)
+            self.counters["requeued"] += 1
+            await close_group(self.broker, self.keys, group_id, "requeued", release=False)
+        else:
+            self.counters["dropped_stale" if why == "stale" else why] += 1
+            await close_group(self.broker, self.keys, group_id, "dropped_stale" if why == "stale" else why)
+        if reason:
+            self.owner.log.warning("group_dropped", group_id=group_id, why=why, reason=reason)
+        if group_id in self.ready:
+            self.ready.remove(group_id)
+        await self._ack_group(group_id)
+        if why == "failed":
+            self.streak.failed(reason)
+
+    async def _requeue(self, g: PendingGroup) -> None:
+        r = next(iter(g.rollouts.values()))[1]
+        version = int(await self.broker.get(self.keys.trainer_version) or 0)
+        # Deterministic id (streamrl.core.accounting counts `<id>r` as admitted): a retried requeue is idempotent.
+        prompt = Prompt(
+            group_id=f"{g.group_id}r",
+            prompt_ids=r.prompt_ids,
+            group_size=g.group_size,
+            admitted_version=version,
+            text=r.prompt_text,
+            meta=r.meta,
+        )
+        await self.broker.add(self.keys.prompts, encode(prompt))
+
+    # -- batches -----------------------------------------------------------------------------
+    async def next_batch(self, version: int, stop=None) -> Batch | None:
+        """Wait until `groups_per_step` fresh complete groups exist; None if `stop()` turns true first."""
+        need = self.cfg.rollout.groups_per_step
+        t0 = time.time()
+        while True:
+            async with self._state:
+                await self._expire()
+                for gid in list(self.ready):
+                    g = self.groups[gid]
+                    if gid in self.replay:
+                        continue
+                    if g.oldest is None:
+                        g.oldest = min(r.oldest_version() for _, r in g.rollouts.values())
+                    if is_stale(version, g.oldest, self.cfg.rollout.max_staleness):
+                        await self._close(gid, "stale")
+                if len(self.ready) >= need:
+                    gids, self.ready = self.ready[:need], self.ready[need:]
+                    return self._build(gids, version, wait_s=time.time() - t0)
+            if stop is not None and stop():
+                return None
+            await self.advance()
+
+    async def replay_batch(self, gids: list[str], version: int, stop=None) -> Batch | None:
+        """The batch of a logged step, rebuilt from its still-pending entries (resume)."""
+        t0 = time.time()
+        while not all(gid in self.ready for gid in gids):
+            if stop is not None and stop():
+                return None
+            await self.advance()
+        async with self._state:
+            self.ready = [g for g in self.ready if g not in gids]
+            self.replay -= set(gids)
+            return self._build(list(gids), version, wait_s=time.time() - t0)
+
+    def _build(self, gids: list[str], version: int, wait_s: float) -> Batch:
+        rollouts, gidx, rewards, refs, parts = [], [], [], [], []
+        for i, gid in enumerate(gids):
+            g = self.groups[gid]
+            ordered = self._ordered(g)
+            rollouts += ordered
+            gidx += [i] * len(ordered)
+            rewards.append(self._rewards(g))
+            parts.append(self._components(g))
+            if "ref_logprobs" in self.required:
+                refs += [
+                    np.asarray(self.annotations[r.rollout_id]["ref_logprobs"][1].value, np.float32) for r in ordered
+                ]
+        rewards = np.concatenate(rewards)
+        rewards_a = np.asarray(rewards, dtype=np.float32)
+        gidx_a = np.asarray(gidx, dtype=np.int64)
+        oldest = np.asarray([r.oldest_version() for r in rollouts], dtype=np.int64)
+        batch = Batch(
+            rollouts=rollouts,
+            group_index=gidx_a,
+            rewards=rewards_a,
+            advantages=batch_advantages(rewards_a, gidx_a, self.loss.advantage).astype(np.float32),
+            ref_logprobs=refs if refs else None,
+            staleness=version - oldest,
+            reward_components={k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
+            stats={"wait_s": wait_s, **{k: float(v) for k, v in self.counters.items()}},
+            group_ids=list(gids),
+        )
+        if self.cfg.loss.overlong_filter:
+            batch.loss_mask = np.asarray([r.finish_reason != "length" for r in rollouts], dtype=np.float32)
+        return batch
+
+    async def commit(self, batch: Batch) -> None:
+        """Ack a trained batch's entries (its effect, the optimizer step, is done)."""
+        async with self._state:
+            await self._ack_group(*batch.group_ids)

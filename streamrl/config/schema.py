@@ -1,0 +1,126 @@
+"""The one config schema: every section of a job, validated into `Config`
+(streamrl/config/files.py reads YAML files and `--set a.b=c` overrides into it).
+
+    streamrl up --config configs/tiny-cpu.yaml --set trainer.steps=20
+
+Every section is a pydantic model with `extra="forbid"`, so a typo fails before anything
+starts, with the field's dotted path and the fix in the message. The sections live in
+streamrl/config/ (one module per part of the job); `Config` below assembles them and every
+name is imported from here: `from streamrl.config.schema import Config, LossConfig, ...`.
+"""
+
+from __future__ import annotations
+
+from pydantic import model_validator
+
+from streamrl.config.base import Section
+from streamrl.config.eval import EvalConfig
+from streamrl.config.job import BrokerConfig, MetricsConfig, RunConfig, SupervisorConfig, WeightsConfig
+from streamrl.config.loss import Advantage, Aggregation, LossConfig
+from streamrl.config.model import ModelConfig, TinyModelConfig
+from streamrl.config.reasoning_gym import ReasoningGymConfig, check_task_source
+from streamrl.config.reward import (
+    REWARD_BUILTINS,
+    AnnotationsConfig,
+    ExternalAnnotation,
+    ReferenceConfig,
+    RewardComponent,
+    RewardConfig,
+)
+from streamrl.config.rollout import EnvConfig, GeneratorConfig, RolloutConfig
+from streamrl.config.sft import SFTConfig
+from streamrl.config.task import DatasetConfig, TaskConfig, TaskFields
+from streamrl.config.tools import ToolsConfig
+from streamrl.config.trainer import ParallelismConfig, TrainerConfig
+
+__all__ = [
+    "Advantage",
+    "Aggregation",
+    "AnnotationsConfig",
+    "BrokerConfig",
+    "Config",
+    "DatasetConfig",
+    "EnvConfig",
+    "EvalConfig",
+    "ExternalAnnotation",
+    "GeneratorConfig",
+    "LossConfig",
+    "MetricsConfig",
+    "ModelConfig",
+    "ParallelismConfig",
+    "REWARD_BUILTINS",
+    "ReferenceConfig",
+    "RewardComponent",
+    "RewardConfig",
+    "RolloutConfig",
+    "RunConfig",
+    "SFTConfig",
+    "Section",
+    "SupervisorConfig",
+    "TaskConfig",
+    "TaskFields",
+    "TinyModelConfig",
+    "TrainerConfig",
+    "WeightsConfig",
+]
+
+
+class Config(Section):
+    run: RunConfig = RunConfig()
+    broker: BrokerConfig = BrokerConfig()
+    model: ModelConfig = ModelConfig()
+    task: TaskConfig = TaskConfig()
+    rollout: RolloutConfig = RolloutConfig()
+    generator: GeneratorConfig = GeneratorConfig()
+    reward: RewardConfig = RewardConfig()
+    reference: ReferenceConfig = ReferenceConfig()
+    env: EnvConfig = EnvConfig()
+    tools: ToolsConfig = ToolsConfig()  # chat templates and tools of episodes (streamrl/config/tools.py)
+    loss: LossConfig = LossConfig()
+    trainer: TrainerConfig = TrainerConfig()
+    weights: WeightsConfig = WeightsConfig()
+    supervisor: SupervisorConfig = SupervisorConfig()
+    annotations: AnnotationsConfig = AnnotationsConfig()
+    metrics: MetricsConfig = MetricsConfig()
+    sft: SFTConfig = SFTConfig()
+    """`streamrl sft` only: supervised fine-tuning data, loss tokens, packing, eval."""
+
+    eval: EvalConfig = EvalConfig()
+    reasoning_gym: ReasoningGymConfig = (
+        ReasoningGymConfig()
+    )  # task.name=reasoning_gym (streamrl/config/reasoning_gym.py)
+
+    @model_validator(mode="after")
+    def _cross(self) -> "Config":
+        check_task_source(self)
+        if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
+            raise ValueError(
+                f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "
+                f"loss.advantage={self.loss.advantage}; set rollout.group_size>=2"
+            )
+        devices = self.supervisor.devices
+        if self.weights.backend == "cuda_ipc" and devices.get("trainer") != devices.get("generator"):
+            raise ValueError(
+                f"weights.backend=cuda_ipc shares GPU memory between processes that see the same GPUs, but "
+                f"supervisor.devices gives the trainer {devices.get('trainer')} and generators "
+                f"{devices.get('generator')}; give both the same list or set weights.backend=shm"
+            )
+        trainer_gpus = devices.get("trainer")
+        if trainer_gpus and self.trainer.device == "cuda" and len(trainer_gpus[0].split(",")) < self.trainer.world_size:
+            raise ValueError(
+                f"trainer.world_size={self.trainer.world_size} needs that many GPUs, but supervisor.devices."
+                f'trainer gives {trainer_gpus[0]!r}; list one GPU per rank (e.g. "0,1") or lower world_size'
+            )
+        if self.loss.overlong_buffer > self.generator.max_tokens:
+            raise ValueError(
+                f"loss.overlong_buffer={self.loss.overlong_buffer} exceeds generator.max_tokens="
+                f"{self.generator.max_tokens}; set loss.overlong_buffer to about max_tokens/5"
+            )
+        return self
+
+    def required_annotations(self) -> list[str]:
+        """Annotation keys a rollout needs before the trainer may use it."""
+        keys = ["reward"]
+        if self.loss.kl_beta > 0:
+            keys.append("ref_logprobs")
+        return keys + [e.key for e in self.annotations.external]

@@ -1,0 +1,1 @@
+"""Evaluation during training: rounds the feeder issues, the trainer's collector of their scores."""

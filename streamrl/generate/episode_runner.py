@@ -1,0 +1,400 @@
+"""The generator's side of multi-turn episodes: run a group's G episodes, never blocking on envs.
+
+    runner = EpisodeRunner(generator); await runner.start()      # when env.fn is set
+    ok = await runner.run_group(entry, prompt)                     # True: rollouts published
+
+Each episode alternates a model turn (one vLLM request over the exact token history) and an
+environment step: a StepRequest goes to `env_steps`, the episode's coroutine then waits on a
+future, holding no engine slot, so the engine serves other episodes meanwhile. A reader task
+consumes `observations:{generator id}` and resolves the futures; the observation text is
+tokenized alone and appended (streamrl.generate.episode_sample). The episode ends when the env says done, after
+env.max_turns model turns, or when the next turn would pass generator.max_model_len. Once all G
+episodes are done the group's G rollouts are published together, so a group that fails publishes
+nothing.
+
+Failures: an observation with `error` (the env raised, timed out, returned garbage) or none within
+env.observation_timeout_s fails the episode, and with it its group (its advantage baseline needs
+all G): the group is closed as `failed` in the ledger, the prompt dead-lettered with the reason,
+and `stats:episodes_failed` counted. An observation with error_kind "replay" (a non-replayable
+env lost its state) restarts that episode from the prompt (`episodes_restarted`).
+
+Generator death: after each model turn the episode's state (token history, log-probs, versions,
+observation spans, actions, env rewards so far) is written to the hash `episode_state:{group_id}`
+before its step request goes out. A generator that dies leaves its prompt un-acked; the generator
+that claims it (each attempt counted in `ledger:group_starts`) continues every checkpointed episode
+from its last model turn under a new episode id (`episodes_continued`): it sends that turn's step
+again (a replayable env replays the earlier actions; a non-replayable one answers "replay" and the
+episode restarts from the prompt) and carries on. Episodes without a checkpoint start from the prompt.
+The hash is deleted once the group's rollouts are published or the group fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+from streamrl.core.accounting import close_group
+from streamrl.core.broker import Entry
+from streamrl.core.errors import DecodeError
+from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode
+from streamrl.generate.chat import ChatBridge
+from streamrl.generate.episode_sample import EpisodeSample
+from streamrl.generate.vllm_engine import sample_seed
+
+READ_GROUP = "episodes"
+"""Consumer group on observations:{generator id} (one consumer: the generator itself)."""
+MAX_RESTARTS = 2
+"""Restarts of one episode after its env lost state, before the episode fails."""
+
+
+_COUNT_START = "return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)"
+"""Attempts per group: more than 1 means the group was restarted (streamrl.core.accounting reports it)."""
+
+
+class Lockstep:
+    """env.lockstep: a barrier over a generator's live episodes, so every episode's next turn
+    starts only once every live episode has its observation (the synchronous turn loop)."""
+
+    def __init__(self) -> None:
+        self.members: set[str] = set()
+        self.arrived: set[str] = set()
+        self.round = 0
+        self.cond = asyncio.Condition()
+
+    async def join(self, eid: str) -> None:
+        async with self.cond:
+            self.members.add(eid)
+
+    async def leave(self, eid: str) -> None:
+        async with self.cond:
+            self.members.discard(eid)
+            self.arrived.discard(eid)
+            self._release()
+
+    async def wait(self, eid: str) -> None:
+        async with self.cond:
+            self.arrived.add(eid)
+            mine = self.round
+            self._release()
+            await self.cond.wait_for(lambda: self.round > mine)
+
+    def _release(self) -> None:
+        if self.arrived and self.members <= self.arrived:
+            self.round += 1
+            self.arrived.clear()
+            self.cond.notify_all()
+
+
+class EpisodeFailed(Exception):
+    """An episode cannot finish: the reason goes to the dead-letter stream and the logs."""
+
+
+class EpisodeRunner:
+    def __init__(self, gen):
+        self.gen = gen
+        self.cfg = gen.cfg
+        self.keys = gen.keys
+        self.stream = self.keys.observations(gen.worker_id)
+        self.waiting: dict[tuple[str, int], asyncio.Future] = {}
+        self._reader: asyncio.Task | None = None
+        self._closing = False
+        self.lockstep = Lockstep() if self.cfg.env.lockstep else None
+
+    async def start(self) -> None:
+        self.tokenizer = self.gen.engine.get_tokenizer()
+        self.chat = ChatBridge(self.tokenizer, self.cfg.tools) if self.cfg.tools.chat else None
+        await self.gen.broker.ensure_group(self.stream, READ_GROUP)
+        await self.gen.broker.ensure_group(self.keys.env_steps, "env")  # steps wait even before an env joins
+        self._reader = asyncio.create_task(self._read_loop())
+
+    async def close(self) -> None:
+        """Stop the reader between reads: cancelling it inside a blocking XREADGROUP was seen to
+        leave the stop waiting on redis-py's shielded command for good."""
+        self._closing = True
+        if self._reader is not None:
+            _, stuck = await asyncio.wait({self._reader}, timeout=self.cfg.broker.block_ms / 1000 + 2)
+            for task in stuck:
+                task.cancel()
+
+    # -- observations ------------------------------------------------------------------------
+    async def _read_loop(self) -> None:
+        while not self._closing:
+            try:
+                await self.read_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # broker hiccup: episodes keep waiting (bounded by their timeout)
+                self.gen.log.warning("observation_read_failed", error=repr(exc))
+                await asyncio.sleep(0.5)
+
+    async def read_once(self) -> int:
+        """Deliver what is on this generator's observation stream; malformed entries are
+        dead-lettered (Worker.read), observations nobody waits for (a redone step's duplicate, an
+        episode that already failed) are acked and counted as ignored."""
+        items = await self.gen.read(self.stream, READ_GROUP, count=256, expect=Observation, claim=False)
+        for _, obs in items:
+            fut = self.waiting.get((obs.episode_id, obs.turn))
+            if fut is not None and not fut.done():
+                fut.set_result(obs)
+            else:
+                self.gen.count("observations_ignored")
+        if items:
+            await self.gen.broker.ack(self.stream, READ_GROUP, [e.id for e, _ in items])
+        return len(items)
+
+    async def _observe(self, req: StepRequest) -> Observation:
+        key = (req.episode_id, req.turn)
+        fut = asyncio.get_running_loop().create_future()
+        self.waiting[key] = fut
+        try:
+            await self.gen.broker.add(self.keys.env_steps, encode(req))
+            timeout = self.cfg.env.observation_timeout_s
+            try:
+                return await asyncio.wait_for(fut, timeout)
+            except asyncio.TimeoutError:
+                raise EpisodeFailed(
+                    f"no observation for turn {req.turn} within {timeout:g}s "
+                    "(env.observation_timeout_s): is an env worker running?"
+                ) from None
+        finally:
+            self.waiting.pop(key, None)
+
+    # -- one group / one episode ---------------------------------------------------------------
+    async def run_group(self, entry: Entry, prompt: Prompt) -> bool:
+        """Run the group's episodes; publish its rollouts (True) or close it as failed (False)."""
+        await self.gen.broker.script(_COUNT_START, [self.keys.prefix + "ledger:group_starts"], [prompt.group_id])
+        saved = await self._load_states(prompt)
+        tasks = [asyncio.create_task(self._episode(prompt, s, saved.get(s))) for s in range(prompt.group_size)]
+        try:
+            done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        except asyncio.CancelledError:
+            for t in tasks:
+                t.cancel()
+            raise
+        failed = [t for t in done if not t.cancelled() and isinstance(t.exception(), EpisodeFailed)]
+        other = [t.exception() for t in done if not t.cancelled() and t.exception() is not None and t not in failed]
+        if failed or other:
+            for t in pending:
+                t.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+        if other:
+            raise other[0]  # engine or broker trouble: the generator's usual retry/fatal handling
+        if failed:
+            reason = f"episode failed: {failed[0].exception()}"
+            await self.gen.broker.incr(self.keys.stat("episodes_failed"), len(failed))
+            self.gen.count("episodes_failed", len(failed))
+            self.gen.log.warning("episode_failed", group_id=prompt.group_id, reason=reason)
+            await self.gen.dead_letter(self.keys.prompts, entry, reason)
+            await close_group(self.gen.broker, self.keys, prompt.group_id, "failed")
+            await self.gen.broker.delete(self.state_key(prompt.group_id))
+            return False
+        rollouts = [t.result() for t in tasks]
+        await self.gen.broker.add_many(self.keys.rollouts, [encode(r) for r in rollouts])
+        # A death between these two lines continues the episodes once more under new ids; the
+        # trainer trains the first copy of each sample (docs/protocol.md, "Rollout ids").
+        await self.gen.broker.delete(self.state_key(prompt.group_id))
+        self.gen.count("rollouts", len(rollouts))
+        self.gen.count("episodes", len(rollouts))
+        return True
+
+    # -- checkpoints -------------------------------------------------------------------------
+    def state_key(self, group_id: str) -> str:
+        return f"{self.keys.prefix}episode_state:{group_id}"
+
+    async def _load_states(self, prompt: Prompt) -> dict[int, EpisodeState]:
+        """The group's episode checkpoints a dead generator left (empty on a first attempt). One
+        that does not fit this prompt or config is skipped: that episode starts from the prompt."""
+        out = {}
+        for name, blob in (await self.gen.broker.hgetall(self.state_key(prompt.group_id))).items():
+            try:
+                st = decode(blob, expect=EpisodeState)
+                if st.group_id != prompt.group_id or str(st.sample) != name:
+                    raise DecodeError(f"it is for {st.group_id} sample {st.sample}")
+                if not 0 <= st.sample < prompt.group_size or st.turn >= self.cfg.env.max_turns:
+                    raise DecodeError(
+                        f"sample {st.sample} / turn {st.turn} is outside this job's group_size / env.max_turns"
+                    )
+                if st.prompt_ids.tolist() != prompt.prompt_ids.tolist():
+                    raise DecodeError("its prompt ids differ from the prompt's")
+            except DecodeError as exc:
+                self.gen.count("episode_states_invalid")
+                self.gen.log.warning("episode_state_skipped", group_id=prompt.group_id, sample=name, reason=str(exc))
+                continue
+            out[st.sample] = st
+        return out
+
+    async def _save_state(
+        self,
+        prompt: Prompt,
+        sample: int,
+        episode_id: str,
+        s: EpisodeSample,
+        actions: list,
+        texts: list,
+        step_s: list,
+        env_reward: float,
+        counts: dict,
+    ) -> None:
+        st = EpisodeState(
+            episode_id=episode_id,
+            group_id=prompt.group_id,
+            sample=sample,
+            turn=len(actions) - 1,
+            actions=list(actions),
+            texts=list(texts),
+            step_s=list(step_s),
+            env_reward=env_reward,
+            counts=dict(counts),
+            writer=self.gen.worker_id,
+            **s.rollout_fields(),
+        )
+        await self.gen.broker.hset(self.state_key(prompt.group_id), {str(sample): encode(st)})
+
+    async def _episode(self, prompt: Prompt, sample: int, saved: EpisodeState | None = None) -> Rollout:
+        for _ in range(MAX_RESTARTS + 1):
+            result = await self._attempt(prompt, sample, saved)
+            saved = None  # a restart (the env lost its state) begins at the prompt
+            if result is not None:
+                return result
+            self.gen.count("episodes_restarted")
+            await self.gen.broker.incr(self.keys.stat("episodes_restarted"))
+        raise EpisodeFailed(f"the env lost the episode's state {MAX_RESTARTS + 1} times (not replayable)")
+
+    async def _attempt(self, prompt: Prompt, sample: int, saved: EpisodeState | None) -> Rollout | None:
+        episode_id = f"{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
+        if self.lockstep is None:
+            return await self._run(prompt, sample, episode_id, saved)
+        await self.lockstep.join(episode_id)
+        try:
+            return await self._run(prompt, sample, episode_id, saved)
+        finally:
+            await self.lockstep.leave(episode_id)
+
+    async def _run(self, prompt: Prompt, sample: int, episode_id: str, saved: EpisodeState | None) -> Rollout | None:
+        """One try at the episode (from `saved`'s last model turn if given); None when the env lost
+        its state and it must start over."""
+        gen, env = self.gen, self.cfg.env
+        s = EpisodeSample(prompt.prompt_ids.tolist())
+        item = {"text": prompt.text, "meta": prompt.meta}
+        actions, texts, step_s = [], [], []
+        env_reward, finish, counts = 0.0, "max_turns", {}
+        max_len = self.cfg.generator.max_model_len
+        first = 0
+        if saved is not None:
+            s = EpisodeSample.restore(
+                saved.prompt_ids,
+                saved.completion_ids,
+                saved.logprobs,
+                saved.version,
+                saved.version_switches,
+                saved.obs_spans,
+            )
+            actions, texts, step_s = list(saved.actions), list(saved.texts), list(saved.step_s)
+            env_reward, first = float(saved.env_reward), saved.turn
+            counts = dict(saved.counts)  # the tool calls of the turns kept count once, here
+            gen.count("episodes_continued")
+            await gen.broker.incr(self.keys.stat("episodes_continued"))
+            gen.log.info(
+                "episode_continued",
+                episode_id=episode_id,
+                previous=saved.episode_id,
+                turns_kept=first + 1,
+                tokens_kept=len(s.token_ids),
+                written_by=saved.writer,
+            )
+        for turn in range(first, env.max_turns):
+            if saved is None or turn > first:  # a continued episode resends its last turn's step first
+                room = max_len - len(s)
+                if room < 1:
+                    finish = "length"
+                    break
+                action = await self._model_turn(s, prompt, sample, turn, room)
+                actions.append(action)
+                texts.append(action)
+                await self._save_state(prompt, sample, episode_id, s, actions, texts, step_s, env_reward, counts)
+            req = StepRequest(
+                episode_id=episode_id,
+                group_id=prompt.group_id,
+                sample=sample,
+                turn=turn,
+                item=item,
+                actions=list(actions),
+                reply_to=gen.worker_id,
+            )
+            t0 = time.monotonic()
+            obs = await self._observe(req)
+            step_s.append(round(time.monotonic() - t0, 6))
+            if obs.error_kind == "replay":
+                return None
+            if obs.error:
+                raise EpisodeFailed(f"env step {turn} of {episode_id} ({obs.env_worker}): {obs.error}")
+            env_reward += obs.reward
+            for key, value in obs.counts.items():
+                counts[key] = counts.get(key, 0) + value
+            if obs.done:
+                finish = "stop"
+                break
+            if turn == env.max_turns - 1:
+                break
+            obs_ids = self._observation_ids(obs, s)
+            if len(s) + len(obs_ids) >= max_len:  # no room for the next model turn
+                finish = "length"
+                break
+            s.add_observation(obs_ids)
+            texts.append(obs.text)
+            if self.lockstep is not None:
+                await self.lockstep.wait(episode_id)
+        if not actions:
+            raise EpisodeFailed(f"the prompt ({len(s)} tokens) leaves no room under generator.max_model_len={max_len}")
+        meta = {
+            **prompt.meta,
+            "env_reward": env_reward,
+            "turns": len(actions),
+            "env_step_s": step_s,
+            "env_tokens": s.env_tokens,
+            "env_counts": counts,
+        }
+        return Rollout(
+            rollout_id=episode_id,  # one id per generated episode (docs/protocol.md, "Rollout ids")
+            group_id=prompt.group_id,
+            sample=sample,
+            group_size=prompt.group_size,
+            finish_reason=finish,
+            text="".join(texts),
+            prompt_text=prompt.text,
+            meta=meta,
+            worker=gen.worker_id,
+            finished_at=time.time(),
+            **s.rollout_fields(),
+        )
+
+    def _observation_ids(self, obs: Observation, s: EpisodeSample) -> list[int]:
+        """The observation's token ids: with tools.chat, its messages (or its text as a user message)
+        through the chat template's delta; otherwise its text tokenized alone. Either way an exact
+        extension of the history (streamrl/generate/chat.py)."""
+        if self.chat is None:
+            return self.tokenizer(obs.text, add_special_tokens=False)["input_ids"]
+        messages = obs.messages or [{"role": "user", "content": obs.text}]
+        return self.chat.observation_ids(messages, s.context)
+
+    async def _model_turn(self, s: EpisodeSample, prompt: Prompt, sample: int, turn: int, room: int) -> str:
+        """Sample one model turn over the exact history; tokens carry the version that made them."""
+        gen = self.gen
+        seed = sample_seed(self.cfg.run.seed, f"{prompt.group_id}#{turn}", sample)
+        params = gen.engine.sampling_params(seed, max_tokens=min(self.cfg.generator.max_tokens, room))
+        request_id = f"{gen.worker_id}:{prompt.group_id}:{sample}:{turn}:{uuid.uuid4().hex[:8]}"
+        text = []
+        before = s.model_tokens
+        gen._set_active(+1)
+        try:
+            async for delta in gen.engine.stream(s.context, params, request_id):
+                gen._deliveries += 1
+                # Consumed before a weight switch completes (GeneratorWorker._switch drains), so the
+                # version current now is the one that produced these tokens.
+                s.add_model(delta.token_ids, delta.logprobs, gen.version)
+                text.append(delta.text)
+        finally:
+            gen._set_active(-1)
+        gen.count("tokens_generated", s.model_tokens - before)
+        return "".join(text)

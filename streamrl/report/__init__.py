@@ -1,0 +1,1 @@
+"""Reading a run's outputs: plots."""
