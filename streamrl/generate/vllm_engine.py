@@ -13,6 +13,7 @@ in a child process, so a script that starts an engine needs an `if __name__ == "
 
 from __future__ import annotations
 
+import asyncio
 import os
 import zlib
 from dataclasses import dataclass
@@ -52,7 +53,7 @@ class VLLMEngine:
         self.seed = seed
         self.llm = None
         self.tokenizer = None
-        """The model's tokenizer, loaded at first use (get_tokenizer)."""
+        """The model's tokenizer, loaded by start() off the event loop (get_tokenizer)."""
         self.start_method: str | None = None
         """How the EngineCore process was started (fork or spawn), once started."""
         self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
@@ -114,6 +115,9 @@ class VLLMEngine:
         self.start_method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
         cache = self.llm.vllm_config.cache_config
         self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
+        # Loaded here, in a thread: loaded at the first decode it held the generator's event loop (and
+        # every request streaming through it) for the whole AutoTokenizer.from_pretrained (H200, issue 28).
+        await asyncio.to_thread(self.get_tokenizer)
 
     def sampling_params(self, seed: int | None, temperature: float | None = None, max_tokens: int | None = None):
         """Per-request parameters; `temperature` overrides generator.temperature (eval prompts),

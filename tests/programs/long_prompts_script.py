@@ -21,6 +21,7 @@ async def main(model_dir: str) -> dict:
     gen = GeneratorConfig(max_model_len=1024, max_tokens=8, max_num_seqs=4)
     engine = VLLMEngine(model_dir, gen, dtype="float32", seed=0)
     await engine.start()
+    tokenizer_at_start = engine.tokenizer is not None
 
     async def one(i: int) -> int:
         prompt = [4 + (i * 7 + k) % 90 for k in range(700)]  # 8 x 700 tokens > the 2048-token step budget
@@ -45,6 +46,7 @@ async def main(model_dir: str) -> dict:
         tokens = list(await asyncio.gather(*(one(i) for i in range(8))))
         return {
             "tokens": tokens,
+            "tokenizer_at_start": tokenizer_at_start,
             "max_num_seqs": engine.llm.vllm_config.scheduler_config.max_num_seqs,
             "end": await texts("end"),
             "incremental": await texts("incremental"),

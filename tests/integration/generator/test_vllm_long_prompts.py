@@ -39,6 +39,8 @@ def test_seeded_long_prompts_over_the_step_budget_all_finish(tmp_path):
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["tokens"] == [8] * 8  # every request finished, 4 at a time
     assert out["max_num_seqs"] == 4  # generator.max_num_seqs reached vLLM's scheduler
+    # loaded by start(), not by the first decode on the event loop (which held every streaming request)
+    assert out["tokenizer_at_start"] is True
     # generator.detokenize=end: vLLM detokenizes nothing, the last delta carries the whole text, and
     # tokens, sampling log-probs and text equal vLLM's incremental detokenization of the same requests.
     for end, inc in zip(out["end"], out["incremental"], strict=True):
