@@ -291,6 +291,7 @@ class TrainerWorker(Worker):
             rec.update(evaluation)
             self.log.info("eval", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in evaluation.items()})
         line = self.metrics.write(rec)
+        self.metrics.write_samples(batch, self.version)
         asyncio.get_running_loop().create_task(self.broker.add(self.keys.metrics, line.encode(), maxlen=10_000))
         self.log.info(
             "step",
