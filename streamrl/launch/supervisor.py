@@ -24,6 +24,7 @@ from streamrl.config.schema import Config
 from streamrl.core.errors import EXIT_NO_RESTART, WorkerDied
 from streamrl.launch.failures import DeadLetterWatch
 from streamrl.launch.leftovers import ProcessTree, describe_removed
+from streamrl.launch.log_noise import strip_leak_report
 from streamrl.launch.oom import OomWatch
 from streamrl.launch.progress import Progress
 from streamrl.launch.recovery import BrokerWatch, RestartPolicy, describe_exit
@@ -146,6 +147,7 @@ class Supervisor:
     def _on_death(self, c: Child, code: int) -> None:
         """Report how `c` died; schedule its restart (back-off) or end the run (WorkerDied)."""
         kill_group(c.proc)  # engine processes or ranks it left behind
+        strip_leak_report(c.log_path)  # before its tail is quoted
         how = self._how(c)
         if code == EXIT_NO_RESTART and (fatal := fatal_line(c.log_path)):
             self._clean_up(c)
@@ -175,7 +177,9 @@ class Supervisor:
         return describe_exit(c.proc.returncode, self.oom.evidence({c.proc.pid, *c.tree.pids}, c.oom_mark))
 
     def _clean_up(self, c: Child) -> None:
-        """Remove what the dead child's tree left in /dev/shm (streamrl/launch/leftovers.py)."""
+        """Remove what the dead child's tree left in /dev/shm (streamrl/launch/leftovers.py), and the
+        exit noise at the end of its log (streamrl/launch/log_noise.py)."""
+        strip_leak_report(c.log_path)
         if removed := c.tree.remove_leftovers():
             self.say(f"{c.worker_id}: {describe_removed(removed)}")
 
