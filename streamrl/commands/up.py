@@ -79,7 +79,7 @@ def run(args) -> int:
             url,
             say=lambda m: print(m, flush=True),
             broker_server=embedded,
-            resumed_at=resumed_step(run_dir) if args.resume else None,
+            resumed_at=resume_at(run_dir) if args.resume else None,
         )
         code = sup.run()
     finally:
@@ -103,11 +103,15 @@ STOPPED = 130
 """Supervisor.run's code after Ctrl-C (or SIGTERM)."""
 
 
-def resumed_step(run_dir: Path) -> int:
-    """The step a resumed run continues from: its newest complete checkpoint (0: none)."""
-    from streamrl.train.checkpoint import list_checkpoints  # torch: only on --resume
+def resume_at(run_dir: Path) -> int:
+    """The step a resumed run continues from: its newest complete checkpoint (0: none). The rows of
+    steps above it are dropped now (the trainer retrains those steps and writes them again), so the
+    console never shows the old ones as new."""
+    from streamrl.train.checkpoint import list_checkpoints, truncate_metrics  # torch: only on --resume
 
-    return max(list_checkpoints(run_dir), default=0)
+    step = max(list_checkpoints(run_dir), default=0)
+    truncate_metrics(run_dir, step)
+    return step
 
 
 def continue_hint(run_dir: Path) -> str:

@@ -7,10 +7,12 @@ as new, and the command a stopped run prints to continue (pure, files only).
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 
 from streamrl.assemble.advantages import zero_variance_frac
-from streamrl.commands.up import continue_hint, resumed_step
+from streamrl.commands.up import continue_hint, resume_at
 from streamrl.launch.progress import NO_SIGNAL_STEPS, Progress, step_line
 
 
@@ -58,13 +60,16 @@ def test_a_resumed_run_does_not_show_its_old_steps_again():
     assert [s.split("|")[0].strip() for s in said] == ["step    4/20", "step    5/20"]
 
 
-def test_resumed_step_is_the_newest_checkpoint(tmp_path):
-    assert resumed_step(tmp_path) == 0
+def test_a_resume_starts_at_the_newest_checkpoint_and_drops_the_rows_above_it(tmp_path):
+    assert resume_at(tmp_path) == 0
     for step in (2, 4):
         (tmp_path / "checkpoints" / f"step-{step}").mkdir(parents=True)
         (tmp_path / "checkpoints" / f"step-{step}" / "meta.json").write_text("{}")
     (tmp_path / "checkpoints" / "step-6").mkdir()  # incomplete: no meta.json
-    assert resumed_step(tmp_path) == 4
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(_row(s)) + "\n" for s in range(1, 7)))
+    assert resume_at(tmp_path) == 4
+    # Steps 5 and 6 are trained again: their old rows must not be shown as the new ones.
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
 def test_a_stopped_run_prints_how_to_continue(tmp_path):
