@@ -27,6 +27,7 @@ COMMANDS = [
     "env",
     "bench",
     "report",
+    "samples",
 ]
 """Subcommand modules under streamrl.commands, in --help order (a module not present is skipped)."""
 

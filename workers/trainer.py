@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from streamrl.assemble.advantages import zero_variance_frac
 from streamrl.assemble.assembler import Assembler
 from streamrl.config.schema import Config
 from streamrl.core import accounting, run_end
@@ -279,6 +280,7 @@ class TrainerWorker(Worker):
             "overlap_rollouts": overlap,
             "overlap_frac": overlap / max(1, len(batch)),
             "completion_len_mean": float(np.mean(tokens)),
+            "zero_variance_frac": zero_variance_frac(batch.rewards, batch.group_index),
             "reward_components": {k: float(np.mean(v)) for k, v in batch.reward_components.items()},
             **{k: v for k, v in batch.stats.items() if k != "wait_s"},
             **episode_metrics(batch.rollouts),
@@ -291,6 +293,7 @@ class TrainerWorker(Worker):
             rec.update(evaluation)
             self.log.info("eval", **{k.replace("/", "_").replace("@", "_at_"): v for k, v in evaluation.items()})
         line = self.metrics.write(rec)
+        self.metrics.write_samples(batch, self.version)
         asyncio.get_running_loop().create_task(self.broker.add(self.keys.metrics, line.encode(), maxlen=10_000))
         self.log.info(
             "step",
@@ -299,6 +302,8 @@ class TrainerWorker(Worker):
             staleness_max=rec["staleness_max"],
             wait_s=rec["wait_s"],
             train_s=rec["train_s"],
+            zero_variance_frac=rec["zero_variance_frac"],
+            **{k: round(rec[k], 5) for k in ("loss", "kl", "entropy", "grad_norm") if isinstance(rec.get(k), float)},
         )
 
     async def close(self) -> None:

@@ -13,6 +13,7 @@ the call and fails only that rollout).
 
 from __future__ import annotations
 
+import logging
 import re
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -24,6 +25,18 @@ def answer_part(completion: str) -> str:
     after the last GSM8K-style '####' if there is one."""
     text = completion.rsplit(THINK_CLOSE, 1)[-1]
     return text.rsplit("####", 1)[-1] if "####" in text else text
+
+
+class _TimeoutOffNote(logging.Filter):
+    """Drops math-verify's "Timeout is disabled" warning, logged when a call turns its timeout off:
+    here that is deliberate (reward.timeout_s bounds the call, see above)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Timeout is disabled")
+
+
+for _name in ("math_verify.parser", "math_verify.grader"):
+    logging.getLogger(_name).addFilter(_TimeoutOffNote())
 
 
 def _parse(text: str) -> list:

@@ -69,6 +69,17 @@ def dynamic_sampling_keep(rewards: np.ndarray, group_index: np.ndarray) -> np.nd
     return keep
 
 
+def zero_variance_frac(rewards: np.ndarray, group_index: np.ndarray) -> float:
+    """Fraction of groups whose rewards are all equal: no advantage, so no learning signal (pure).
+    metrics.jsonl's `zero_variance_frac`; 1.0 on every step is a job that learns nothing."""
+    g = np.asarray(group_index).reshape(-1)
+    if g.size == 0:
+        return 0.0
+    keep = dynamic_sampling_keep(rewards, g)
+    groups = np.unique(g)
+    return float(sum(1 for gid in groups if not keep[g == gid].any()) / len(groups))
+
+
 def overlong_penalty(lengths: np.ndarray, max_tokens: int, buffer: int, penalty: float = 1.0) -> np.ndarray:
     """DAPO soft overlong punishment, added to the reward (float64, <= 0).
 

@@ -3,11 +3,13 @@
     streamrl report runs/tiny-20260101-120000                 # plots into RUN_DIR/report/
     streamrl report runs/demo --out /tmp/plots --json         # also print the summary as JSON
 
-Plots: reward.png (mean +- std per step), throughput.png (trained tokens/s per step),
+Plots: reward.png (mean +- std per step), throughput.png (trained tokens/s over a rolling window of
+THROUGHPUT_WINDOW steps: one step's rate swings with what it waited for),
 busy.png (trainer busy share of each step, rollouts generated while training, and each worker's
 busy fraction from its shutdown log line), staleness.png (trained tokens per staleness),
 losses.png (every loss metric the objective logs), eval.png (eval/pass@k, mean@n, maj@n per evaluated
-version, with eval.every_steps). `summarize()` is what `streamrl bench e2e`
+version, with eval.every_steps). samples.html shows the rollouts the trainer kept of each step
+(RUN_DIR/samples.jsonl, metrics.samples_per_step). `summarize()` is what `streamrl bench e2e`
 reports for each job.
 """
 
@@ -22,6 +24,10 @@ NAME = "report"
 HELP = "plots and a summary of a finished (or running) run from its metrics.jsonl"
 LOSS_COLUMNS = 4
 """losses.png is a grid of this many panels per row (one long strip of 8 was unreadable)."""
+THROUGHPUT_WINDOW = 5
+"""Steps per point of throughput.png: tokens over wall time of the last this many steps."""
+SUMMARY_LOSS_KEYS = ["loss", "kl", "entropy", "grad_norm"]
+"""The optimisation in the summary: each one's first and last value."""
 LOSS_KEYS = ["loss", "pg_loss", "kl", "entropy", "clip_frac_low", "clip_frac_high", "abs_log_ratio_mean", "grad_norm"]
 
 
@@ -100,12 +106,34 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
         "reward_last": rows[-1].get("reward_mean"),
         "wait_s_mean": round(float(np.mean([m.get("wait_s", 0.0) for m in steady])), 4),
         "train_s_mean": round(float(np.mean([m.get("train_s", 0.0) for m in steady])), 4),
+        **loss_summary(rows),
         **eval_summary(rows),
     }
 
 
 def _column(rows: list[dict], key: str) -> np.ndarray:
     return np.asarray([m.get(key) if m.get(key) is not None else np.nan for m in rows], dtype=float)
+
+
+def loss_summary(rows: list[dict]) -> dict:
+    """First and last value of each of SUMMARY_LOSS_KEYS the objective logged: {"kl": "0.01 -> 0.03"}."""
+    out = {}
+    for key in SUMMARY_LOSS_KEYS:
+        vals = [m[key] for m in rows if isinstance(m.get(key), (int, float))]
+        if vals:
+            out[key] = f"{vals[0]:.4g} -> {vals[-1]:.4g}"
+    return out
+
+
+def rolling_rate(tokens, walls, window: int = THROUGHPUT_WINDOW) -> np.ndarray:
+    """Tokens per second over the last `window` steps at each step (sum over sum, not a mean of
+    per-step rates, so a step that waited long weighs what it cost); pure."""
+    tok = np.cumsum(np.nan_to_num(np.asarray(tokens, dtype=float)))
+    wall = np.cumsum(np.asarray(walls, dtype=float))
+    lo = np.maximum(np.arange(len(tok)) - window, -1)
+    tok_before = np.where(lo >= 0, tok[np.maximum(lo, 0)], 0.0)
+    wall_before = np.where(lo >= 0, wall[np.maximum(lo, 0)], 0.0)
+    return (tok - tok_before) / np.maximum(wall - wall_before, 1e-9)
 
 
 EVAL_PREFIXES = ("eval/pass@", "eval/mean@", "eval/maj@")
@@ -146,8 +174,8 @@ def plot_run(run_dir: Path, out: Path) -> list[Path]:
     save(fig, "reward.png")
 
     fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot(steps, _column(rows, "tokens") / walls)
-    ax.set(xlabel="step", ylabel="trained tokens/s", title="throughput per step")
+    ax.plot(steps, rolling_rate(_column(rows, "tokens"), walls))
+    ax.set(xlabel="step", ylabel="trained tokens/s", title=f"throughput (rolling {THROUGHPUT_WINDOW} steps)")
     save(fig, "throughput.png")
 
     summary = summarize(run_dir)
@@ -216,6 +244,9 @@ def losses_figure(plt, rows: list[dict]):
 
 def run(args) -> int:
     from streamrl.core.errors import ConfigError
+    from streamrl.report.samples_html import write_samples_html
+    from streamrl.train.samples import FILE as SAMPLES_FILE
+    from streamrl.train.samples import read_samples
 
     run_dir = Path(args.run_dir)
     if not (run_dir / "metrics.jsonl").is_file():
@@ -226,6 +257,8 @@ def run(args) -> int:
     summary = summarize(run_dir)
     out = Path(args.out) if args.out else run_dir / "report"
     written = plot_run(run_dir, out)
+    if (run_dir / SAMPLES_FILE).is_file():
+        written.append(write_samples_html(read_samples(run_dir), out / "samples.html", f"samples of {run_dir.name}"))
     for key, value in summary.items():
         print(f"{key:>26}  {value}")
     print(f"wrote {', '.join(p.name for p in written)} to {out}")

@@ -41,6 +41,12 @@ MAIN_COUNTER = {
 RECENT = 20
 """Steps the staleness histogram and the reward trend cover."""
 BARS = "▁▂▃▄▅▆▇█"
+COUNTERS_WIDTH = 38
+"""The workers table's counters column wraps at this width, so the table fits 120 columns."""
+LEGEND = (
+    "released: admitted groups the trainer will never train (dropped stale, filtered by dynamic "
+    "sampling, failed), whose admission slot the feeder refills; age: seconds since the last heartbeat"
+)
 
 
 def add_arguments(p) -> None:
@@ -151,8 +157,9 @@ def render(snap: dict) -> Group:
             )
 
     workers = Table(title="workers (heartbeats)", expand=False)
-    for col in ("role", "id", "host", "age s", "uptime s", "throughput", "counters"):
-        workers.add_column(col)
+    for col in ("role", "id", "host", "age s", "up s", "throughput"):
+        workers.add_column(col, justify="right" if col.endswith(" s") else "left")
+    workers.add_column("counters", max_width=COUNTERS_WIDTH, overflow="fold")
     for w in snap["workers"]:
         main = MAIN_COUNTER.get(w["role"])
         uptime = w.get("uptime_s")
@@ -163,9 +170,10 @@ def render(snap: dict) -> Group:
             for k, v in w.items()
             if k not in ("role", "id", "host", "pid", "ts", "uptime_s") and isinstance(v, (int, float))
         )
-        workers.add_row(w["role"], w["id"], str(w.get("host", "-")), age, str(uptime or "-"), rate, counters)
+        up = f"{uptime:.0f}" if isinstance(uptime, (int, float)) else "-"
+        workers.add_row(w["role"], w["id"], str(w.get("host", "-")), age, up, rate, counters)
 
-    parts = [head, streams, workers]
+    parts = [head, streams, workers, Text(LEGEND, style="dim")]
     if rows:
         trend = [r.get("reward_mean", 0.0) for r in rows]
         comps = last.get("reward_components") or {}
@@ -205,7 +213,7 @@ async def _main(args) -> int:
         return 0
     broker = await connect(broker_url(args), retries=3)
     collector = Collector(broker, _run_name(args))
-    console = Console(width=None if sys.stdout.isatty() else 160)  # pipes: no 80-column wrapping
+    console = Console(width=None if sys.stdout.isatty() else 120)  # pipes: no 80-column wrapping
     try:
         if args.once:
             console.print(render(await collector.snapshot()))

@@ -73,7 +73,14 @@ def run(args) -> int:
                 f"embedded broker on 127.0.0.1:{embedded.port}{via} (password in {run_dir / 'broker' / 'url'})",
                 flush=True,
             )
-        sup = Supervisor(cfg, run_dir, url, say=lambda m: print(m, flush=True), broker_server=embedded)
+        sup = Supervisor(
+            cfg,
+            run_dir,
+            url,
+            say=lambda m: print(m, flush=True),
+            broker_server=embedded,
+            resumed_at=resume_at(run_dir) if args.resume else None,
+        )
         code = sup.run()
     finally:
         # Producers of the run see it end (and leave) before the broker goes away under them; the
@@ -87,7 +94,29 @@ def run(args) -> int:
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
         _export(run_dir)
+    elif code == STOPPED:
+        print(continue_hint(run_dir), flush=True)
     return code
+
+
+STOPPED = 130
+"""Supervisor.run's code after Ctrl-C (or SIGTERM)."""
+
+
+def resume_at(run_dir: Path) -> int:
+    """The step a resumed run continues from: its newest complete checkpoint (0: none). The rows of
+    steps above it are dropped now (the trainer retrains those steps and writes them again), so the
+    console never shows the old ones as new."""
+    from streamrl.train.checkpoint import list_checkpoints, truncate_metrics  # torch: only on --resume
+
+    step = max(list_checkpoints(run_dir), default=0)
+    truncate_metrics(run_dir, step)
+    return step
+
+
+def continue_hint(run_dir: Path) -> str:
+    """What a stopped run prints last: the command that continues it from its newest checkpoint."""
+    return f"stopped; continue this run with `streamrl up --resume {run_dir}`"
 
 
 def _end_run_and_stop_broker(url: str, run: str, code: int, server) -> None:

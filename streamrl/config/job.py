@@ -112,3 +112,6 @@ class MetricsConfig(Section):
     """Port of the /metrics endpoint (trainer rank 0); 0 picks a free one."""
     prometheus_addr: str = "127.0.0.1"
     """Address the endpoint binds; 0.0.0.0 to let a Prometheus on another host scrape it."""
+    samples_per_step: int = Field(4, ge=0)
+    """Rollouts of each step kept in RUN_DIR/samples.jsonl (prompt, completion, reward and its parts,
+    version, staleness; an episode's turns) for `streamrl samples` and the report; 0: none."""

@@ -354,6 +354,7 @@ class EpisodeRunner:
             "env_step_s": step_s,
             "env_tokens": s.env_tokens,
             "env_counts": counts,
+            "turn_chars": [len(t) for t in texts],  # model turn, observation, ...: samples.jsonl's turns
         }
         return Rollout(
             rollout_id=episode_id,  # one id per generated episode (docs/protocol.md, "Rollout ids")

@@ -24,7 +24,9 @@ from streamrl.config.schema import Config
 from streamrl.core.errors import EXIT_NO_RESTART, WorkerDied
 from streamrl.launch.failures import DeadLetterWatch
 from streamrl.launch.leftovers import ProcessTree, describe_removed
+from streamrl.launch.log_noise import strip_leak_report
 from streamrl.launch.oom import OomWatch
+from streamrl.launch.progress import Progress
 from streamrl.launch.recovery import BrokerWatch, RestartPolicy, describe_exit
 from streamrl.train.metrics import read_metrics
 
@@ -86,7 +88,10 @@ def role_counts(cfg: Config) -> dict[str, int]:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, run_dir: Path, broker_url: str, say=print, broker_server=None):
+    def __init__(
+        self, cfg: Config, run_dir: Path, broker_url: str, say=print, broker_server=None, resumed_at: int | None = None
+    ):
+        """`resumed_at`: the checkpoint step a `--resume` continues from (None: a new run)."""
         self.cfg = cfg
         self.policy = RestartPolicy(cfg.supervisor)
         self.broker_watch = BrokerWatch(broker_server, cfg.supervisor.restart_broker, say)
@@ -97,7 +102,8 @@ class Supervisor:
         self.children: list[Child] = []
         self.config_path = run_dir / "config.yaml"
         self._stop_requested = 0
-        self._printed = 0
+        self.resumed_at = resumed_at
+        self.progress = Progress(cfg.trainer.steps, say, after_step=resumed_at or 0)
         self.failures = DeadLetterWatch(broker_url, cfg.run.name)
         """Dead-lettered entries per cause, printed while the job runs (streamrl/launch/failures.py)."""
         self.retiring: list[Child] = []
@@ -141,6 +147,7 @@ class Supervisor:
     def _on_death(self, c: Child, code: int) -> None:
         """Report how `c` died; schedule its restart (back-off) or end the run (WorkerDied)."""
         kill_group(c.proc)  # engine processes or ranks it left behind
+        strip_leak_report(c.log_path)  # before its tail is quoted
         how = self._how(c)
         if code == EXIT_NO_RESTART and (fatal := fatal_line(c.log_path)):
             self._clean_up(c)
@@ -170,7 +177,9 @@ class Supervisor:
         return describe_exit(c.proc.returncode, self.oom.evidence({c.proc.pid, *c.tree.pids}, c.oom_mark))
 
     def _clean_up(self, c: Child) -> None:
-        """Remove what the dead child's tree left in /dev/shm (streamrl/launch/leftovers.py)."""
+        """Remove what the dead child's tree left in /dev/shm (streamrl/launch/leftovers.py), and the
+        exit noise at the end of its log (streamrl/launch/log_noise.py)."""
+        strip_leak_report(c.log_path)
         if removed := c.tree.remove_leftovers():
             self.say(f"{c.worker_id}: {describe_removed(removed)}")
 
@@ -199,6 +208,11 @@ class Supervisor:
                 f"started {', '.join(f'{n} {r}' for r, n in role_counts(self.cfg).items() if n)}; "
                 f"logs in {self.run_dir / 'logs'}"
             )
+            if self.resumed_at is not None:
+                self.say(
+                    f"resumed at step {self.resumed_at}/{self.cfg.trainer.steps}"
+                    + ("" if self.resumed_at else " (no checkpoint yet: training starts over)")
+                )
             code = self._watch()
         finally:
             self.children += self.retiring
@@ -305,26 +319,7 @@ class Supervisor:
                 self.say(f"scale: stopping {c.worker_id} ({role} -> {want})")
 
     def _progress(self) -> None:
-        rows = read_metrics(self.run_dir)
-        for m in rows[self._printed :]:
-            tps = m["tokens"] / max(1e-9, m.get("train_s", 0) + m.get("wait_s", 0))
-            self.say(
-                f"step {m['step']:>4}/{self.cfg.trainer.steps} | reward {m['reward_mean']:.3f} | "
-                f"staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
-                f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
-                + (
-                    f" | turns {m['turns_mean']:.2f}, env p50 {m['env_step_s_p50'] * 1000:.0f}ms, "
-                    f"failed episodes {m.get('episodes_failed', 0):.0f}"
-                    if "turns_mean" in m
-                    else ""
-                )
-                + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else "")
-                + "".join(
-                    f" | {k} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/mean@", "eval/maj@"))
-                )
-                + (f" (eval at step {m['eval/step']})" if "eval/step" in m else "")
-            )
-        self._printed = len(rows)
+        self.progress.show(read_metrics(self.run_dir))
 
     def stop_all(self) -> None:
         live = [c for c in self.children if c.proc.poll() is None]

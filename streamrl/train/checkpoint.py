@@ -342,15 +342,16 @@ def load_checkpoint(engine, path: Path) -> dict:
 
 
 def truncate_metrics(run_dir: Path | None, version: int) -> None:
-    """Drop metrics.jsonl rows of steps above `version` (a resumed trainer writes them again).
-    In place, so a writer that already holds the file open (append mode) keeps appending to it."""
-    path = Path(run_dir) / "metrics.jsonl" if run_dir else None
-    if path is None or not path.is_file():
-        return
-    with open(path, "r+") as fh:
-        lines = fh.read().splitlines(keepends=True)
-        keep = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= version]
-        if len(keep) != len(lines):
-            fh.seek(0)
-            fh.writelines(keep)
-            fh.truncate()
+    """Drop metrics.jsonl and samples.jsonl rows of steps above `version` (a resumed trainer writes
+    them again). In place, so a writer that already holds a file open (append mode) keeps appending to it."""
+    for name in ("metrics.jsonl", "samples.jsonl"):
+        path = Path(run_dir) / name if run_dir else None
+        if path is None or not path.is_file():
+            continue
+        with open(path, "r+") as fh:
+            lines = fh.read().splitlines(keepends=True)
+            keep = [ln for ln in lines if ln.strip() and json.loads(ln).get("step", 0) <= version]
+            if len(keep) != len(lines):
+                fh.seek(0)
+                fh.writelines(keep)
+                fh.truncate()

@@ -87,7 +87,8 @@ def pad_batch(batch: Batch, pad_id: int, multiple: int = 1) -> dict[str, Tensor]
         weight = 1.0 if batch.loss_mask is None else float(batch.loss_mask[i])
         # Observation tokens of a multi-turn episode (obs_spans) are context, never trained on.
         mask[i, :c] = torch.from_numpy(r.token_mask() * weight) if r.obs_spans else weight
-        old[i, :c] = torch.from_numpy(np.asarray(r.logprobs, dtype=np.float32))
+        # torch.tensor copies: decoded arrays are read-only views of the message (from_numpy warns on them)
+        old[i, :c] = torch.tensor(np.asarray(r.logprobs, dtype=np.float32))
         if ref is not None:
             ref_row = np.asarray(batch.ref_logprobs[i], dtype=np.float32)
             if len(ref_row) != c:
@@ -95,7 +96,7 @@ def pad_batch(batch: Batch, pad_id: int, multiple: int = 1) -> dict[str, Tensor]
                     f"rollout {r.rollout_id}: {len(ref_row)} reference log-probs for {c} completion "
                     "tokens; the reference worker must annotate every completion token"
                 )
-            ref[i, :c] = torch.from_numpy(ref_row)
+            ref[i, :c] = torch.tensor(ref_row)
     out.update(mask=mask, old_logprobs=old, advantages=torch.as_tensor(np.asarray(batch.advantages, dtype=np.float32)))
     if ref is not None:
         out["ref_logprobs"] = ref

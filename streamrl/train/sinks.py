@@ -38,6 +38,9 @@ class NullSink:
     def log(self, record: dict) -> None:
         pass
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        pass
+
     def close(self) -> None:
         pass
 
@@ -61,6 +64,13 @@ class WandbSink:
     def log(self, record: dict) -> None:
         self.run.log(scalars(record), step=int(record.get("step", 0)))
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """A `samples` table per step (W&B keeps each; its UI shows them by step)."""
+        import wandb
+
+        cols = ["step", "group_id", "sample", "prompt", "completion", "reward", "version", "staleness"]
+        self.run.log({"samples": wandb.Table(columns=cols, data=[[r[c] for c in cols] for r in rows])}, step=step)
+
     def close(self) -> None:
         self.run.finish()
 
@@ -78,6 +88,14 @@ class TensorBoardSink:
         step = int(record.get("step", 0))
         for name, value in scalars(record).items():
             self.writer.add_scalar(name, value, step)
+        self.writer.flush()
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        """The step's samples as one markdown text entry (TensorBoard's Text tab)."""
+        from streamrl.train.samples import format_sample
+
+        body = "\n\n".join("    " + format_sample(r).replace("\n", "\n    ") for r in rows)
+        self.writer.add_text("samples", body, step)
         self.writer.flush()
 
     def close(self) -> None:
@@ -107,6 +125,9 @@ class PrometheusSink:
                 )
             self.gauges[metric].labels(run=self.run).set(value)
 
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        pass  # text is no gauge
+
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
@@ -131,6 +152,9 @@ class FanOut:
 
     def log(self, record: dict) -> None:
         self._each("log", record)
+
+    def log_samples(self, step: int, rows: list[dict]) -> None:
+        self._each("log_samples", step, rows)
 
     def close(self) -> None:
         self._each("close")

@@ -78,6 +78,12 @@ def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
         assert code == 130, f"exit {code} after {took:.1f}s:\n{text[-4000:]}"
         assert took < 20, f"stopping took {took:.1f}s:\n{text[-4000:]}"
         assert "did not stop within" not in text and "accounting skipped" not in text, text[-4000:]
+        assert text.rstrip().endswith(f"continue this run with `streamrl up --resume {run_dir}`"), text[-2000:]
+        assert " | loss " in text and " gnorm " in text, text[-4000:]  # the optimisation on the step line
+        samples = [json.loads(ln) for ln in (run_dir / "samples.jsonl").read_text().splitlines()]
+        assert {r["step"] for r in samples} >= {1, 2} and all(r["prompt"] and r["completion"] for r in samples)
+        for log in (run_dir / "logs").glob("*.out"):  # the exit noise of triton's bindings is gone
+            assert "nanobind: leaked" not in log.read_text(errors="replace"), log
         summary = json.loads((run_dir / "summary.json").read_text())
         assert_exact(summary)
         last = _steps(run_dir)[-1]

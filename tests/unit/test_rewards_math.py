@@ -92,3 +92,14 @@ def test_annotation_parts_travel_and_are_validated():
 
     with pytest.raises(DecodeError, match="parts must map names to finite numbers"):
         decode(encode(Annotation(rollout_id="g0:0", key="reward", value=1.0, parts={"math": float("nan")})))
+
+
+def test_the_deliberately_disabled_timeout_is_not_warned(caplog, monkeypatch):
+    import math_verify.grader
+    import math_verify.parser
+
+    for module in (math_verify.parser, math_verify.grader):  # it warns once per process
+        monkeypatch.setattr(module, "TIMEOUT_WARNING_SHOWN", False)
+    with caplog.at_level("WARNING"):
+        assert math_verify_reward("q", "\\boxed{42}", {"answer": "42"}) == 1.0
+    assert not [r for r in caplog.records if "Timeout is disabled" in r.getMessage()]

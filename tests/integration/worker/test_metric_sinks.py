@@ -98,3 +98,25 @@ def test_a_sink_that_cannot_start_is_skipped(tmp_path):
         w.close()
     assert [e["sink"] for e in logs if e["event"] == "metric_sink_unavailable"] == ["prometheus"]
     assert list((tmp_path / "tensorboard").iterdir())
+
+
+def test_wandb_takes_the_samples_as_a_table(tmp_path, monkeypatch):
+    """FanOut drops a sink that raises (with a warning): no warning means the table was logged."""
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    cfg = Config(run=RunConfig(name="sinks"), metrics=MetricsConfig(sinks=["wandb"], wandb_mode="offline"))
+    row = {
+        "step": 1,
+        "group_id": "g0",
+        "sample": 0,
+        "prompt": "2+2?",
+        "completion": "4",
+        "reward": 1.0,
+        "version": 0,
+        "staleness": 0,
+    }
+    with capture_logs() as logs:
+        w = MetricsWriter(tmp_path, cfg)
+        w.write(_record(1))
+        w.sink.log_samples(1, [row])
+        w.close()
+    assert not [e for e in logs if e["event"] == "metric_sink_failed"], logs

@@ -80,6 +80,18 @@ def test_report_command_writes_every_plot(tmp_path, capsys):
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["steps"] == 3
 
 
+def test_report_shows_the_optimisation_and_the_kept_samples(tmp_path, capsys):
+    run_dir = _run_dir(tmp_path)
+    row = {"step": 2, "group_id": "g0", "sample": 0, "prompt": "2+2?", "completion": "<b>4</b>", "reward": 1.0}
+    row |= {"reward_components": {}, "version": 1, "staleness": 1, "finish_reason": "stop", "tokens": 3}
+    (run_dir / "samples.jsonl").write_text(json.dumps(row) + "\n")
+    assert main(["report", str(run_dir), "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["loss"] == "0.2 -> 0.06667" and summary["kl"] == "0.01 -> 0.01"
+    page = (run_dir / "report" / "samples.html").read_text()
+    assert "step 2" in page and "&lt;b&gt;4&lt;/b&gt;" in page
+
+
 def test_report_names_the_fix_without_metrics(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     assert "has no metrics.jsonl" in capsys.readouterr().err

@@ -77,6 +77,7 @@ async def test_snapshot_and_view(broker, run_name):
         "180 (94%)",
     ):
         assert piece in text, text
+    assert "released: admitted groups the trainer will never train" in text  # the head's count, defined
     await broker.add(collector.keys.metrics, json.dumps({"step": 4, "reward_mean": 0.9}).encode())
     assert [m["step"] for m in (await collector.snapshot())["metrics"]] == [1, 2, 3, 4]  # incremental reads
 
@@ -92,3 +93,26 @@ async def test_status_once_cli(redis_server, broker, run_name):
     )
     assert res.returncode == 0, res.stderr
     assert "generator-0" in res.stdout and "rollouts" in res.stdout and "lag" in res.stdout
+
+
+def test_the_workers_table_fits_120_columns():
+    """A generator's dozen counters wrap inside the table instead of widening it past 120 columns."""
+    counters = {f"counter_{i}": 1000 + i for i in range(14)}
+    worker = {"role": "generator", "id": "generator-0", "host": "a-long-host-name", "ts": 99.0, "uptime_s": 300.5}
+    snap = {
+        "run": "r",
+        "now": 100.0,
+        "trainer_version": 1,
+        "weights_version": 1,
+        "admitted": 8,
+        "released": 2,
+        "streams": [],
+        "workers": [{**worker, "rollouts": 900, **counters}],
+        "metrics": [],
+    }
+    console = Console(record=True, width=200)
+    console.print(render(snap))
+    text = console.export_text()
+    table = [ln for ln in text.splitlines() if "generator" in ln or "counter_" in ln]
+    assert table and max(len(ln.rstrip()) for ln in table) <= 120, "\n".join(table)
+    assert "counter_13=1013" in text  # wrapped, not cut

@@ -1,0 +1,71 @@
+"""The console's view of training: one line per trainer step from RUN_DIR/metrics.jsonl, and a
+warning when the job has stopped learning (streamrl up; streamrl/launch/supervisor.py).
+
+    p = Progress(total_steps=20, say=print, after_step=8)   # a resumed run: steps 1..8 were shown before
+    p.show(read_metrics(run_dir))                           # prints the rows above what it printed
+
+    step    9/20 | reward 0.250 | loss 0.012 kl 0.0031 ent 1.42 gnorm 0.87 | no signal 2/4 groups | ...
+"""
+
+from __future__ import annotations
+
+NO_SIGNAL_STEPS = 3
+"""Consecutive steps in which every group's rewards were equal (zero_variance_frac == 1: every
+advantage 0) before the console warns that the job is not learning."""
+
+NO_SIGNAL_FIX = (
+    "every group's rewards were equal (all advantages 0): the model gets no gradient from the reward. "
+    "Check the reward on a few completions (`streamrl samples RUN_DIR`, `streamrl reward`), raise "
+    "rollout.group_size or generator.temperature, or use loss.dynamic_sampling=true to skip such groups"
+)
+
+
+def optim_part(m: dict) -> str:
+    """loss, KL, entropy, grad norm in a compact form (those the objective logged); pure."""
+    names = (("loss", "loss", ".3g"), ("kl", "kl", ".2g"), ("entropy", "ent", ".3g"), ("grad_norm", "gnorm", ".3g"))
+    parts = [f"{short} {m[key]:{fmt}}" for key, short, fmt in names if isinstance(m.get(key), (int, float))]
+    return " ".join(parts)
+
+
+def step_line(m: dict, total_steps: int) -> str:
+    """One metrics.jsonl row as the console's step line; pure."""
+    tps = m["tokens"] / max(1e-9, m.get("train_s", 0) + m.get("wait_s", 0))
+    optim = optim_part(m)
+    frac = m.get("zero_variance_frac")
+    return (
+        f"step {m['step']:>4}/{total_steps} | reward {m['reward_mean']:.3f}"
+        + (f" | {optim}" if optim else "")
+        + (f" | no signal {frac:.0%} of groups" if frac else "")
+        + f" | staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
+        f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
+        + (
+            f" | turns {m['turns_mean']:.2f}, env p50 {m['env_step_s_p50'] * 1000:.0f}ms, "
+            f"failed episodes {m.get('episodes_failed', 0):.0f}"
+            if "turns_mean" in m
+            else ""
+        )
+        + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else "")
+        + "".join(f" | {k} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/mean@", "eval/maj@")))
+        + (f" (eval at step {m['eval/step']})" if "eval/step" in m else "")
+    )
+
+
+class Progress:
+    def __init__(self, total_steps: int, say, after_step: int = 0, no_signal_steps: int = NO_SIGNAL_STEPS):
+        self.total = total_steps
+        self.say = say
+        self.shown = after_step
+        """The last step printed: rows at or below it (a resumed run's earlier steps) are not new."""
+        self.no_signal_steps = no_signal_steps
+        self._silent = 0
+        """Consecutive steps without a group that had a signal."""
+
+    def show(self, rows: list[dict]) -> None:
+        for m in rows:
+            if m["step"] <= self.shown:
+                continue
+            self.say(step_line(m, self.total))
+            self.shown = m["step"]
+            self._silent = self._silent + 1 if m.get("zero_variance_frac") == 1.0 else 0
+            if self._silent == self.no_signal_steps:  # once per silent stretch
+                self.say(f"warning: no learning signal for {self._silent} steps (to step {m['step']}): {NO_SIGNAL_FIX}")
