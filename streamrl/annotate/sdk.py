@@ -37,6 +37,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from streamrl.annotate.annotator import Annotator, CallTimeout
 from streamrl.config.schema import BrokerConfig, Config, RunConfig
 from streamrl.core import run_end
+from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
@@ -114,8 +115,8 @@ class ProducerWorker(Annotator):
         self.fn, self.spec = fn, spec
         self.key, self.group = spec.key, spec.name
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.slots = asyncio.Semaphore(spec.concurrency)
-        self.tasks: set[asyncio.Task] = set()
+        self.batches = InFlight(spec.concurrency, self.consumer, self.keys.rollouts, spec.name)
+        """Batches being scored, each holding its rollout entries."""
         self.heartbeats = True
         self.exit_code = 0
         """1 when it stopped because the broker was lost or refused it, 0 otherwise."""
@@ -183,15 +184,10 @@ class ProducerWorker(Annotator):
             pass
 
     async def _take(self) -> list[tuple[Entry, Rollout]]:
-        await self.slots.acquire()  # read only when a call may start: unread entries stay for other replicas
-        try:
-            items = await self.read(self.keys.rollouts, self.spec.name, count=self.spec.batch_size, expect=Rollout)
-        except BaseException:
-            self.slots.release()
-            raise
-        if not items:
-            self.slots.release()
-        return items
+        # Read only when a call may start: unread entries stay for other replicas.
+        while not await self.batches.wait_slot(timeout=None):
+            pass
+        return await self.read(self.keys.rollouts, self.spec.name, count=self.spec.batch_size, expect=Rollout)
 
     async def step(self) -> bool:
         taking = asyncio.ensure_future(self._take())
@@ -214,11 +210,7 @@ class ProducerWorker(Annotator):
             return False
         if not items:
             return False
-        for entry, _ in items:
-            self.hold(self.keys.rollouts, self.spec.name, entry.id)
-        task = asyncio.create_task(self._handle(items))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.batches.start(self._handle(items), hold=[entry.id for entry, _ in items])
         return True
 
     async def _call(self, rollouts: list[Rollout]) -> list:
@@ -249,10 +241,6 @@ class ProducerWorker(Annotator):
             await self.publish(items, await self.annotate([r for _, r in items]))
         except Exception as exc:  # broker trouble: leave the entries pending; XAUTOCLAIM retries them
             self.log.error("batch_failed", error=str(exc), rollouts=len(items))
-        finally:
-            for entry, _ in items:
-                self.release(self.keys.rollouts, self.spec.name, entry.id)
-            self.slots.release()
 
     async def close(self) -> None:
         try:
@@ -261,11 +249,9 @@ class ProducerWorker(Annotator):
             self.calls.close()
 
     async def _drain(self) -> None:
-        if not self.tasks:
-            return
         # Drain: finish the batches already taken, so they are acked, not redelivered; but not on a
         # broker that is gone, and not past DRAIN_S.
-        _, late = await asyncio.wait(list(self.tasks), timeout=0 if self.exit_code else DRAIN_S)
+        late = await self.batches.drain(timeout=0 if self.exit_code else DRAIN_S)
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
