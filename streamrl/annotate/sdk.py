@@ -35,13 +35,13 @@ from redis.exceptions import NoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamrl.annotate.annotator import Annotator, CallTimeout
-from streamrl.config.schema import BrokerConfig, Config, RunConfig
+from streamrl.config.schema import BrokerConfig, RunConfig
 from streamrl.core import run_end
 from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
-from streamrl.core.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S
+from streamrl.core.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S, Sections
 
 BROKER_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 """Raised by a broker command once the client's own retries (broker.connect_retries) are spent."""
@@ -107,11 +107,11 @@ class ProducerWorker(Annotator):
         broker: Broker,
         run: str,
         worker_id: str,
-        claim_idle_ms: int = 30_000,
-        block_ms: int = 200,
+        broker_cfg: BrokerConfig | None = None,
     ):
-        cfg = Config(run=RunConfig(name=run), broker=BrokerConfig(claim_idle_ms=claim_idle_ms, block_ms=block_ms))
-        super().__init__(cfg, broker, worker_id)
+        """`broker_cfg`: the broker section (claim_idle_ms, block_ms); None: its defaults. A producer is
+        outside the job, so it has the run's name and the broker section, not a whole Config."""
+        super().__init__(Sections(RunConfig(name=run), broker_cfg or BrokerConfig()), broker, worker_id)
         self.fn, self.spec = fn, spec
         self.key, self.group = spec.key, spec.name
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -288,18 +288,19 @@ def serve_producer(
     broker_url: str,
     run: str,
     worker_id: str,
-    claim_idle_ms: int = 30_000,
-    retries: int = 20,
+    broker_cfg: BrokerConfig | None = None,
 ) -> int:
     """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
-    in-flight batches and exit); return the exit code (ProducerWorker.exit_code)."""
+    in-flight batches and exit); return the exit code (ProducerWorker.exit_code). `broker_cfg`: the
+    broker section (claim_idle_ms, connect_retries, ...); None: its defaults."""
+    broker_cfg = broker_cfg or BrokerConfig()
     from streamrl.launch.runtime import serve
 
     made: list[ProducerWorker] = []
 
     def build(broker: Broker) -> ProducerWorker:
-        made.append(ProducerWorker(fn, spec, broker, run, worker_id, claim_idle_ms=claim_idle_ms))
+        made.append(ProducerWorker(fn, spec, broker, run, worker_id, broker_cfg))
         return made[-1]
 
-    serve(build, broker_url, retries)
+    serve(build, broker_url, broker_cfg.connect_retries)
     return made[-1].exit_code if made else 1
