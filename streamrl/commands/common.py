@@ -106,3 +106,11 @@ def add_section_flag(p: argparse.ArgumentParser, flag: str, section: type, field
 def given(args, *fields: str) -> dict:
     """The section fields set by a flag (add_section_flag): pass them to the section, which fills the rest."""
     return {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+
+
+def add_attach_args(p: argparse.ArgumentParser, fn_metavar: str, fn_help: str) -> None:
+    """The flags of a command that attaches user code (--fn) to a running job: `streamrl env`, `streamrl reward`."""
+    p.add_argument("--fn", required=True, metavar=fn_metavar, help=fn_help)
+    p.add_argument("--run", required=True, help="run name (run.name of the job)")
+    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")

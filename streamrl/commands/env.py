@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from streamrl.commands.common import add_section_flag, given
+from streamrl.commands.common import add_attach_args, add_section_flag, given
 from streamrl.config.schema import BrokerConfig, Config, EnvConfig, RunConfig
 
 NAME = "env"
@@ -26,15 +26,11 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument(
-        "--fn",
-        required=True,
-        metavar="package.module:Class",
-        help="env class (streamrl.envs.base.Env), or an adapter: textarena:<game> (docs/environments.md)",
+    add_attach_args(
+        p,
+        "package.module:Class",
+        "env class (streamrl.envs.base.Env), or an adapter: textarena:<game> (docs/environments.md)",
     )
-    p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
-    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
     add_section_flag(p, "--concurrency", EnvConfig, "concurrency", "steps in flight at once")
     add_section_flag(p, "--step-timeout", EnvConfig, "step_timeout_s", "seconds an env call may take")
     add_section_flag(

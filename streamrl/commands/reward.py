@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 
-from streamrl.commands.common import add_section_flag, given
+from streamrl.commands.common import add_attach_args, add_section_flag, given
 from streamrl.config.schema import BrokerConfig
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import import_spec
@@ -27,15 +27,11 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument(
-        "--fn",
-        required=True,
-        metavar="package.module:function",
-        help="scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.annotate.sdk.producer)",
+    add_attach_args(
+        p,
+        "package.module:function",
+        "scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.annotate.sdk.producer)",
     )
-    p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
-    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
     p.add_argument("--key", help="annotation key (default: the decorator's, required without one)")
     p.add_argument("--name", help="producer name = consumer group (default: the key)")
     p.add_argument("--batch-size", type=int, help="rollouts per call (default 16)")
