@@ -67,9 +67,15 @@ class ProducerSpec:
 
 
 def producer(
-    key: str, *, name: str | None = None, batch_size: int = 16, concurrency: int = 4, timeout_s: float | None = None
+    key: str,
+    *,
+    name: str | None = None,
+    batch_size: int = ProducerSpec.batch_size,
+    concurrency: int = ProducerSpec.concurrency,
+    timeout_s: float | None = ProducerSpec.timeout_s,
 ) -> Callable:
-    """Decorator: mark `fn(rollouts: list[Rollout]) -> list[float]` (sync or async) as a producer."""
+    """Decorator: mark `fn(rollouts: list[Rollout]) -> list[float]` (sync or async) as a producer.
+    The defaults are ProducerSpec's (one place)."""
 
     def wrap(fn: Callable) -> Callable:
         fn.streamrl_producer = ProducerSpec(key, name or key, batch_size, concurrency, timeout_s)

@@ -1,5 +1,6 @@
 """`streamrl env` / `streamrl reward` flags that set a config field default to that section's value
-(one source of truth, streamrl/config/): unset, the section decides; given, the flag does."""
+(one source of truth, streamrl/config/): unset, the section decides; given, the flag does. The same for
+the @producer decorator and ProducerSpec.
 
 from __future__ import annotations
 
@@ -45,3 +46,13 @@ def test_help_names_the_section_default():
     text = " ".join(sub.format_help().split())  # argparse wraps lines
     assert f"the env section's concurrency, {EnvConfig().concurrency}" in text
     assert f"the broker section's claim_idle_ms, {BrokerConfig().claim_idle_ms}" in text
+
+
+def test_producer_decorator_defaults_are_the_specs():
+    from streamrl.annotate.sdk import ProducerSpec, producer, spec_of
+
+    @producer(key="judge")
+    def judge(rollouts):
+        return [0.0] * len(rollouts)
+
+    assert spec_of(judge) == ProducerSpec(key="judge", name="judge")
