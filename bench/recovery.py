@@ -29,7 +29,11 @@ from pathlib import Path
 
 import redis
 
+from streamrl.core.broker import Keys
+
 ROOT = Path(__file__).resolve().parents[1]
+RUN = "recovery"
+"""The run name of the job this bench starts (its keys: Keys(RUN))."""
 
 
 def _iso(ts: str) -> float:
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         "--run-dir",
         str(run_dir),
         "--set",
-        "run.name=recovery",
+        f"run.name={RUN}",
         "--set",
         f"trainer.steps={args.steps}",
     ] + [x for s in args.overrides for x in ("--set", s)]
@@ -88,14 +92,15 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"the job ended before step {args.kill_at}:\n" + "\n".join(ln for _, ln in lines[-30:]))
         time.sleep(0.2)
     r = redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip())
-    pid = json.loads(r.get("streamrl:recovery:workers:generator:generator-0"))["pid"]
+    keys = Keys(RUN)
+    pid = json.loads(r.get(keys.worker("generator", "generator-0")))["pid"]
     # Kill it while it holds prompt groups (what a dead generator leaves for the others to take over).
     held, until = 0, time.time() + 30
     while held == 0 and time.time() < until:
-        pending = r.xpending("streamrl:recovery:prompts", "generator")
+        pending = r.xpending(keys.prompts, "generator")
         held = next((int(c["pending"]) for c in pending.get("consumers") or [] if c["name"] == b"generator-0"), 0)
         time.sleep(0.05)
-    last_before = r.xrevrange("streamrl:recovery:rollouts", count=1)
+    last_before = r.xrevrange(keys.rollouts, count=1)
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
     first_rollout = None
@@ -103,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     while proc.poll() is None and time.time() < deadline:
         if first_rollout is None:
             try:
-                for entry_id, fields in r.xrange("streamrl:recovery:rollouts", min=b"(" + last_id, count=500):
+                for entry_id, fields in r.xrange(keys.rollouts, min=b"(" + last_id, count=500):
                     last_id = entry_id
                     if b"generator-0" in fields.get(b"d", b"") and first_rollout is None:
                         first_rollout = time.time()

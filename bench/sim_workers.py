@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from streamrl.config.schema import Config
+from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.core.staleness import staleness_histogram
 from streamrl.core.worker import Worker
@@ -86,7 +87,8 @@ class SimGenerator(Worker):
         self.version = 0
         self.busy = Busy()
         self._dumper: asyncio.Task | None = None
-        self._groups: dict[str, asyncio.Task] = {}
+        self.groups = InFlight(cfg.generator.max_inflight_groups)
+        """Tracked, not held: the simulation keeps no prompt's idle time fresh."""
         self._version_changed = asyncio.Event()
 
     async def start(self) -> None:
@@ -105,20 +107,12 @@ class SimGenerator(Worker):
             await asyncio.sleep(self.cfg.generator.weights_poll_s)
 
     async def step(self) -> bool:
-        free = self.cfg.generator.max_inflight_groups - len(self._groups)
-        if free <= 0:
-            await asyncio.wait(
-                list(self._groups.values()),
-                timeout=self.cfg.broker.block_ms / 1000,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+        if not await self.groups.wait_slot(timeout=self.cfg.broker.block_ms / 1000):
             return False
-        items = await self.read(self.keys.prompts, "generator", count=free, expect=Prompt)
+        items = await self.read(self.keys.prompts, "generator", count=self.groups.free(), expect=Prompt)
         for entry, prompt in items:
-            if entry.id not in self._groups:
-                task = asyncio.create_task(self._group(entry.id, prompt))
-                self._groups[entry.id] = task
-                task.add_done_callback(lambda _t, eid=entry.id: self._groups.pop(eid, None))
+            if entry.id not in self.groups:
+                self.groups.start(self._group(entry.id, prompt), hold=[entry.id])
         return bool(items)
 
     async def _group(self, entry_id: str, p: Prompt) -> None:
@@ -159,10 +153,10 @@ class SimGenerator(Worker):
         await self.broker.ack(self.keys.prompts, "generator", [entry_id])
 
     async def close(self) -> None:
-        for task in [self._watcher, self._dumper, *self._groups.values()]:
+        for task in [self._watcher, self._dumper, *self.groups.tasks]:
             if task is not None:
                 task.cancel()
-        await asyncio.gather(self._watcher, *self._groups.values(), return_exceptions=True)
+        await asyncio.gather(self._watcher, *self.groups.tasks, return_exceptions=True)
 
 
 class SimTrainer(Worker):

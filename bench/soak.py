@@ -23,6 +23,7 @@ from pathlib import Path
 import redis
 
 from bench.common import print_table, write_result
+from streamrl.core.broker import Keys
 
 HELP = "run the tiny job for a long stretch; report RSS growth per role and broker memory"
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,17 +57,17 @@ def _group_rss_mb(pgid: int) -> float:
 
 
 def _sample(r: redis.Redis, run: str) -> dict:
-    prefix = f"streamrl:{run}:"
+    keys = Keys(run)
     roles = {}
-    for key in r.scan_iter(match=prefix + "workers:*"):
+    for key in r.scan_iter(match=keys.workers_prefix + "*"):
         info = json.loads(r.get(key) or "{}")
         if "pid" in info:
             roles[key.decode().rsplit(":", 1)[1]] = _group_rss_mb(
                 os.getpgid(info["pid"]) if _alive(info["pid"]) else -1
             )
     mem = r.info("memory")
-    streams = {s: r.xlen(prefix + s) for s in ("prompts", "rollouts", "annotations", "deadletter", "metrics")}
-    step = int(r.get(prefix + "trainer:version") or 0)
+    streams = {s: r.xlen(getattr(keys, s)) for s in ("prompts", "rollouts", "annotations", "deadletter", "metrics")}
+    step = int(r.get(keys.trainer_version) or 0)
     return {
         "t": time.time(),
         "step": step,

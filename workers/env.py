@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from streamrl.config.schema import Config
+from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Observation, StepRequest, encode
@@ -52,7 +53,8 @@ class EnvWorker(Worker):
         super().__init__(cfg, broker, worker_id, run_dir)
         self.factory = factory
         self.states: OrderedDict[str, _State] = OrderedDict()
-        self.tasks: set[asyncio.Task] = set()
+        self.steps = InFlight(cfg.env.concurrency, self.consumer, self.keys.env_steps, GROUP)
+        """Env steps being answered, each holding its step request."""
         self.pool = ThreadPoolExecutor(max_workers=cfg.env.concurrency, thread_name_prefix="env-step")
 
     async def start(self) -> None:
@@ -67,20 +69,14 @@ class EnvWorker(Worker):
         await self.broker.ensure_group(self.keys.env_steps, GROUP)
 
     async def step(self) -> bool:
-        free = self.cfg.env.concurrency - len(self.tasks)
-        if free <= 0:  # read only what can start now: the rest stays for other workers
-            await asyncio.wait(
-                list(self.tasks), timeout=self.cfg.broker.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED
-            )
+        # Read only what can start now: the rest stays for other workers.
+        if not await self.steps.wait_slot(timeout=self.cfg.broker.block_ms / 1000):
             return False
-        items = await self.read(self.keys.env_steps, GROUP, count=free, expect=StepRequest)
+        items = await self.read(self.keys.env_steps, GROUP, count=self.steps.free(), expect=StepRequest)
         for entry, req in items:
-            if self.consumer.is_held(self.keys.env_steps, GROUP, entry.id):
+            if entry.id in self.steps:
                 continue  # our own step in progress, re-read with the pending entries
-            self.hold(self.keys.env_steps, GROUP, entry.id)
-            task = asyncio.create_task(self._handle(entry, req))
-            self.tasks.add(task)
-            task.add_done_callback(self.tasks.discard)
+            self.steps.start(self._handle(entry, req), hold=[entry.id])
         return bool(items)
 
     async def _handle(self, entry: Entry, req: StepRequest) -> None:
@@ -98,8 +94,6 @@ class EnvWorker(Worker):
             self.count("steps")
         except Exception as exc:  # broker trouble: leave the step pending; it is claimed and redone
             self.log.error("step_failed", error=repr(exc), episode_id=req.episode_id)
-        finally:
-            self.release(self.keys.env_steps, GROUP, entry.id)
 
     async def _answer(self, req: StepRequest) -> Observation:
         state = self.states.get(req.episode_id)
@@ -147,8 +141,8 @@ class EnvWorker(Worker):
         return self.cfg.env.step_timeout_s + 10.0
 
     async def close(self) -> None:
-        if self.tasks:  # drain: finish the steps already taken, so they are acked, not redone
-            await asyncio.wait(list(self.tasks), timeout=self.cfg.env.step_timeout_s)
+        # Drain: finish the steps already taken, so they are acked, not redone.
+        await self.steps.drain(timeout=self.cfg.env.step_timeout_s)
         self.pool.shutdown(wait=False, cancel_futures=True)
 
 

@@ -64,7 +64,7 @@ class FeederWorker(Worker):
             self.count("eval_prompts", n)
             self.log.info("eval_issued", policy_version=version, prompts=n)
         admitted = await self._counter(self.keys.feeder_admitted)
-        released = await self._counter(self.keys.groups_released)
+        released = await self._counter(self.keys.trainer_released)
         budget = admission_budget(
             admitted, released, version, r.max_staleness, r.groups_per_step, total_groups=self.total
         )

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from streamrl.config.schema import Config
 from streamrl.core.accounting import close_group
+from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
@@ -82,7 +83,8 @@ class GeneratorWorker(Worker):
         )
         self.version = 0
         """Weights version the engine generates with right now (0: the initial model)."""
-        self._groups: dict[str, asyncio.Task] = {}
+        self.groups = InFlight(cfg.generator.max_inflight_groups, self.consumer, self.keys.prompts, GROUP)
+        """Prompt groups being generated, each holding its prompt entry."""
         self._version_cond: asyncio.Condition | None = None
         self._watcher: asyncio.Task | None = None
         self.loop_lag = LoopLag()
@@ -135,18 +137,12 @@ class GeneratorWorker(Worker):
     async def step(self) -> bool:
         if self._fatal is not None:
             raise self._fatal
-        free = self.cfg.generator.max_inflight_groups - len(self._groups)
-        if free <= 0:
-            await asyncio.wait(
-                list(self._groups.values()),
-                timeout=self.cfg.broker.block_ms / 1000,
-                return_when=asyncio.FIRST_COMPLETED,
-            )
+        if not await self.groups.wait_slot(timeout=self.cfg.broker.block_ms / 1000):
             return False
-        items = await self.read(self.keys.prompts, GROUP, count=free, expect=Prompt)
+        items = await self.read(self.keys.prompts, GROUP, count=self.groups.free(), expect=Prompt)
         trainer_version = int(await self.broker.get(self.keys.trainer_version) or 0) if items else 0
         for entry, prompt in items:
-            if entry.id in self._groups:  # our own in-flight entry, re-claimed after a long idle
+            if entry.id in self.groups:  # our own in-flight entry, re-claimed after a long idle
                 continue
             if reason := self._invalid(prompt, trainer_version):
                 await self._reject(entry, prompt, reason)
@@ -159,10 +155,10 @@ class GeneratorWorker(Worker):
 
     async def close(self) -> None:
         t0 = time.monotonic()
-        if self._groups:
+        if self.groups:
             grace = self.cfg.generator.drain_timeout_s
-            self.log.info("draining", groups=len(self._groups), grace_s=grace, policy_version=self.version)
-            _, pending = await asyncio.wait(list(self._groups.values()), timeout=grace)
+            self.log.info("draining", groups=len(self.groups), grace_s=grace, policy_version=self.version)
+            pending = await self.groups.drain(timeout=grace)
             for task in pending:  # cancelling a stream aborts its vLLM request; the prompt stays un-acked
                 task.cancel()
             await _settle(pending, self.log, "groups")
@@ -198,14 +194,14 @@ class GeneratorWorker(Worker):
 
     # -- one prompt group ------------------------------------------------------------------
     def _launch(self, entry: Entry, prompt: Prompt, attempt: int) -> None:
-        task = asyncio.create_task(self._run_group(entry, prompt))
-        self._groups[entry.id] = task
-        self.hold(self.keys.prompts, GROUP, entry.id)
-        task.add_done_callback(lambda t: self._group_done(entry, prompt, attempt, t))
+        self.groups.start(
+            self._run_group(entry, prompt),
+            hold=[entry.id],
+            on_done=lambda t: self._group_done(entry, prompt, attempt, t),
+        )
 
     def _group_done(self, entry: Entry, prompt: Prompt, attempt: int, task: asyncio.Task) -> None:
-        self._groups.pop(entry.id, None)
-        self.release(self.keys.prompts, GROUP, entry.id)
+        """After the group's task ended and released its prompt: count a failure, maybe run it again."""
         if task.cancelled():
             return
         exc = task.exception()

@@ -139,7 +139,7 @@ class TrainerWorker(Worker):
             return
         pending.meta = {
             "feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
-            "groups_released": int(await self.broker.get(self.keys.groups_released) or 0),
+            "groups_released": int(await self.broker.get(self.keys.trainer_released) or 0),
             "assembler": dict(self.assembler.counters),
             "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)},
         }

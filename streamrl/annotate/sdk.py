@@ -35,12 +35,13 @@ from redis.exceptions import NoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from streamrl.annotate.annotator import Annotator, CallTimeout
-from streamrl.config.schema import BrokerConfig, Config, RunConfig
+from streamrl.config.schema import BrokerConfig, RunConfig
 from streamrl.core import run_end
+from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
-from streamrl.core.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S
+from streamrl.core.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S, Sections
 
 BROKER_LOST = (RedisConnectionError, RedisTimeoutError, OSError)
 """Raised by a broker command once the client's own retries (broker.connect_retries) are spent."""
@@ -66,9 +67,15 @@ class ProducerSpec:
 
 
 def producer(
-    key: str, *, name: str | None = None, batch_size: int = 16, concurrency: int = 4, timeout_s: float | None = None
+    key: str,
+    *,
+    name: str | None = None,
+    batch_size: int = ProducerSpec.batch_size,
+    concurrency: int = ProducerSpec.concurrency,
+    timeout_s: float | None = ProducerSpec.timeout_s,
 ) -> Callable:
-    """Decorator: mark `fn(rollouts: list[Rollout]) -> list[float]` (sync or async) as a producer."""
+    """Decorator: mark `fn(rollouts: list[Rollout]) -> list[float]` (sync or async) as a producer.
+    The defaults are ProducerSpec's (one place)."""
 
     def wrap(fn: Callable) -> Callable:
         fn.streamrl_producer = ProducerSpec(key, name or key, batch_size, concurrency, timeout_s)
@@ -106,16 +113,16 @@ class ProducerWorker(Annotator):
         broker: Broker,
         run: str,
         worker_id: str,
-        claim_idle_ms: int = 30_000,
-        block_ms: int = 200,
+        broker_cfg: BrokerConfig | None = None,
     ):
-        cfg = Config(run=RunConfig(name=run), broker=BrokerConfig(claim_idle_ms=claim_idle_ms, block_ms=block_ms))
-        super().__init__(cfg, broker, worker_id)
+        """`broker_cfg`: the broker section (claim_idle_ms, block_ms); None: its defaults. A producer is
+        outside the job, so it has the run's name and the broker section, not a whole Config."""
+        super().__init__(Sections(RunConfig(name=run), broker_cfg or BrokerConfig()), broker, worker_id)
         self.fn, self.spec = fn, spec
         self.key, self.group = spec.key, spec.name
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.slots = asyncio.Semaphore(spec.concurrency)
-        self.tasks: set[asyncio.Task] = set()
+        self.batches = InFlight(spec.concurrency, self.consumer, self.keys.rollouts, spec.name)
+        """Batches being scored, each holding its rollout entries."""
         self.heartbeats = True
         self.exit_code = 0
         """1 when it stopped because the broker was lost or refused it, 0 otherwise."""
@@ -183,15 +190,10 @@ class ProducerWorker(Annotator):
             pass
 
     async def _take(self) -> list[tuple[Entry, Rollout]]:
-        await self.slots.acquire()  # read only when a call may start: unread entries stay for other replicas
-        try:
-            items = await self.read(self.keys.rollouts, self.spec.name, count=self.spec.batch_size, expect=Rollout)
-        except BaseException:
-            self.slots.release()
-            raise
-        if not items:
-            self.slots.release()
-        return items
+        # Read only when a call may start: unread entries stay for other replicas.
+        while not await self.batches.wait_slot(timeout=None):
+            pass
+        return await self.read(self.keys.rollouts, self.spec.name, count=self.spec.batch_size, expect=Rollout)
 
     async def step(self) -> bool:
         taking = asyncio.ensure_future(self._take())
@@ -214,11 +216,7 @@ class ProducerWorker(Annotator):
             return False
         if not items:
             return False
-        for entry, _ in items:
-            self.hold(self.keys.rollouts, self.spec.name, entry.id)
-        task = asyncio.create_task(self._handle(items))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.batches.start(self._handle(items), hold=[entry.id for entry, _ in items])
         return True
 
     async def _call(self, rollouts: list[Rollout]) -> list:
@@ -249,10 +247,6 @@ class ProducerWorker(Annotator):
             await self.publish(items, await self.annotate([r for _, r in items]))
         except Exception as exc:  # broker trouble: leave the entries pending; XAUTOCLAIM retries them
             self.log.error("batch_failed", error=str(exc), rollouts=len(items))
-        finally:
-            for entry, _ in items:
-                self.release(self.keys.rollouts, self.spec.name, entry.id)
-            self.slots.release()
 
     async def close(self) -> None:
         try:
@@ -261,11 +255,9 @@ class ProducerWorker(Annotator):
             self.calls.close()
 
     async def _drain(self) -> None:
-        if not self.tasks:
-            return
         # Drain: finish the batches already taken, so they are acked, not redelivered; but not on a
         # broker that is gone, and not past DRAIN_S.
-        _, late = await asyncio.wait(list(self.tasks), timeout=0 if self.exit_code else DRAIN_S)
+        late = await self.batches.drain(timeout=0 if self.exit_code else DRAIN_S)
         for task in late:
             task.cancel()
         await asyncio.gather(*late, return_exceptions=True)
@@ -302,18 +294,19 @@ def serve_producer(
     broker_url: str,
     run: str,
     worker_id: str,
-    claim_idle_ms: int = 30_000,
-    retries: int = 20,
+    broker_cfg: BrokerConfig | None = None,
 ) -> int:
     """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
-    in-flight batches and exit); return the exit code (ProducerWorker.exit_code)."""
+    in-flight batches and exit); return the exit code (ProducerWorker.exit_code). `broker_cfg`: the
+    broker section (claim_idle_ms, connect_retries, ...); None: its defaults."""
+    broker_cfg = broker_cfg or BrokerConfig()
     from streamrl.launch.runtime import serve
 
     made: list[ProducerWorker] = []
 
     def build(broker: Broker) -> ProducerWorker:
-        made.append(ProducerWorker(fn, spec, broker, run, worker_id, claim_idle_ms=claim_idle_ms))
+        made.append(ProducerWorker(fn, spec, broker, run, worker_id, broker_cfg))
         return made[-1]
 
-    serve(build, broker_url, retries)
+    serve(build, broker_url, broker_cfg.connect_retries)
     return made[-1].exit_code if made else 1

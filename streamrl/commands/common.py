@@ -87,3 +87,30 @@ def preflight(args, cfg: Config) -> None:
 
     if args.preflight:
         require(cfg)
+
+
+def add_section_flag(p: argparse.ArgumentParser, flag: str, section: type, field: str, help: str) -> None:
+    """A flag for one field of a config section, whose default is the section's (one source of truth):
+    it parses to None when not given, and `given(args, ...)` leaves the field to the section."""
+    name = next(n for n, f in Config.model_fields.items() if f.annotation is section)
+    info = section.model_fields[field]
+    p.add_argument(
+        flag,
+        dest=field,
+        type=type(info.default),
+        default=None,
+        help=f"{help} (default: the {name} section's {field}, {info.default})",
+    )
+
+
+def given(args, *fields: str) -> dict:
+    """The section fields set by a flag (add_section_flag): pass them to the section, which fills the rest."""
+    return {f: getattr(args, f) for f in fields if getattr(args, f) is not None}
+
+
+def add_attach_args(p: argparse.ArgumentParser, fn_metavar: str, fn_help: str) -> None:
+    """The flags of a command that attaches user code (--fn) to a running job: `streamrl env`, `streamrl reward`."""
+    p.add_argument("--fn", required=True, metavar=fn_metavar, help=fn_help)
+    p.add_argument("--run", required=True, help="run name (run.name of the job)")
+    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")

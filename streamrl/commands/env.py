@@ -14,6 +14,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from streamrl.commands.common import add_attach_args, add_section_flag, given
+from streamrl.config.schema import BrokerConfig, Config, EnvConfig, RunConfig
+
 NAME = "env"
 HELP = "attach an environment class (multi-turn episodes) to a running job"
 DESCRIPTION = (
@@ -23,31 +26,38 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument(
-        "--fn",
-        required=True,
-        metavar="package.module:Class",
-        help="env class (streamrl.envs.base.Env), or an adapter: textarena:<game> (docs/environments.md)",
+    add_attach_args(
+        p,
+        "package.module:Class",
+        "env class (streamrl.envs.base.Env), or an adapter: textarena:<game> (docs/environments.md)",
     )
-    p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
-    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
-    p.add_argument("--concurrency", type=int, default=32, help="steps in flight at once (default 32)")
-    p.add_argument("--step-timeout", type=float, default=10.0, help="seconds an env call may take (default 10)")
-    p.add_argument(
+    add_section_flag(p, "--concurrency", EnvConfig, "concurrency", "steps in flight at once")
+    add_section_flag(p, "--step-timeout", EnvConfig, "step_timeout_s", "seconds an env call may take")
+    add_section_flag(
+        p,
         "--claim-idle-ms",
-        type=int,
-        default=30_000,
-        help="take over a dead worker's steps after they are idle this long",
+        BrokerConfig,
+        "claim_idle_ms",
+        "take over a dead worker's steps after they are idle this long",
     )
     p.add_argument("--id", help="worker id (default: env-HOST-PID)")
+
+
+def job_config(args) -> Config:
+    """The sections this command knows of the job (run, broker, env), from its flags; every field no
+    flag sets is its section's default. The worker (and an env class's `from_config(cfg)`, e.g. the
+    tool envs') take a whole Config, so the sections it has no flags for are their defaults."""
+    return Config(
+        run=RunConfig(name=args.run),
+        broker=BrokerConfig(**given(args, "claim_idle_ms")),
+        env=EnvConfig(fn=args.fn, **given(args, "concurrency", "step_timeout_s")),
+    )
 
 
 def run(args) -> int:
     import sys
 
     from streamrl.commands.common import broker_url
-    from streamrl.config.schema import BrokerConfig, Config, EnvConfig, RunConfig
     from streamrl.core.logs import setup_logging
     from streamrl.envs.base import resolve_env
     from streamrl.launch.runtime import serve
@@ -55,11 +65,7 @@ def run(args) -> int:
 
     sys.path.insert(0, os.getcwd())  # like `python -m`: modules next to where the user runs the command
     factory = resolve_env(args.fn)
-    cfg = Config(
-        run=RunConfig(name=args.run),
-        broker=BrokerConfig(claim_idle_ms=args.claim_idle_ms),
-        env=EnvConfig(fn=args.fn, concurrency=args.concurrency, step_timeout_s=args.step_timeout),
-    )
+    cfg = job_config(args)
     url = broker_url(args)
     wid = args.id or f"env-{os.uname().nodename}-{os.getpid()}"
     run_dir = Path(args.run_dir) if args.run_dir else None

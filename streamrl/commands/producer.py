@@ -53,7 +53,7 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
     """ACL SETUSER arguments for producer `name` (after the user name)."""
     read = [f"~{keys.rollouts}"]
     write = [f"~{keys.annotations}", f"~{keys.deadletter}"]
-    heartbeat = f"~{keys.prefix}workers:producer:{name}-*"
+    heartbeat = "~" + keys.worker("producer", f"{name}-*")
     base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
     if server_major >= 7:
         # Selectors pair commands with keys: XADD only to annotations/deadletter, GET only the end

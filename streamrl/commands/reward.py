@@ -13,6 +13,8 @@ from __future__ import annotations
 import os
 import sys
 
+from streamrl.commands.common import add_attach_args, add_section_flag, given
+from streamrl.config.schema import BrokerConfig
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import import_spec
 
@@ -25,32 +27,30 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
-    p.add_argument(
-        "--fn",
-        required=True,
-        metavar="package.module:function",
-        help="scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.annotate.sdk.producer)",
+    add_attach_args(
+        p,
+        "package.module:function",
+        "scoring function: list[Rollout] -> list[float] (may be decorated with @streamrl.annotate.sdk.producer)",
     )
-    p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
-    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
     p.add_argument("--key", help="annotation key (default: the decorator's, required without one)")
     p.add_argument("--name", help="producer name = consumer group (default: the key)")
     p.add_argument("--batch-size", type=int, help="rollouts per call (default 16)")
     p.add_argument("--concurrency", type=int, help="calls in flight (default 4)")
     p.add_argument("--timeout", type=float, dest="timeout_s", help="seconds per call before its batch fails")
-    p.add_argument(
+    add_section_flag(
+        p,
         "--claim-idle-ms",
-        type=int,
-        default=30_000,
-        help="take over a dead replica's entries after they are idle this long",
+        BrokerConfig,
+        "claim_idle_ms",
+        "take over a dead replica's entries after they are idle this long",
     )
-    p.add_argument(
+    add_section_flag(
+        p,
         "--connect-retries",
-        type=int,
-        default=20,
-        help="attempts (with back-off up to 2 s) to reach the broker, at start and per command, before "
-        "the producer gives up and exits (default 20: about 40 s)",
+        BrokerConfig,
+        "connect_retries",
+        "attempts (with back-off up to 2 s) to reach the broker, at start and per command, before "
+        "the producer gives up and exits (about 2 s each)",
     )
     p.add_argument("--id", help="replica id (default: NAME-HOST-PID)")
 
@@ -88,4 +88,9 @@ def run(args) -> int:
     url = broker_url(args)
     wid = args.id or f"{spec.name}-{os.uname().nodename}-{os.getpid()}"
     setup_logging("producer", wid, Path(args.run_dir) if args.run_dir else None, run=args.run)
-    return serve_producer(fn, spec, url, args.run, wid, claim_idle_ms=args.claim_idle_ms, retries=args.connect_retries)
+    return serve_producer(fn, spec, url, args.run, wid, broker_section(args))
+
+
+def broker_section(args) -> BrokerConfig:
+    """The broker section from the flags; a field no flag sets is the section's default."""
+    return BrokerConfig(**given(args, "claim_idle_ms", "connect_retries"))

@@ -73,16 +73,16 @@ class Collector:
         k = self.keys
         streams = []
         for name in STREAMS:
-            key = k.prefix + name
+            key = getattr(k, name)
             streams.append(
                 {"name": name, "length": await self.broker.stream_len(key), "groups": await self.broker.group_info(key)}
             )
         workers = []
-        for key in sorted(await self.broker.scan(k.prefix + "workers:*")):
+        for key in sorted(await self.broker.scan(k.workers_prefix + "*")):
             raw = await self.broker.get(key)
             if raw is None:
                 continue  # expired between SCAN and GET: the worker left
-            role, _, wid = key[len(k.prefix + "workers:") :].partition(":")
+            role, _, wid = key[len(k.workers_prefix) :].partition(":")
             try:
                 info = json.loads(raw)
             except ValueError:
@@ -102,7 +102,7 @@ class Collector:
             "trainer_version": await self._int(k.trainer_version),
             "weights_version": int(weights["version"]) if "version" in weights else None,
             "admitted": await self._int(k.feeder_admitted),
-            "released": await self._int(k.groups_released),
+            "released": await self._int(k.trainer_released),
             "streams": streams,
             "workers": workers,
             "metrics": list(self.metrics),

@@ -64,9 +64,9 @@ return #ARGV - 1
 
 class LedgerKeys:
     def __init__(self, keys: Keys):
-        self.groups = keys.prefix + "ledger:groups"
-        self.steps = keys.prefix + "ledger:steps"
-        self.checkpointed = keys.prefix + "trainer:checkpointed"
+        self.groups = keys.ledger_groups
+        self.steps = keys.ledger_steps
+        self.checkpointed = keys.trainer_checkpointed
         """Newest trainer version a checkpoint covers (steps above it will be replayed on resume)."""
 
 
@@ -76,7 +76,7 @@ async def close_group(broker: Broker, keys: Keys, group_id: str, outcome: str, r
     if is_eval_group(group_id):
         return False
     lk = LedgerKeys(keys)
-    return bool(await broker.script(_CLOSE, [lk.groups, keys.groups_released], [group_id, outcome, int(release)]))
+    return bool(await broker.script(_CLOSE, [lk.groups, keys.trainer_released], [group_id, outcome, int(release)]))
 
 
 async def log_step(
@@ -164,7 +164,7 @@ def summarize(url: str, run: str, episodes_per_group: int = 0) -> dict:
         live = _live_group_ids(r, keys.prompts, "generator") | _live_group_ids(r, keys.rollouts, "trainer")
         trainer_version = int(r.get(keys.trainer_version) or 0)
         deadletters = int(r.xlen(keys.deadletter))
-        starts = [int(v) for v in r.hvals(keys.prefix + "ledger:group_starts")] if episodes_per_group else []
+        starts = [int(v) for v in r.hvals(keys.ledger_group_starts)] if episodes_per_group else []
         episode_stats = {
             n: int(r.get(keys.stat(n)) or 0) for n in ("episodes_failed", "episodes_restarted", "episodes_continued")
         }

@@ -103,7 +103,8 @@ class Broker(Protocol):
 
 
 class Keys:
-    """Key names of one run: `streamrl:{run}:...`."""
+    """Every key name of one run, `streamrl:{run}:...` (docs/protocol.md, "Keys"): code builds no key
+    string of its own (tests/unit/test_keys.py), so a rename here is a rename everywhere."""
 
     def __init__(self, run: str):
         self.run = run
@@ -122,11 +123,28 @@ class Keys:
         """Step requests of multi-turn episodes (read by env workers, group `env`)."""
         self.run_end = p + "run:end"
         """Set when the run is over (streamrl.core.run_end); every producer may GET it."""
-        self.groups_released = p + "trainer:released"
+        self.trainer_released = p + "trainer:released"
         """Groups the trainer will never train (dropped stale / filtered): the feeder admits that many more."""
+        self.trainer_checkpointed = p + "trainer:checkpointed"
+        """Newest trainer version a checkpoint covers (steps above it will be replayed on resume)."""
+        self.ledger_groups = p + "ledger:groups"
+        """Hash: group id -> its final outcome (streamrl/core/accounting.py)."""
+        self.ledger_steps = p + "ledger:steps"
+        """Hash: trainer step -> the groups it trained."""
+        self.ledger_group_starts = p + "ledger:group_starts"
+        """Hash: group id -> attempts started (multi-turn episodes, streamrl/generate/episode_runner.py)."""
+        self.eval_issued = p + "eval:issued"
+        """Trainer version of the newest eval round the feeder issued (streamrl/eval/rounds.py)."""
+        self.workers_prefix = p + "workers:"
+        """Heartbeat keys start so: `workers:{role}:{worker_id}` (SCAN `workers_prefix + "*"`)."""
 
     def worker(self, role: str, worker_id: str) -> str:
-        return f"{self.prefix}workers:{role}:{worker_id}"
+        """A worker's heartbeat key; `worker_id` may be a glob (the producer ACL's `name-*`)."""
+        return f"{self.workers_prefix}{role}:{worker_id}"
+
+    def episode_state(self, group_id: str) -> str:
+        """Hash of a group's episode checkpoints (docs/protocol.md, "Episode state")."""
+        return f"{self.prefix}episode_state:{group_id}"
 
     def observations(self, generator_id: str) -> str:
         """The stream of observations for the episodes generator `generator_id` runs."""

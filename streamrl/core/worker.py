@@ -15,12 +15,13 @@ import json
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from streamrl.config.schema import Config
+from streamrl.config.schema import BrokerConfig, Config, RunConfig
 from streamrl.core.broker import Broker, Entry, Keys
 from streamrl.core.consumer import StreamConsumer
 from streamrl.core.errors import NOT_TRANSIENT, FatalError
@@ -32,6 +33,15 @@ FAREWELL_S = 5.0
 """How long the final heartbeat DEL may take: on a broker that is gone it would retry for a minute."""
 
 
+@dataclass(frozen=True)
+class Sections:
+    """The two sections the Worker base reads (the run's name, the broker's timings). A role of a job
+    passes its whole Config, which has both; a worker outside a job (an SDK producer) passes these."""
+
+    run: RunConfig
+    broker: BrokerConfig
+
+
 class Worker:
     role: str = "worker"
     measures_busy: bool = True
@@ -39,7 +49,7 @@ class Worker:
     also waits for its input (the trainer waits for a batch) sets False and reports its own (metrics);
     a role that sets stats["busy_fraction"] itself (the generator: time with sequences in flight) wins."""
 
-    def __init__(self, cfg: Config, broker: Broker, worker_id: str, run_dir: Path | None = None):
+    def __init__(self, cfg: Config | Sections, broker: Broker, worker_id: str, run_dir: Path | None = None):
         self.cfg = cfg
         self.broker = broker
         self.worker_id = worker_id

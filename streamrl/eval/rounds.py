@@ -132,7 +132,7 @@ class EvalIssuer:
         self.cfg, self.keys = cfg, keys
         self.items = items[: cfg.eval.num_prompts]
         self.make_prompt = make_prompt
-        self.issued_key = keys.prefix + "eval:issued"
+        self.issued_key = keys.eval_issued
         self.last: int | None = None
 
     async def maybe_issue(self, broker, version: int) -> int:

@@ -163,7 +163,7 @@ class EpisodeRunner:
     # -- one group / one episode ---------------------------------------------------------------
     async def run_group(self, entry: Entry, prompt: Prompt) -> bool:
         """Run the group's episodes; publish its rollouts (True) or close it as failed (False)."""
-        await self.gen.broker.script(_COUNT_START, [self.keys.prefix + "ledger:group_starts"], [prompt.group_id])
+        await self.gen.broker.script(_COUNT_START, [self.keys.ledger_group_starts], [prompt.group_id])
         saved = await self._load_states(prompt)
         tasks = [asyncio.create_task(self._episode(prompt, s, saved.get(s))) for s in range(prompt.group_size)]
         try:
@@ -200,7 +200,7 @@ class EpisodeRunner:
 
     # -- checkpoints -------------------------------------------------------------------------
     def state_key(self, group_id: str) -> str:
-        return f"{self.keys.prefix}episode_state:{group_id}"
+        return self.keys.episode_state(group_id)
 
     async def _load_states(self, prompt: Prompt) -> dict[int, EpisodeState]:
         """The group's episode checkpoints a dead generator left (empty on a first attempt). One

@@ -105,7 +105,7 @@ async def test_stale_groups_dropped_and_released(config, broker):
     batch = await asyncio.wait_for(asm.next_batch(4), 10)
     assert batch.group_ids == ["new"] and batch.staleness.max() == 1
     assert asm.counters["dropped_stale"] == 1
-    assert int(await broker.get(owner.keys.groups_released)) == 1
+    assert int(await broker.get(owner.keys.trainer_released)) == 1
 
 
 async def test_version_switch_counts_oldest_version(config, broker):
@@ -137,7 +137,7 @@ async def test_requeue_policy_republishes_prompt(config, broker):
     entries = await broker.read(owner.keys.prompts)
     prompt = decode(entries[0].data)
     assert isinstance(prompt, Prompt) and prompt.group_id.startswith("g0r") and prompt.text == "ab"
-    assert asm.counters["requeued"] == 1 and await broker.get(owner.keys.groups_released) is None
+    assert asm.counters["requeued"] == 1 and await broker.get(owner.keys.trainer_released) is None
 
 
 async def test_duplicates_and_late_entries_are_acked_once(config, broker):
@@ -171,7 +171,7 @@ async def test_failed_annotation_drops_group(config, broker):
     await publish_group(broker, keys, "good", [1, 0])
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     assert batch.group_ids == ["good"] and asm.counters["failed"] == 1
-    assert int(await broker.get(keys.groups_released)) == 1
+    assert int(await broker.get(keys.trainer_released)) == 1
 
 
 async def test_malformed_entries_go_to_deadletter(config, broker):
@@ -194,7 +194,7 @@ async def test_dynamic_sampling_filters_zero_variance_groups(config, broker):
     await publish_group(broker, owner.keys, "varied", [1, 0, 1])
     batch = await asyncio.wait_for(asm.next_batch(0), 10)
     assert batch.group_ids == ["varied"] and asm.counters["filtered"] == 1
-    assert int(await broker.get(owner.keys.groups_released)) == 1  # the feeder may admit a replacement
+    assert int(await broker.get(owner.keys.trainer_released)) == 1  # the feeder may admit a replacement
 
 
 async def test_overlong_penalty_shapes_rewards(config, broker):

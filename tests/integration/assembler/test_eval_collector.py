@@ -97,7 +97,7 @@ async def test_eval_round_is_scored_outside_training(config, broker):
 
     # An eval prompt a generator rejects closes nothing in the ledger and frees no admission slot.
     assert not await accounting.close_group(broker, keys, "eval-2-2-0", "failed")
-    assert await broker.get(keys.groups_released) is None
+    assert await broker.get(keys.trainer_released) is None
 
     await asm.commit(batch)
     await broker.set(keys.feeder_admitted, 1)

@@ -77,7 +77,7 @@ async def test_timeout_drops_the_group_and_releases_its_slot(config, broker):
     with pytest.raises(asyncio.TimeoutError):
         await asyncio.wait_for(asm.next_batch(0), 1.0)
     assert asm.counters["dropped_timeout"] == 1
-    assert int(await broker.get(owner.keys.groups_released)) == 1
+    assert int(await broker.get(owner.keys.trainer_released)) == 1
     await asm.commit(batch)
     info = {g["name"]: g for g in await broker.group_info(owner.keys.rollouts)}
     assert info["trainer"]["pending"] == 0  # g0's entries were acked when it was dropped

@@ -36,7 +36,7 @@ async def test_close_group_is_once_and_releases_atomically(broker):
     assert await accounting.close_group(broker, keys, "g1", "dropped_stale")
     assert not await accounting.close_group(broker, keys, "g1", "filtered")  # a retry/redelivery: no-op
     assert await accounting.close_group(broker, keys, "g2", "requeued", release=False)
-    assert int(await broker.get(keys.groups_released)) == 1
+    assert int(await broker.get(keys.trainer_released)) == 1
     assert await accounting.outcomes(broker, keys) == {"g1": "dropped_stale", "g2": "requeued"}
 
 

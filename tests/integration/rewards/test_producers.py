@@ -16,6 +16,7 @@ import pytest
 
 from brokers.redis_streams import connect
 from streamrl.annotate.sdk import ProducerWorker, producer, spec_of
+from streamrl.config.schema import BrokerConfig
 from streamrl.core import run_end
 from streamrl.core.broker import Keys
 from streamrl.core.errors import BrokerError
@@ -75,7 +76,9 @@ async def test_sdk_async_batches_under_the_concurrency_limit(broker, run_name):
         return [len(r.completion_ids) / 16 for r in rollouts]
 
     await publish(broker, keys, 20)
-    worker = ProducerWorker(judge, spec_of(judge), broker, run_name, "judge-0", claim_idle_ms=200, block_ms=50)
+    worker = ProducerWorker(
+        judge, spec_of(judge), broker, run_name, "judge-0", BrokerConfig(claim_idle_ms=200, block_ms=50)
+    )
     got = await run_until(worker, broker, keys, 20)
     assert sorted(a.rollout_id for a in got) == sorted(rollout(i, 1).rollout_id for i in range(20))
     assert all(a.key == "judge" and a.producer == "judge-0" and not a.error for a in got)
@@ -97,7 +100,12 @@ async def test_sdk_sync_function_failures_become_error_annotations(broker, run_n
 
     await publish(broker, keys, 8, garbage=False)
     worker = ProducerWorker(
-        flaky, spec_of(flaky, key="judge", batch_size=4), broker, run_name, "j-0", claim_idle_ms=200, block_ms=50
+        flaky,
+        spec_of(flaky, key="judge", batch_size=4),
+        broker,
+        run_name,
+        "j-0",
+        BrokerConfig(claim_idle_ms=200, block_ms=50),
     )
     got = {a.rollout_id: a for a in await run_until(worker, broker, keys, 8)}
     assert got["g0:0"].value == 1.0 and not got["g0:0"].error
@@ -120,8 +128,7 @@ async def test_a_dead_replicas_pending_rollouts_are_taken_over(broker, run_name)
         broker,
         run_name,
         "judge-1",
-        claim_idle_ms=200,
-        block_ms=50,
+        BrokerConfig(claim_idle_ms=200, block_ms=50),
     )
     got = await run_until(worker, broker, keys, 6)
     assert {a.producer for a in got} == {"judge-1"}
