@@ -75,7 +75,7 @@ def _dump_busy(worker: Worker) -> asyncio.Task | None:
     """RUN_DIR/busy-<role>.json, rewritten as it changes (none without a run directory)."""
     if worker.run_dir is None:
         return None
-    return asyncio.create_task(worker.busy.dump_every(worker.run_dir / f"busy-{worker.role}.json"))
+    return asyncio.create_task(worker.work_log.dump_every(worker.run_dir / f"busy-{worker.role}.json"))
 
 
 class SimGenerator(Worker):
@@ -85,7 +85,7 @@ class SimGenerator(Worker):
         super().__init__(cfg, broker, worker_id, run_dir)
         self.token_s, self.tokens = token_s, tokens
         self.version = 0
-        self.busy = Busy()
+        self.work_log = Busy()  # not `busy`: Worker.busy() reports the busy fraction on the stopped line
         self._dumper: asyncio.Task | None = None
         self.groups = InFlight(cfg.generator.max_inflight_groups)
         """Tracked, not held: the simulation keeps no prompt's idle time fresh."""
@@ -119,14 +119,14 @@ class SimGenerator(Worker):
         while self.version < p.admitted_version:  # as workers/generator.py: never older weights than admitted
             await self._version_changed.wait()
         first, switches = self.version, []
-        self.busy.add(+1)
+        self.work_log.add(+1)
         try:
             for done in range(0, self.tokens, CHUNK_TOKENS):
                 if self.version != (switches[-1][1] if switches else first):
                     switches.append([done, self.version])
                 await asyncio.sleep(self.token_s * min(CHUNK_TOKENS, self.tokens - done))
         finally:
-            self.busy.add(-1)
+            self.work_log.add(-1)
         ids = np.arange(self.tokens, dtype=np.int32) % 50
         blobs = [
             encode(
@@ -169,7 +169,7 @@ class SimTrainer(Worker):
         self.train_s = train_s
         self.steps = steps or cfg.trainer.steps
         self.metrics = MetricsWriter(run_dir)
-        self.busy = Busy()
+        self.work_log = Busy()  # not `busy`: Worker.busy() reports the busy fraction on the stopped line
         self._dumper: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -191,9 +191,9 @@ class SimTrainer(Worker):
         if batch is None:
             return False
         t0 = time.time()
-        self.busy.add(+1)
+        self.work_log.add(+1)
         await asyncio.sleep(self.train_s)
-        self.busy.add(-1)
+        self.work_log.add(-1)
         t1 = time.time()
         self.version += 1
         await self.broker.set(self.keys.trainer_version, self.version)
@@ -223,5 +223,5 @@ class SimTrainer(Worker):
         await self.assembler.stop_intake()
         if self._dumper is not None:
             self._dumper.cancel()
-            (self.run_dir / f"busy-{self.role}.json").write_text(json.dumps(self.busy.all()))
+            (self.run_dir / f"busy-{self.role}.json").write_text(json.dumps(self.work_log.all()))
         self.metrics.close()

@@ -47,6 +47,8 @@ def test_pipeline_bench_rows_and_staleness_bound(tmp_path):
         timeout=140,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
+    # every simulated role stops cleanly (its `stopped` line once died on Worker.busy being shadowed)
+    assert "Traceback" not in proc.stdout + proc.stderr, (proc.stdout + proc.stderr)[-3000:]
     result = json.loads((out / "result.json").read_text())
     assert [r["max_staleness"] for r in result["rows"]] == [0, 2]
     for row in result["rows"]:
