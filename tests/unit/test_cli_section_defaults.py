@@ -1,6 +1,7 @@
 """`streamrl env` / `streamrl reward` flags that set a config field default to that section's value
 (one source of truth, streamrl/config/): unset, the section decides; given, the flag does. The same for
 the @producer decorator and ProducerSpec.
+"""
 
 from __future__ import annotations
 
