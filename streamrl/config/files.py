@@ -1,6 +1,6 @@
 """Config files: a YAML file plus `--set section.field=value` overrides, validated into a
 `Config` (streamrl/config/schema.py) with errors that name the field and the fix; and the resolved
-config written back for every role of a run.
+config (objective defaults applied) written back for every role of a run.
 
     cfg = load_config("configs/tiny-cpu.yaml", ["trainer.steps=20"])
 """
@@ -68,5 +68,20 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(_format_errors(exc, str(path))) from None
 
 
+def resolved_dump(cfg: Config) -> dict:
+    """The config as every role will read it: each field written out, and `loss:` resolved against
+    its objective (streamrl.losses.resolve_loss: sapo's seq_mean, dapo's dynamic_sampling, the
+    fixed horizon). Writing the plain dump instead would turn each objective default the user left
+    alone into the shared default "set by the user" (gspo: aggregation=token_mean), which the
+    objective then rejects or silently runs with; resolved, re-reading it resolves identically."""
+    from streamrl.losses.registry import resolve_loss  # lazy: imports the objective (and torch)
+
+    data = cfg.model_dump(mode="json")
+    data["loss"] = resolve_loss(cfg).model_dump(mode="json")
+    return data
+
+
 def dump_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """Write RUN_DIR/config.yaml: it means what `cfg` means wherever it is read (every role, every
+    rank, `streamrl config --config`, `--resume`)."""
+    Path(path).write_text(yaml.safe_dump(resolved_dump(cfg), sort_keys=False))
