@@ -1,6 +1,7 @@
 """Each objective trains 2 steps when chosen by `--set loss.name=X` on the default config, with the
 config read back from RUN_DIR/config.yaml as the trainer reads it (issue 26, defect 1: gspo and
-dr_grpo died at trainer start on the written config's spelled-out defaults).
+dr_grpo died at trainer start on the written config's spelled-out defaults); a batch whose rows are
+all masked stops the job instead of a step on nothing (defect 2).
 
     pytest tests/integration/trainer/test_objectives_train.py
 """
@@ -17,6 +18,7 @@ import torch
 
 from streamrl.config.files import dump_config, load_config
 from streamrl.config.schema import TinyModelConfig
+from streamrl.core.errors import FatalError
 from streamrl.losses.registry import available_losses
 from streamrl.models.tiny import build_tiny_model
 from streamrl.train.dist import launch
@@ -48,3 +50,16 @@ def test_each_objective_trains_two_steps_from_the_written_config(objective, tiny
     assert got["loss"]["name"] == objective
     for m in got["steps"]:
         assert np.isfinite(m["loss"]) and np.isfinite(m["grad_norm"]) and m["skipped_step"] == 0
+
+
+def _masked_step(model_path: str, rank: int, world: int) -> None:
+    cfg = load_config(None, ["loss.kl_beta=0", "loss.overlong_filter=true", "trainer.device=cpu"])
+    engine = TrainEngine(cfg, model_path, rank, world)
+    batch = shaped_batch(engine.model.config.vocab_size, [(3, 5), (6, 2)], seed=0)
+    batch.loss_mask = np.zeros(len(batch), np.float32)  # both completions cut at max_tokens
+    engine.train_step(batch)
+
+
+def test_a_batch_whose_rows_are_all_masked_stops_the_job(tiny):
+    with pytest.raises(FatalError, match="every row of this batch.*loss.overlong_filter=false"):
+        launch(1, functools.partial(_masked_step, str(tiny)))
