@@ -74,9 +74,10 @@ def check_loss_fn(cfg: Config) -> str | None:
 
 
 def check_task(cfg: Config) -> str | None:
-    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset),
-    for the training task and, with eval.every_steps, the eval task."""
-    from streamrl.feed.datasets import missing_file
+    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset)
+    and a local file's first rows hold the fields the task and reward read, for the training task
+    and, with eval.every_steps, the eval task."""
+    from streamrl.feed.datasets import check_first_records, missing_file
 
     tasks = [("task", cfg.task)]
     if cfg.eval.every_steps and cfg.eval.task is not None:
@@ -92,6 +93,10 @@ def check_task(cfg: Config) -> str | None:
                 f"{where}.path={path!r} does not exist; set {where}.path to a jsonl or parquet file, "
                 "a folder of data files or a dataset id"
             )
+        try:
+            check_first_records(task)
+        except ConfigError as exc:
+            return str(exc).replace("task.", f"{where}.") if where != "task" else str(exc)
     return None
 
 
