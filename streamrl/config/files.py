@@ -107,10 +107,12 @@ def resolved_dump(cfg: Config) -> dict:
     fixed horizon). Writing the plain dump instead would turn each objective default the user left
     alone into the shared default "set by the user" (gspo: aggregation=token_mean), which the
     objective then rejects or silently runs with; resolved, re-reading it resolves identically."""
+    from streamrl.core.imports import cwd_on_path
     from streamrl.losses.registry import resolve_loss  # lazy: imports the objective (and torch)
 
     data = cfg.model_dump(mode="json")
-    data["loss"] = resolve_loss(cfg).model_dump(mode="json")
+    with cwd_on_path():  # a `my_losses:fn` objective imports as the trainer will import it
+        data["loss"] = resolve_loss(cfg).model_dump(mode="json")
     return data
 
 
