@@ -108,11 +108,13 @@ def resolved_dump(cfg: Config) -> dict:
     alone into the shared default "set by the user" (gspo: aggregation=token_mean), which the
     objective then rejects or silently runs with; resolved, re-reading it resolves identically."""
     from streamrl.core.imports import cwd_on_path
-    from streamrl.losses.registry import resolve_loss  # lazy: imports the objective (and torch)
+    from streamrl.losses.registry import loss_settings  # lazy: imports the objective (and torch)
 
     data = cfg.model_dump(mode="json")
+    # Without max_tokens: an unset loss.horizon stays unset ("generator.max_tokens"), so it follows a
+    # --set generator.max_tokens on --resume as it would have in the user's config.
     with cwd_on_path():  # a `my_losses:fn` objective imports as the trainer will import it
-        data["loss"] = resolve_loss(cfg).model_dump(mode="json")
+        data["loss"] = loss_settings(cfg.loss).model_dump(mode="json")
     return data
 
 

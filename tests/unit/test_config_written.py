@@ -47,3 +47,8 @@ def test_the_written_config_resolves_as_the_preflight_did(config, objective, tmp
 def test_the_objective_defaults_survive_the_run_directory(objective, field, value, tmp_path):
     _, again = _written(load_config(None, [f"loss.name={objective}"]), tmp_path)
     assert getattr(resolve_loss(again), field) == value
+
+
+def test_an_unset_horizon_still_follows_max_tokens_after_the_write(tmp_path):
+    path, _ = _written(load_config(None, ["loss.name=dr_grpo", "generator.max_tokens=24"]), tmp_path)
+    assert resolve_loss(load_config(path, ["generator.max_tokens=40"])).horizon == 40
