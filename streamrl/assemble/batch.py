@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from streamrl.core.errors import FatalError
 from streamrl.core.messages import Rollout
 
 
@@ -85,3 +86,16 @@ class Batch:
 def _trained(r: Rollout) -> int:
     """Completion tokens of `r` the loss counts: all but an episode's observation tokens."""
     return len(r.completion_ids) - sum(e - s for s, e in r.obs_spans)
+
+
+def no_loss_tokens(batch: Batch, max_tokens: int) -> FatalError:
+    """The error for a batch in which every row is masked: a step on it would train on nothing (a
+    FatalError: a restarted trainer would get such batches again, so `streamrl up` stops the job)."""
+    cut = sum(r.finish_reason == "length" for r in batch.rollouts)
+    masked = 0 if batch.loss_mask is None else int((np.asarray(batch.loss_mask) == 0).sum())
+    return FatalError(
+        f"every row of this batch ({len(batch)} rows) is masked, so the step would train on nothing: "
+        f"{masked} rows masked by loss.overlong_filter ({cut} cut at generator.max_tokens={max_tokens}), the "
+        "rest have no completion token outside observations; raise generator.max_tokens or set "
+        "loss.overlong_filter=false, and check that episodes' completions are not all observation tokens"
+    )

@@ -15,12 +15,23 @@ DESCRIPTION = (
 def add_arguments(p) -> None:
     add_config_args(p)
     add_preflight_arg(p)
+    p.add_argument(
+        "--explain", action="store_true", help="print each field with its description (from the schema's docstrings)"
+    )
 
 
 def run(args) -> int:
     import yaml
 
+    from streamrl.config.explain import explain
+    from streamrl.config.files import resolved_dump
+    from streamrl.losses import resolve_loss
+
     cfg = load(args)
     preflight(args, cfg)
-    print(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False), end="")
+    data = resolved_dump(cfg)  # as RUN_DIR/config.yaml will hold it: the objective's defaults applied
+    if args.explain:
+        print(explain(data, cfg, resolve_loss(cfg)), end="")
+    else:
+        print(yaml.safe_dump(data, sort_keys=False), end="")
     return 0

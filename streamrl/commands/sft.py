@@ -38,7 +38,10 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    from transformers import AutoTokenizer
+
     from streamrl.sft.data import load_splits
+    from streamrl.sft.trainable import check_first_rows
     from streamrl.train.checkpoint import list_checkpoints
     from streamrl.train.export import export_checkpoint
     from workers.sft import main
@@ -51,9 +54,9 @@ def run(args) -> int:
         args.config, args.run_dir = args.config or str(Path(args.resume) / "config.yaml"), args.resume
     args.config = args.config or str(DEFAULT)
     cfg = resolve_model(load(args))
-    load_splits(
-        cfg.sft, cfg.task, cfg.run.seed, cfg.generator.max_tokens
-    )  # a data error stops here, before any rank starts
+    # A data error, or data with nothing to train on, stops here, before any rank starts.
+    train_rows, _ = load_splits(cfg.sft, cfg.task, cfg.run.seed, cfg.generator.max_tokens)
+    check_first_rows(AutoTokenizer.from_pretrained(cfg.model.path), train_rows, cfg.sft)
     run_dir = Path(args.run_dir or Path("runs") / f"sft-{cfg.run.name}-{time.strftime('%Y%m%d-%H%M%S')}").resolve()
     if not args.resume and list_checkpoints(run_dir):
         raise ConfigError(

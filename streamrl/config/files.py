@@ -1,17 +1,18 @@
 """Config files: a YAML file plus `--set section.field=value` overrides, validated into a
 `Config` (streamrl/config/schema.py) with errors that name the field and the fix; and the resolved
-config written back for every role of a run.
+config (objective defaults applied) written back for every role of a run.
 
     cfg = load_config("configs/tiny-cpu.yaml", ["trainer.steps=20"])
 """
 
 from __future__ import annotations
 
+import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError
@@ -39,15 +40,47 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
-def _format_errors(err: ValidationError, source: str) -> str:
-    lines = [f"invalid config ({source}):"]
-    for e in err.errors():
-        where = ".".join(str(p) for p in e["loc"]) or "(top level)"
-        msg = e["msg"].removeprefix("Value error, ")
-        if e["type"] == "extra_forbidden":
-            msg = "unknown field; check the spelling against configs/tiny-cpu.yaml or run `streamrl config` to see every field"
-        lines.append(f"  {where}: {msg}")
-    return "\n".join(lines)
+def _section_fields(loc: tuple) -> list[str]:
+    """The field names of the section at `loc` (the path to an unknown key's parent), for "did you mean"."""
+    model: Any = Config
+    for part in loc:
+        field = model.model_fields.get(str(part)) if isinstance(model, type) and issubclass(model, BaseModel) else None
+        if field is None:
+            return []
+        model = field.annotation
+        args = [a for a in get_args(model) if isinstance(a, type) and issubclass(a, BaseModel)]
+        model = args[0] if args else model  # `X | None`, list[X]: the section X
+    return list(model.model_fields) if isinstance(model, type) and issubclass(model, BaseModel) else []
+
+
+def _hint(e: dict, overrides: dict[str, str]) -> str:
+    """What to do about one validation error, and which --set it came from."""
+    loc = tuple(p for p in e["loc"] if not isinstance(p, int))
+    where = ".".join(str(p) for p in e["loc"]) or "(top level)"
+    msg = e["msg"].removeprefix("Value error, ")
+    if e["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(str(loc[-1]), _section_fields(loc[:-1]), n=1)
+        parent = ".".join(str(p) for p in loc[:-1])
+        msg = f"unknown field; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "unknown field"
+        msg += " (`streamrl config --explain` lists every field with its description)"
+    dotted = ".".join(str(p) for p in loc)
+    given = next((k for k in overrides if dotted == k or dotted.startswith(k + ".")), None)
+    if given is None:
+        return f"  {where}: {msg}"
+    raw = overrides[given]
+    parsed = _parse_scalar(raw)
+    if e["type"] == "string_type" and not isinstance(parsed, str):
+        msg += f"; YAML reads {raw!r} as the {type(parsed).__name__} {parsed!r}: quote it, --set '{given}=\"{raw}\"'"
+    return f"  {where}: {msg} (from --set {given}={raw})"
+
+
+def _format_errors(err: ValidationError, source: str, overrides: list[str] = ()) -> str:
+    given = dict(item.split("=", 1) for item in overrides)
+    given = {k.strip(): v for k, v in given.items()}
+    lines = [_hint(e, given) for e in err.errors()]
+    # Blame the --set where every error came from one, not the file it was applied to.
+    head = "invalid --set (applied to " if all("(from --set" in x for x in lines) else "invalid config ("
+    return "\n".join([f"{head}{source}):", *lines])
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
@@ -65,8 +98,27 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, str(path))) from None
+        raise ConfigError(_format_errors(exc, str(path), overrides or [])) from None
+
+
+def resolved_dump(cfg: Config) -> dict:
+    """The config as every role will read it: each field written out, and `loss:` resolved against
+    its objective (streamrl.losses.resolve_loss: sapo's seq_mean, dapo's dynamic_sampling, the
+    fixed horizon). Writing the plain dump instead would turn each objective default the user left
+    alone into the shared default "set by the user" (gspo: aggregation=token_mean), which the
+    objective then rejects or silently runs with; resolved, re-reading it resolves identically."""
+    from streamrl.core.imports import cwd_on_path
+    from streamrl.losses.registry import loss_settings  # lazy: imports the objective (and torch)
+
+    data = cfg.model_dump(mode="json")
+    # Without max_tokens: an unset loss.horizon stays unset ("generator.max_tokens"), so it follows a
+    # --set generator.max_tokens on --resume as it would have in the user's config.
+    with cwd_on_path():  # a `my_losses:fn` objective imports as the trainer will import it
+        data["loss"] = loss_settings(cfg.loss).model_dump(mode="json")
+    return data
 
 
 def dump_config(cfg: Config, path: str | Path) -> None:
-    Path(path).write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+    """Write RUN_DIR/config.yaml: it means what `cfg` means wherever it is read (every role, every
+    rank, `streamrl config --config`, `--resume`)."""
+    Path(path).write_text(yaml.safe_dump(resolved_dump(cfg), sort_keys=False))

@@ -33,7 +33,9 @@ class RewardComponent(Section):
     weight: float = 1.0
     """Its weight in the sum that becomes the `reward` annotation."""
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
-    """Its name in metrics.jsonl's reward_components (`reward/<name>`); default: the function's name."""
+    """Its name in metrics.jsonl's reward_components (`reward/<name>`); default: its `fn` as written,
+    `:` read as `.` (reward/math, reward/my_rewards.score), not the bare function name, which says
+    neither where it comes from nor tells two modules' `score` apart."""
 
     @field_validator("fn")
     @classmethod
@@ -41,7 +43,7 @@ class RewardComponent(Section):
         return _check_reward_fn(value, "reward.components[].fn")
 
     def label(self) -> str:
-        return self.name or self.fn.rsplit(":", 1)[-1]
+        return self.name or self.fn.replace(":", ".")
 
 
 class RewardConfig(Section):

@@ -40,6 +40,7 @@ class TrainerConfig(Section):
     world_size: int = Field(1, ge=1)
     """torch.distributed ranks (FSDP2 shards over them); gloo on CPU, NCCL on GPU."""
     steps: int = Field(60, ge=1)
+    """Optimizer steps of the run (each publishes a policy version); the job ends after the last."""
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate (1e-6 suits billion-parameter models; the tiny CPU model uses 3e-3)."""
     weight_decay: float = Field(0.0, ge=0)

@@ -7,6 +7,9 @@ import the module and fetch the attribute, with one error naming the spec and th
 from __future__ import annotations
 
 import importlib
+import os
+import sys
+from contextlib import contextmanager
 
 from streamrl.core.errors import ConfigError
 
@@ -20,3 +23,17 @@ def import_spec(spec: str, where: str, fix: str) -> tuple[str, str, object]:
     except ImportError as exc:
         raise ConfigError(f"{where}: cannot import module {module_name!r} ({exc}); {fix}") from exc
     return module_name, attr, getattr(module, attr, None)
+
+
+@contextmanager
+def cwd_on_path():
+    """The current directory on sys.path for the block, as it is for the roles (`python -m
+    streamrl.cli` in this directory), so a user's `my_module:fn` imports here as it will there."""
+    added = os.getcwd() not in sys.path
+    if added:
+        sys.path.insert(0, os.getcwd())
+    try:
+        yield
+    finally:
+        if added:
+            sys.path.remove(os.getcwd())

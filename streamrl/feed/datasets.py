@@ -144,6 +144,12 @@ def _prompt_text(task: TaskConfig, record: dict, where: str, tokenizer) -> str:
 
 def record_item(task: TaskConfig, record: Any, where: str, tokenizer=None) -> dict:
     """One record -> {"text", "meta"}; ConfigError naming `where` and the fix for a bad record."""
+    meta = record_meta(task, record, where)
+    return {"text": _prompt_text(task, record, where, tokenizer), "meta": meta}
+
+
+def record_meta(task: TaskConfig, record: Any, where: str) -> dict:
+    """The reward's view of one record (the answer, task.fields.meta); ConfigError naming the fix."""
     if not isinstance(record, dict):
         raise ConfigError(f"{where}: expected an object with fields, got {str(record)[:80]!r}")
     meta: dict[str, Any] = {"task": task.name}
@@ -165,7 +171,26 @@ def record_item(task: TaskConfig, record: Any, where: str, tokenizer=None) -> di
         if not _plain(record.get(key)):
             raise ConfigError(f"{where}: task.fields.meta lists {key!r}, which is missing or not a str/number/bool")
         meta[key] = record[key]
-    return {"text": _prompt_text(task, record, where, tokenizer), "meta": meta}
+    return meta
+
+
+def check_first_records(task: TaskConfig, n: int = 8) -> None:
+    """The first `n` records of a local jsonl/parquet file hold every field the task and reward read
+    (task.fields.prompt or .messages, .answer in task.answer_format, .meta): the pre-flight's check,
+    so a missing column stops `streamrl config`/`up` instead of the feeder after the job started.
+    Dataset ids and folders go through load_dataset and are left to the feeder."""
+    path = Path(task.dataset.path or "").expanduser()
+    if task.name == "charclass" or not (path.is_file() and path.suffix in (*LOCAL_JSON, ".parquet")):
+        return
+    for where, record in itertools.islice(records(task), n):
+        record_meta(task, record, where)
+        if task.fields.messages is None:
+            _prompt_text(task, record, where, None)
+        elif task.fields.messages not in record:
+            raise ConfigError(
+                f"{where}: expected a chat field {task.fields.messages!r}, got fields {sorted(record)[:10]}; "
+                "set task.fields.messages to the conversation's field name"
+            )
 
 
 def dataset_items(task: TaskConfig, tokenizer=None) -> list[dict]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from streamrl.config.schema import Config
 from streamrl.core.cache import cache_dir
 from streamrl.core.errors import ConfigError
+from streamrl.core.imports import cwd_on_path
 from streamrl.envs.tools import check_tools
 
 
@@ -31,12 +32,9 @@ def check_reward_fn(cfg: Config) -> str | None:
 
     if cfg.reward.count == 0:
         return None
-    # Workers run as `python -m streamrl.cli` in this directory, so this directory is on their path.
-    added = os.getcwd() not in sys.path
-    if added:
-        sys.path.insert(0, os.getcwd())
     try:
-        make_reward(cfg.reward)  # reward.fn, or every reward.components fn
+        with cwd_on_path():  # workers run as `python -m streamrl.cli` in this directory
+            make_reward(cfg.reward)  # reward.fn, or every reward.components fn
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # the module itself raised while importing: user code
@@ -44,9 +42,6 @@ def check_reward_fn(cfg: Config) -> str | None:
             f"reward.fn={cfg.reward.fn!r}: importing it raised {type(exc).__name__}: {exc}; "
             "fix that module (the reward workers import it the same way)"
         )
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
     return None
 
 
@@ -55,11 +50,9 @@ def check_loss_fn(cfg: Config) -> str | None:
     imports it) and the other loss.* keys are its settings (streamrl.losses.resolve_loss)."""
     from streamrl.losses import resolve_loss
 
-    added = os.getcwd() not in sys.path
-    if added:
-        sys.path.insert(0, os.getcwd())
     try:
-        resolve_loss(cfg)
+        with cwd_on_path():
+            resolve_loss(cfg)
     except ConfigError as exc:
         return str(exc)
     except Exception as exc:  # the module itself raised while importing: user code
@@ -67,16 +60,14 @@ def check_loss_fn(cfg: Config) -> str | None:
             f"loss.name={cfg.loss.name!r}: importing it raised {type(exc).__name__}: {exc}; "
             "fix that module (every trainer rank imports it the same way)"
         )
-    finally:
-        if added:
-            sys.path.remove(os.getcwd())
     return None
 
 
 def check_task(cfg: Config) -> str | None:
-    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset),
-    for the training task and, with eval.every_steps, the eval task."""
-    from streamrl.feed.datasets import missing_file
+    """A dataset task's local file or folder exists (a dataset id is left to the feeder's load_dataset)
+    and a local file's first rows hold the fields the task and reward read, for the training task
+    and, with eval.every_steps, the eval task."""
+    from streamrl.feed.datasets import check_first_records, missing_file
 
     tasks = [("task", cfg.task)]
     if cfg.eval.every_steps and cfg.eval.task is not None:
@@ -92,6 +83,10 @@ def check_task(cfg: Config) -> str | None:
                 f"{where}.path={path!r} does not exist; set {where}.path to a jsonl or parquet file, "
                 "a folder of data files or a dataset id"
             )
+        try:
+            check_first_records(task)
+        except ConfigError as exc:
+            return str(exc).replace("task.", f"{where}.") if where != "task" else str(exc)
     return None
 
 

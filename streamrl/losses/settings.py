@@ -15,6 +15,7 @@ the fix. This module imports neither torch nor the objectives.
 
 from __future__ import annotations
 
+import difflib
 from typing import Any, ClassVar
 
 from pydantic import ConfigDict, Field, ValidationError
@@ -56,8 +57,11 @@ def settings_error(name: str, cls: type[LossSettings], exc: ValidationError) -> 
         key = ".".join(str(p) for p in err["loc"])
         if err["type"] == "extra_forbidden":
             own = sorted(set(cls.model_fields) - set(LossConfig.model_fields))
+            close = difflib.get_close_matches(key, list(cls.model_fields), n=1)
             problems.append(
-                f"loss.{key} is not a setting of loss.name={name} (its own settings: "
+                f"loss.{key} is not a setting of loss.name={name}"
+                + (f"; did you mean loss.{close[0]}?" if close else "")
+                + " (its own settings: "
                 f"{', '.join(own) or 'none'}; shared: {', '.join(sorted(LossConfig.model_fields))}); "
                 "remove it or pick the objective that has it (docs/losses.md)"
             )

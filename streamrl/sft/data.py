@@ -176,7 +176,8 @@ def chat_sample(tokenizer, messages: list[dict], tools, turns: str) -> Sample:
     if not getattr(tokenizer, "chat_template", None):
         raise SampleError(
             "the tokenizer has no chat template, so `messages` rows cannot be rendered; give the model "
-            "folder a chat_template (tokenizer_config.json) or use prompt/completion rows"
+            "folder a chat_template (tokenizer_config.json; the built tiny model: model.tiny.chat_template=true) "
+            "or use prompt/completion rows"
         )
     assistant = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
     if not assistant:

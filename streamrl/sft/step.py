@@ -148,6 +148,10 @@ def sft_train_step(engine, samples: list[Sample]) -> dict[str, float]:
     total_tokens, seq_tokens, attn_sq = _sum_all(
         engine, [local_tokens, float(sum(len(s.ids) for s in samples)), float(sum(len(s.ids) ** 2 for s in samples))]
     )
+    if total_tokens == 0:  # every rank sees the summed count, so every rank raises
+        from streamrl.sft.trainable import no_loss_tokens
+
+        raise no_loss_tokens(len(samples))
     engine.optimizer.zero_grad(set_to_none=True)
     nll, padded_tokens = 0.0, 0
     scale = engine.dp_size / max(1.0, total_tokens)

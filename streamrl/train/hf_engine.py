@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from streamrl.assemble.batch import Batch
+from streamrl.assemble.batch import Batch, no_loss_tokens
 from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError, StreamRLError
 from streamrl.losses import LossInputs, compute_loss, loss_requirements, resolve_loss
@@ -308,7 +308,9 @@ class TrainEngine(TrainerEngine):
                 "the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
                 "the assembler must wait for the reference workers' annotation"
             )
-        total_tokens, total_seqs = float(max(1, batch.num_loss_tokens)), float(len(batch))
+        if batch.num_loss_tokens == 0:
+            raise no_loss_tokens(batch, self.cfg.generator.max_tokens)
+        total_tokens, total_seqs = float(batch.num_loss_tokens), float(len(batch))
         tc = self.cfg.trainer
         shard = batch.shard(self.dp_rank, self.dp_size)
         plan = plan_micro_batches(batch, self.dp_size, tc.micro_batch_size, tc.micro_batch_tokens)[self.dp_rank]

@@ -121,7 +121,30 @@ def test_errors_name_the_record_and_the_fix(tmp_path):
     with pytest.raises(ConfigError, match="does not exist; set task.path"):
         load_task(task(path=str(tmp_path / "nope.parquet")), seed=0)
     assert "does not exist" in check_task(Config.model_validate({"task": {**TASK, "path": str(tmp_path / "nope")}}))
-    assert check_task(Config.model_validate({"task": {**TASK, "path": str(nested)}})) is None
+    assert "task.fields.meta lists 'level'" in check_task(
+        Config.model_validate({"task": {**TASK, "path": str(nested)}})
+    )
+
+
+def test_config_refuses_a_file_without_the_answer_column(tmp_path, capsys):
+    """The pre-flight reads the first rows: a missing column stops `streamrl config`, not the feeder."""
+    from streamrl.cli import main
+
+    path = write_jsonl(tmp_path / "d.jsonl", [{"question": "1 + 1?"}])
+    code = main(
+        ["config", "--set", "task.name=dataset", "--set", f"task.path={path}", "--set", "task.fields.prompt=question"]
+    )
+    err = capsys.readouterr().err
+    assert code != 0 and "expected a field 'answer'" in err and "set task.fields.answer" in err, err
+    good = write_jsonl(tmp_path / "g.jsonl", [{"question": "1 + 1?", "answer": 2}])
+    assert (
+        check_task(
+            Config.model_validate({"task": {"name": "dataset", "path": str(good), "fields": {"prompt": "question"}}})
+        )
+        is None
+    )
+    gsm = write_jsonl(tmp_path / "gsm.jsonl", [{"question": "1 + 1?", "answer": "2"}])
+    assert "'#### 42'" in check_task(Config.model_validate({"task": {"name": "gsm8k", "path": str(gsm)}}))
 
 
 def test_preflight_checks_the_eval_task_too(tmp_path):

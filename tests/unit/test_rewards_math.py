@@ -79,7 +79,7 @@ def test_components_sum_with_weights_and_keep_each_part():
     assert out.parts == {"math": 1.0, "think_format": 1.0, "fmt2": 1.0}
     assert make_reward(RewardConfig(fn="math")) is math_verify_reward  # no components: reward.fn alone
     with pytest.raises(ValidationError, match="names .* repeat"):
-        RewardConfig(components=[{"fn": "math"}, {"fn": "streamrl.annotate.rewards:math"}])
+        RewardConfig(components=[{"fn": "math"}, {"fn": "think_format", "name": "math"}])
     with pytest.raises(ValidationError, match="reward.components\\[\\].fn='mathh'"):
         RewardConfig(components=[{"fn": "mathh"}])
 

@@ -120,3 +120,24 @@ def test_user_objective_declares_its_own_settings(user_pkg):
         resolve_loss(Config.model_validate({"loss": {"name": f"{user_pkg}:weighted_reinforce", "eps_low": 0.1}}))
     # without a settings attribute an objective gets the clip range
     assert resolve_loss(Config.model_validate({"loss": {"name": f"{user_pkg}:scaled_reinforce"}})).eps_high == 0.2
+
+
+def test_a_user_objective_is_written_resolved_from_the_current_directory(tmp_path, monkeypatch):
+    """RUN_DIR/config.yaml holds the user objective's settings; its module imports from the current
+    directory as the roles import it, also where that directory is not on sys.path (the `streamrl` script)."""
+    from streamrl.config.files import dump_config, load_config
+    from streamrl.losses import resolve_loss
+
+    (tmp_path / "cwd_losses.py").write_text(textwrap.dedent(USER_MODULE))
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", ".", str(tmp_path))])
+    try:
+        cfg = load_config(None, ["loss.name=cwd_losses:weighted_reinforce", "loss.weight=3"])
+        dump_config(cfg, tmp_path / "config.yaml")
+        again = load_config(tmp_path / "config.yaml")
+        assert again.loss.model_extra == {"weight": 3.0} and resolve_loss(again).weight == 3.0
+    finally:
+        from streamrl.losses.registry import _USER_LOSSES
+
+        sys.modules.pop("cwd_losses", None)
+        _USER_LOSSES.pop("cwd_losses:weighted_reinforce", None)
