@@ -65,22 +65,40 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
     )
 
 
+# The e2e modules in two halves of about equal time (`--durations` of a full run on main, s per module:
+# up 285, faults 214, titan 141, sft_then_rl 85, env_adapters 82, eval 73, bench_e2e 50 | multiturn 243,
+# elastic 223, run_dirs 125, reward_failures 94, tools 72, bench_env 69, ctrl_c 34). A new module joins the
+# second half; move it when the halves drift apart.
+E2E_FIRST_HALF = frozenset(
+    f"tests/e2e/test_{name}.py"
+    for name in ("up", "faults", "titan", "sft_then_rl", "env_adapters", "eval", "bench_e2e", "config_errors")
+)
+
+
+def e2e_unit(path: str) -> str | None:
+    """Which of the two e2e units a test file belongs to (None: not e2e)."""
+    if not path.startswith("tests/e2e/"):
+        return None
+    return "tests/e2e[1]" if path in E2E_FIRST_HALF else "tests/e2e[2]"
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """`make test` runs the suite on two pytest-xdist workers (`-n 2 --dist loadscope`), scheduled
-    here: all e2e tests form one unit, run one after another on one worker, while the other worker
-    takes the unit and integration tests a file at a time (a file's module fixtures, e.g. a started
-    vLLM generator, are built once, on one worker). Each e2e test is a whole job (five or more
-    processes on the CI machine's two cores); two at once would double each other's wall time and
-    strain their time bounds. (xdist's own `--dist loadgroup` cannot do this under pytest 9: it
-    renames tests through a node attribute pytest 9 no longer reads.)"""
+    here: the e2e tests form two units of about equal time (e2e_unit), each run one test after another
+    on one worker, and the unit and integration tests go a file at a time to whichever worker is free
+    (a file's module fixtures, e.g. a started vLLM generator, are built once, on one worker). With all
+    e2e tests in one unit that worker was the whole suite's critical path (about 31 of its 31 minutes
+    while the other worker idled after about half of that); two e2e jobs at once cost each about what
+    an e2e job beside the integration tests costs. (xdist's own `--dist loadgroup` cannot do this under
+    pytest 9: it renames tests through a node attribute pytest 9 no longer reads.)"""
     if config.getvalue("dist") != "loadscope":
         return None
     from xdist.scheduler import LoadScopeScheduling
 
-    class E2EOnOneWorker(LoadScopeScheduling):
+    class E2EInTwoUnits(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             # xdist's documented extension point: the unit of work a test belongs to
             path = nodeid.split("::", 1)[0]
-            return "tests/e2e" if path.startswith("tests/e2e/") else path
+            return e2e_unit(path) or path
 
-    return E2EOnOneWorker(config, log)
+    return E2EInTwoUnits(config, log)
