@@ -37,7 +37,7 @@ import uuid
 from streamrl.core.accounting import close_group
 from streamrl.core.broker import Entry
 from streamrl.core.errors import DecodeError
-from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode
+from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode, peek_field
 from streamrl.generate.chat import ChatBridge
 from streamrl.generate.episode_sample import EpisodeSample
 from streamrl.generate.vllm_engine import sample_seed
@@ -132,7 +132,9 @@ class EpisodeRunner:
         """Deliver what is on this generator's observation stream; malformed entries are
         dead-lettered (Worker.read), observations nobody waits for (a redone step's duplicate, an
         episode that already failed) are acked and counted as ignored."""
-        items = await self.gen.read(self.stream, READ_GROUP, count=256, expect=Observation, claim=False)
+        items = await self.gen.read(
+            self.stream, READ_GROUP, count=256, expect=Observation, claim=False, on_bad=self._rejected
+        )
         for _, obs in items:
             fut = self.waiting.get((obs.episode_id, obs.turn))
             if fut is not None and not fut.done():
@@ -142,6 +144,17 @@ class EpisodeRunner:
         if items:
             await self.gen.broker.ack(self.stream, READ_GROUP, [e.id for e, _ in items])
         return len(items)
+
+    def _rejected(self, entry: Entry, reason: str) -> None:
+        """A dead-lettered observation that names a waiting episode fails it now, with the real
+        reason, instead of after env.observation_timeout_s with a guess. An episode waits on one
+        turn at a time, so its id alone finds it (the turn may be what is missing or wrong)."""
+        episode_id = peek_field(entry.data, "episode_id")
+        for (eid, turn), fut in list(self.waiting.items()):
+            if eid == episode_id and not fut.done():
+                fut.set_exception(
+                    EpisodeFailed(f"the observation for turn {turn} of {eid} was dead-lettered: {reason}")
+                )
 
     async def _observe(self, req: StepRequest) -> Observation:
         key = (req.episode_id, req.turn)

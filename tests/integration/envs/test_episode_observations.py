@@ -24,9 +24,9 @@ async def runner(config, broker, **env) -> EpisodeRunner:
     return r
 
 
-def req(turn: int = 0) -> StepRequest:
+def req(turn: int = 0, episode_id: str = "g0:0:x") -> StepRequest:
     return StepRequest(
-        episode_id="g0:0:x",
+        episode_id=episode_id,
         group_id="g0",
         sample=0,
         turn=turn,
@@ -42,10 +42,11 @@ async def test_malformed_observations_are_dead_lettered_and_the_good_one_deliver
     await asyncio.sleep(0.05)
     steps = await broker.read(r.keys.env_steps)
     assert len(steps) == 1 and decode(steps[0].data).actions == ["a"]  # the step request went out
+    # Bad entries that name another episode (one that names a waiting episode fails it: below).
     bad_done = msgpack.packb(
-        {**{"schema": 1, "kind": "observation"}, **Observation("g0:0:x", 0).__dict__, "done": 1}, use_bin_type=True
+        {**{"schema": 1, "kind": "observation"}, **Observation("g0:1:y", 0).__dict__, "done": 1}, use_bin_type=True
     )
-    for payload in (b"\x00garbage", encode(req()), bad_done):
+    for payload in (b"\x00garbage", encode(req(episode_id="g0:1:y")), bad_done):
         await broker.add(r.stream, payload)
     await broker.client.xadd(r.stream, {"x": b"no d field"})
     good = Observation(episode_id="g0:0:x", turn=0, text="\ndigits:", env_worker="env-0")
@@ -61,6 +62,41 @@ async def test_malformed_observations_are_dead_lettered_and_the_good_one_deliver
     assert r.gen.stats["observations_ignored"] == 1
     info = {g["name"]: g for g in await broker.group_info(r.stream)}
     assert info[READ_GROUP]["pending"] == 0
+
+
+def observation(drop: str = "", **fields) -> bytes:
+    data = {"schema": 1, "kind": "observation", **Observation("g0:0:x", 0, text="t", reward=0.25).__dict__, **fields}
+    data.pop(drop, None)
+    return msgpack.packb(data, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "payload, why",
+    [
+        (observation(drop="reward"), "missing required field.s. reward"),
+        (observation(drop="text"), "missing required field.s. text"),
+        (observation(drop="done"), "missing required field.s. done"),
+        (observation(drop="turn"), "missing required field.s. turn"),
+        (observation(reward=float("nan")), "reward is NaN"),
+        (encode(req()), "a step_request message does not belong"),
+    ],
+    ids=["no-reward", "no-text", "no-done", "no-turn", "nan-reward", "wrong-kind"],
+)
+async def test_a_malformed_observation_fails_its_waiting_episode_at_once_with_the_reason(config, broker, payload, why):
+    """No silent default (a missing reward is not 0.0) and no wait for env.observation_timeout_s:
+    the entry is dead-lettered and the episode it names fails now, with the decoder's reason."""
+    r = await runner(config, broker, observation_timeout_s=60)
+    waiting = asyncio.create_task(r._observe(req()))
+    await asyncio.sleep(0.05)
+    await broker.add(r.stream, payload)
+    t0 = time.monotonic()
+    await r.read_once()
+    with pytest.raises(EpisodeFailed, match=f"turn 0 of g0:0:x was dead-lettered: .*{why}"):
+        await asyncio.wait_for(waiting, 5)
+    assert time.monotonic() - t0 < 5
+    dead = [e.data.split(b"\n", 1)[0].decode() for e in await broker.read(r.keys.deadletter, count=10)]
+    assert len(dead) == 1 and why.split(".")[0] in dead[0], dead
+    assert not r.waiting
 
 
 async def test_a_missing_observation_fails_the_episode_after_the_timeout(config, broker):
