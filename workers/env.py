@@ -19,10 +19,10 @@ import asyncio
 import inspect
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from streamrl.annotate.annotator import Calls, CallTimeout
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
@@ -53,7 +53,9 @@ class EnvWorker(Worker):
         self.factory = factory
         self.states: OrderedDict[str, _State] = OrderedDict()
         self.tasks: set[asyncio.Task] = set()
-        self.pool = ThreadPoolExecutor(max_workers=cfg.env.concurrency, thread_name_prefix="env-step")
+        # Sync env calls run on Calls' daemon threads: one that never returns retires its thread (a
+        # fresh one takes the next call) and is never joined, so it costs neither a slot nor the exit.
+        self.calls = Calls("env-step")
 
     async def start(self) -> None:
         if self.factory is None:
@@ -127,9 +129,8 @@ class EnvWorker(Worker):
                 if self.is_async:
                     text, reward, done, info = await asyncio.wait_for(_drive_async(state, req), timeout)
                 else:
-                    fut = asyncio.get_running_loop().run_in_executor(self.pool, _drive_sync, state, req)
-                    text, reward, done, info = await asyncio.wait_for(fut, timeout)
-            except asyncio.TimeoutError:
+                    text, reward, done, info = await self.calls.run(_drive_sync, state, req, timeout=timeout)
+            except (asyncio.TimeoutError, CallTimeout):
                 self.states.pop(req.episode_id, None)  # a hung call may still be mutating it
                 self.count("step_timeouts")
                 return self._obs(req, error=f"env step timed out after {timeout:g}s (env.step_timeout_s)")
@@ -149,7 +150,7 @@ class EnvWorker(Worker):
     async def close(self) -> None:
         if self.tasks:  # drain: finish the steps already taken, so they are acked, not redone
             await asyncio.wait(list(self.tasks), timeout=self.cfg.env.step_timeout_s)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.calls.close()
 
 
 def _drive_sync(state: _State, req: StepRequest) -> tuple[str, float, bool, dict]:

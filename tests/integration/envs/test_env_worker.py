@@ -188,3 +188,41 @@ async def test_timeouts_errors_and_garbage_fail_only_their_episode(config, broke
     assert info[GROUP]["pending"] == 0
     with pytest.raises(DecodeError):
         decode(b"not msgpack")
+
+
+async def test_calls_that_never_return_cost_no_slot_and_do_not_hold_up_exit(config, broker, tmp_path):
+    """More never-returning sync calls than env.concurrency: each times out and retires its thread,
+    later steps are still answered, and SIGTERM ends the worker promptly (nothing joins the threads)."""
+    cfg = env_config(config, "tests.programs.env_fns:Misbehave")
+    keys = EnvWorker(cfg, broker, "probe").keys
+    # The env CLI's flags, not a config file: --concurrency 2 --step-timeout 0.5.
+    args = ["env", "--fn", "tests.programs.env_fns:Misbehave", "--run", cfg.run.name, "--broker", cfg.broker.url]
+    args += ["--concurrency", "2", "--step-timeout", "0.5", "--id", "env-wedged"]
+    out = open(tmp_path / "env.out", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        for i in range(5):
+            await broker.add(keys.env_steps, encode(request(["forever"], episode=f"h{i}:0:a")))
+        for i in range(3):
+            await broker.add(keys.env_steps, encode(request(["fine"], episode=f"f{i}:0:a")))
+        obs = {o.episode_id: o for o in await observations(broker, keys, 8, timeout=60)}
+        log = (tmp_path / "env.out").read_text()
+        assert len(obs) == 8, log
+        assert all("timed out after 0.5s" in obs[f"h{i}:0:a"].error for i in range(5))
+        assert all(obs[f"f{i}:0:a"].error == "" and obs[f"f{i}:0:a"].text == "ok" for i in range(3))
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the env worker did not exit within 15 s of SIGTERM (it joins its hung threads):\n{log}")
+        assert time.monotonic() - t0 < 15
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
