@@ -123,6 +123,11 @@ class EnvConfig(Section):
     (no env worker answered, even after takeover); keep it above broker.claim_idle_ms."""
     concurrency: int = Field(32, ge=1)
     """Steps one env worker runs at once (sync envs: that many threads)."""
+    max_observation_tokens: int = Field(8192, ge=1)
+    """An observation longer than this many tokens fails its episode (and so its group) with the
+    reason; it is not truncated (a cut tool result would train the model on text the env never
+    sent). The generator tokenizes observations off its event loop, and one whose length alone
+    proves it too long is failed without being tokenized."""
     latency_ms: list[float] = Field([20.0, 200.0], min_length=2, max_length=2)
     """The built-in envs sleep a uniform random [low, high] ms per step, like a real tool call."""
     lockstep: bool = False

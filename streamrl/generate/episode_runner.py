@@ -7,7 +7,8 @@ Each episode alternates a model turn (one vLLM request over the exact token hist
 environment step: a StepRequest goes to `env_steps`, the episode's coroutine then waits on a
 future, holding no engine slot, so the engine serves other episodes meanwhile. A reader task
 consumes `observations:{generator id}` and resolves the futures; the observation text is
-tokenized alone and appended (streamrl.generate.episode_sample). The episode ends when the env says done, after
+tokenized alone, on a thread, and appended (streamrl.generate.episode_sample); one longer than
+env.max_observation_tokens fails the episode. The episode ends when the env says done, after
 env.max_turns model turns, or when the next turn would pass generator.max_model_len. Once all G
 episodes are done the group's G rollouts are published together, so a group that fails publishes
 nothing.
@@ -100,6 +101,7 @@ class EpisodeRunner:
         self._reader: asyncio.Task | None = None
         self._closing = False
         self.lockstep = Lockstep() if self.cfg.env.lockstep else None
+        self._longest: int | None = None
 
     async def start(self) -> None:
         self.tokenizer = self.gen.engine.get_tokenizer()
@@ -350,7 +352,7 @@ class EpisodeRunner:
                 break
             if turn == env.max_turns - 1:
                 break
-            obs_ids = self._observation_ids(obs, s)
+            obs_ids = await self._observation_tokens(obs, s, episode_id)
             if len(s) + len(obs_ids) >= max_len:  # no room for the next model turn
                 finish = "length"
                 break
@@ -381,6 +383,30 @@ class EpisodeRunner:
             finished_at=time.time(),
             **s.rollout_fields(),
         )
+
+    async def _observation_tokens(self, obs: Observation, s: EpisodeSample, episode_id: str) -> list[int]:
+        """The observation's token ids, tokenized on a thread: a multi-MB observation takes seconds
+        to tokenize, which on the loop would stall every episode and the weight sync. One longer than
+        env.max_observation_tokens fails the episode; when its length in characters alone proves it
+        (no token is longer than the vocabulary's longest), without tokenizing it at all."""
+        limit = self.cfg.env.max_observation_tokens
+        chars = len(obs.text) + sum(len(m["content"]) for m in obs.messages)
+        if chars > limit * self._longest_token():
+            n = f"at least {chars // self._longest_token()}"
+        else:
+            ids = await asyncio.to_thread(self._observation_ids, obs, s)
+            if len(ids) <= limit:
+                return ids
+            n = str(len(ids))
+        raise EpisodeFailed(
+            f"the observation for turn {obs.turn} of {episode_id} ({obs.env_worker}) is {n} tokens, "
+            f"more than env.max_observation_tokens={limit}: shorten the env's answers or raise the limit"
+        )
+
+    def _longest_token(self) -> int:
+        if self._longest is None:  # once: ~1 ms over a 150k vocabulary
+            self._longest = max(len(t) for t in self.tokenizer.get_vocab())
+        return self._longest
 
     def _observation_ids(self, obs: Observation, s: EpisodeSample) -> list[int]:
         """The observation's token ids: with tools.chat, its messages (or its text as a user message)

@@ -138,3 +138,60 @@ async def test_only_checkpoints_that_fit_the_prompt_are_continued(config, broker
     saved = await r._load_states(prompt)
     assert list(saved) == [0] and saved[0].completion_ids.tolist() == [5, 6]
     assert r.gen.stats["episode_states_invalid"] == 4  # other prompt, turn past max_turns, garbage, wrong field
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from streamrl.models.tiny import TinyModelConfig, build_tiny_model
+
+    return AutoTokenizer.from_pretrained(build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("m") / "tiny", 0))
+
+
+async def tokens_with_loop_gap(r: EpisodeRunner, text: str) -> tuple[object, float]:
+    """(token ids or the EpisodeFailed raised, the longest the event loop went without a tick)."""
+    from streamrl.generate.episode_sample import EpisodeSample
+
+    gaps = [0.0]
+
+    async def tick():
+        last = time.monotonic()
+        while True:
+            await asyncio.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last = time.monotonic()
+
+    ticker = asyncio.create_task(tick())
+    await asyncio.sleep(0.05)
+    obs = Observation(episode_id="g0:0:x", turn=0, text=text, env_worker="env-0")
+    try:
+        out = await r._observation_tokens(obs, EpisodeSample([1, 2]), "g0:0:x")
+    except EpisodeFailed as exc:
+        out = exc
+    ticker.cancel()
+    return out, max(gaps)
+
+
+async def test_a_large_observation_is_tokenized_off_the_event_loop(config, broker, tokenizer):
+    r = await runner(config, broker, max_observation_tokens=2_000_000)
+    r.tokenizer, r.chat = tokenizer, None
+    text = "digits: 12345 hello. " * 40_000  # 840k characters: ~2 s to tokenize on the CI machine
+    ids, gap = await tokens_with_loop_gap(r, text)
+    assert ids == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert gap < 0.75, f"the event loop stalled {gap:.2f}s while an observation was tokenized"
+
+
+async def test_an_observation_past_max_observation_tokens_fails_its_episode(config, broker, tokenizer):
+    r = await runner(config, broker, max_observation_tokens=1000)
+    r.tokenizer, r.chat = tokenizer, None
+    out, _ = await tokens_with_loop_gap(r, "ab" * 600)  # 1200 tokens: counted, then failed
+    assert isinstance(out, EpisodeFailed)
+    assert "turn 0 of g0:0:x (env-0) is 1200 tokens, more than env.max_observation_tokens=1000" in str(out)
+    t0 = time.monotonic()
+    out, gap = await tokens_with_loop_gap(r, "x" * 5_000_000)  # 5 MB: its length alone says so
+    assert isinstance(out, EpisodeFailed) and "is at least" in str(out), out
+    assert time.monotonic() - t0 < 1 and gap < 0.5
+    assert (await tokens_with_loop_gap(r, "ab" * 500))[0] == tokenizer("ab" * 500, add_special_tokens=False)[
+        "input_ids"
+    ]
