@@ -201,7 +201,8 @@ class EpisodeRunner:
             self.gen.count("episodes_failed", len(failed))
             self.gen.log.warning("episode_failed", group_id=prompt.group_id, reason=reason)
             await self.gen.dead_letter(self.keys.prompts, entry, reason)
-            await close_group(self.gen.broker, self.keys, prompt.group_id, "failed")
+            if await close_group(self.gen.broker, self.keys, prompt.group_id, "failed"):
+                await self.gen.broker.incr(self.keys.stat("groups_failed"))  # metrics.jsonl's `failed`
             await self.gen.broker.delete(self.state_key(prompt.group_id))
             return False
         rollouts = [t.result() for t in tasks]
@@ -267,13 +268,16 @@ class EpisodeRunner:
         await self.gen.broker.hset(self.state_key(prompt.group_id), {str(sample): encode(st)})
 
     async def _episode(self, prompt: Prompt, sample: int, saved: EpisodeState | None = None) -> Rollout:
+        restart = False
         for _ in range(MAX_RESTARTS + 1):
+            if restart:  # counted when the next attempt begins: the last "replay" answer fails the episode
+                self.gen.count("episodes_restarted")
+                await self.gen.broker.incr(self.keys.stat("episodes_restarted"))
             result = await self._attempt(prompt, sample, saved)
             saved = None  # a restart (the env lost its state) begins at the prompt
             if result is not None:
                 return result
-            self.gen.count("episodes_restarted")
-            await self.gen.broker.incr(self.keys.stat("episodes_restarted"))
+            restart = True
         raise EpisodeFailed(f"the env lost the episode's state {MAX_RESTARTS + 1} times (not replayable)")
 
     async def _attempt(self, prompt: Prompt, sample: int, saved: EpisodeState | None) -> Rollout | None:

@@ -195,3 +195,44 @@ async def test_an_observation_past_max_observation_tokens_fails_its_episode(conf
     assert (await tokens_with_loop_gap(r, "ab" * 500))[0] == tokenizer("ab" * 500, add_special_tokens=False)[
         "input_ids"
     ]
+
+
+class LosesState(EpisodeRunner):
+    """Every attempt ends as a non-replayable env's "replay" answer does (None), or fails."""
+
+    fail = False
+
+    async def _attempt(self, prompt, sample, saved):
+        if self.fail:
+            raise EpisodeFailed("env step 0: tool crashed")
+        return None
+
+
+def prompt():
+    import numpy as np
+
+    from streamrl.core.messages import Prompt
+
+    return Prompt(group_id="g0", prompt_ids=np.array([1, 40]), group_size=2, admitted_version=0)
+
+
+async def test_the_replay_answer_that_fails_the_episode_is_not_counted_as_a_restart(config, broker):
+    from streamrl.generate.episode_runner import MAX_RESTARTS
+
+    r = LosesState(Worker(config, broker, "gen-0"))
+    with pytest.raises(EpisodeFailed, match=f"lost the episode's state {MAX_RESTARTS + 1} times"):
+        await r._episode(prompt(), 0)
+    assert int(await broker.get(r.keys.stat("episodes_restarted"))) == MAX_RESTARTS
+    assert r.gen.stats["episodes_restarted"] == MAX_RESTARTS
+
+
+async def test_a_group_failed_by_its_episodes_counts_in_groups_failed(config, broker):
+    """The trainer adds stats:groups_failed to metrics.jsonl's `failed` (it stayed 0 before)."""
+    from streamrl.core.broker import Entry
+
+    r = LosesState(Worker(config, broker, "gen-0"))
+    r.fail = True
+    entry_id = await broker.add(r.keys.prompts, encode(prompt()))
+    assert await r.run_group(Entry(entry_id, encode(prompt()), {}), prompt()) is False
+    assert int(await broker.get(r.keys.stat("groups_failed"))) == 1
+    assert int(await broker.get(r.keys.stat("episodes_failed"))) == 2
