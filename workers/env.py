@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from streamrl.annotate.annotator import Calls, CallTimeout
+from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
@@ -59,8 +60,11 @@ class EnvWorker(Worker):
 
     async def start(self) -> None:
         if self.factory is None:
-            if not self.cfg.env.fn:
-                raise ConfigError("an env worker needs env.fn (a built-in env or package.module:Class)")
+            if not self.cfg.env.fn or self.cfg.env.fn == EXTERNAL:
+                raise ConfigError(
+                    f"an env worker needs env.fn (a built-in env or package.module:Class), not {self.cfg.env.fn!r}: "
+                    "with env.fn=external the job's env workers are started outside it (streamrl env --fn ...)"
+                )
             self.factory = resolve_env(self.cfg.env.fn, tuple(self.cfg.env.latency_ms))
         self.factory = env_factory(self.factory, self.cfg)
         probe = self.factory()
