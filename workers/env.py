@@ -3,6 +3,10 @@
     streamrl worker env --config configs/tiny-multiturn-cpu.yaml --broker redis://... --run tiny
     streamrl env --fn my_envs:Calculator --run tiny --broker redis://...       # a user env class
 
+Sticky routing: generators send an episode's later steps to this worker's own stream
+`env_steps:{worker id}` while its heartbeat (with `sticky`) lives, so its cached state is reused; it
+reads that stream first, then the shared one, and takes over the own streams of workers whose
+heartbeat is gone (docs/protocol.md, "Sticky routing").
 Reads `env_steps` with the consumer group "env" (workers of this role share the load), runs up to
 env.concurrency steps at once, writes one Observation to `observations:{reply_to}` per step and
 only then acks it. Env instances are cached per episode; a step for an episode this worker has
@@ -71,6 +75,9 @@ class EnvWorker(Worker):
         self.replayable = bool(getattr(probe, "replayable", True))
         self.is_async = inspect.iscoroutinefunction(probe.step)
         await self.broker.ensure_group(self.keys.env_steps, GROUP)
+        self.own = self.keys.env_steps_of(self.worker_id)
+        await self.broker.ensure_group(self.own, GROUP)
+        self._orphan_scan = 0.0
 
     async def step(self) -> bool:
         free = self.cfg.env.concurrency - len(self.tasks)
@@ -79,33 +86,58 @@ class EnvWorker(Worker):
                 list(self.tasks), timeout=self.cfg.broker.block_ms / 1000, return_when=asyncio.FIRST_COMPLETED
             )
             return False
-        items = await self.read(self.keys.env_steps, GROUP, count=free, expect=StepRequest)
-        for entry, req in items:
-            if self.consumer.is_held(self.keys.env_steps, GROUP, entry.id):
+        # Steps routed here first (their episodes' state is cached here), then the shared ones, then
+        # those routed to a worker that has died (no heartbeat: takeover, replayed here).
+        items = [(self.own, e, r) for e, r in await self.read(self.own, GROUP, count=free, expect=StepRequest)]
+        if len(items) < free:
+            more = await self.read(self.keys.env_steps, GROUP, count=free - len(items), expect=StepRequest)
+            items += [(self.keys.env_steps, e, r) for e, r in more]
+        if len(items) < free:
+            items += await self._orphaned(free - len(items))
+        for stream, entry, req in items:
+            if self.consumer.is_held(stream, GROUP, entry.id):
                 continue  # our own step in progress, re-read with the pending entries
-            self.hold(self.keys.env_steps, GROUP, entry.id)
-            task = asyncio.create_task(self._handle(entry, req))
+            self.hold(stream, GROUP, entry.id)
+            task = asyncio.create_task(self._handle(stream, entry, req))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
         return bool(items)
 
-    async def _handle(self, entry: Entry, req: StepRequest) -> None:
+    async def _orphaned(self, count: int) -> list:
+        """Steps routed to env workers whose heartbeat is gone, checked every broker.claim_idle_ms."""
+        now = time.monotonic()
+        if now - self._orphan_scan < self.cfg.broker.claim_idle_ms / 1000:
+            return []
+        self._orphan_scan = now
+        out: list = []
+        for stream in await self.broker.scan(self.keys.env_steps + ":*"):
+            owner = stream[len(self.keys.env_steps) + 1 :]
+            if len(out) >= count or owner == self.worker_id:
+                continue
+            if await self.broker.get(self.keys.worker(self.role, owner)) is None:
+                got = await self.read(stream, GROUP, count=count - len(out), expect=StepRequest)
+                out += [(stream, e, r) for e, r in got]
+        return out
+
+    def heartbeat(self) -> dict:
+        # `sticky`: generators route an episode's next step to this worker's own stream.
+        return {**super().heartbeat(), "sticky": 1}
+
+    async def _handle(self, stream: str, entry: Entry, req: StepRequest) -> None:
         t0 = time.monotonic()
         try:
             obs = await self._answer(req)
             obs.step_s = round(time.monotonic() - t0, 6)
             if obs.error:
-                await self.dead_letter(
-                    self.keys.env_steps, entry, f"episode {req.episode_id} turn {req.turn}: {obs.error}"
-                )
+                await self.dead_letter(stream, entry, f"episode {req.episode_id} turn {req.turn}: {obs.error}")
                 self.count("step_errors")
             await self.broker.add(self.keys.observations(req.reply_to), encode(obs), maxlen=OBS_MAXLEN)
-            await self.broker.ack(self.keys.env_steps, GROUP, [entry.id])
+            await self.broker.ack(stream, GROUP, [entry.id])
             self.count("steps")
         except Exception as exc:  # broker trouble: leave the step pending; it is claimed and redone
             self.log.error("step_failed", error=repr(exc), episode_id=req.episode_id)
         finally:
-            self.release(self.keys.env_steps, GROUP, entry.id)
+            self.release(stream, GROUP, entry.id)
 
     async def _answer(self, req: StepRequest) -> Observation:
         state = self.states.get(req.episode_id)

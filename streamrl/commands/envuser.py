@@ -4,7 +4,8 @@
     STREAMRL_BROKER_URL=<that URL> node examples/node/env.mjs --run tiny --id node-0
 
 The user may only run the stream commands an env worker needs (producer.ACL_COMMANDS) on its run's
-`env_steps` (read through the consumer group "env"), append observations to `observations:*` and
+`env_steps` and `env_steps:*` (read through the consumer group "env"; SCAN and GET on the env
+heartbeats to take over a dead worker's own stream), append observations to `observations:*` and
 dead letters to `deadletter`, and keep its heartbeat `workers:env:NAME-*` (so its worker ids must
 start with `NAME-`). As for producers (docs/protocol.md, "Access control"): Redis >= 7 selectors
 pair XADD with the observation and dead-letter keys only and SET/DEL with the heartbeat keys; on
@@ -37,18 +38,22 @@ def user_name(run: str, name: str) -> str:
 
 def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[str]:
     """ACL SETUSER arguments for env user `name` (after the user name)."""
-    read = [f"~{keys.env_steps}"]
+    # env_steps:* are the workers' own step streams (sticky routing); the worker SCANs for those of
+    # dead workers and GETs their heartbeats to take them over (SCAN lists key names, no values).
+    read = [f"~{keys.env_steps}", f"~{keys.env_steps_of('*')}"]
     write = [f"~{keys.observations('*')}", f"~{keys.deadletter}"]
+    heartbeats = f"{keys.prefix}workers:env:*"
     heartbeat = f"~{keys.prefix}workers:env:{name}-*"
-    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
+    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS), "+scan"]
     if server_major >= 7:
         return [
             *base,
             *read,
             f"({' '.join(write + ['+' + c for c in WRITE_COMMANDS])})",
             f"({heartbeat} {' '.join('+' + c for c in HEARTBEAT_COMMANDS)})",
+            f"(%R~{heartbeats} +get)",
         ]
-    return [*base, *(f"+{c}" for c in WRITE_COMMANDS), *read, *write]
+    return [*base, *(f"+{c}" for c in WRITE_COMMANDS), "+get", *read, *write, f"~{heartbeats}"]
 
 
 async def add(admin_url: str, run: str, name: str) -> str:

@@ -32,6 +32,7 @@ The hash is deleted once the group's rollouts are published or the group fails.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
@@ -45,6 +46,8 @@ from streamrl.generate.vllm_engine import sample_seed
 
 READ_GROUP = "episodes"
 """Consumer group on observations:{generator id} (one consumer: the generator itself)."""
+STEPS_MAXLEN = 100_000
+"""Approximate cap of an env worker's own steps stream (the trainer trims only the shared streams)."""
 MAX_RESTARTS = 2
 """Restarts of one episode after its env lost state, before the episode fails."""
 
@@ -102,6 +105,7 @@ class EpisodeRunner:
         self._closing = False
         self.lockstep = Lockstep() if self.cfg.env.lockstep else None
         self._longest: int | None = None
+        self._routed: set[str] = set()
 
     async def start(self) -> None:
         self.tokenizer = self.gen.engine.get_tokenizer()
@@ -158,12 +162,35 @@ class EpisodeRunner:
                     EpisodeFailed(f"the observation for turn {turn} of {eid} was dead-lettered: {reason}")
                 )
 
-    async def _observe(self, req: StepRequest) -> Observation:
+    async def _route(self, env_worker: str) -> str:
+        """The stream for an episode's next step: the own stream of the env worker that answered its
+        last one while that worker lives and reads it (`sticky` in its heartbeat), so the episode's
+        state is reused there instead of replayed elsewhere; else the shared `env_steps`. A worker
+        that dies after this check leaves the step to the others (workers/env.py takes it over)."""
+        if not env_worker:
+            return self.keys.env_steps
+        try:
+            raw = await self.gen.broker.get(self.keys.worker("env", env_worker))
+            sticky = raw is not None and bool(json.loads(raw).get("sticky"))
+        except Exception:  # not a JSON map (an env worker of another kind), or not a string key at all
+            sticky = False
+        if not sticky:
+            return self.keys.env_steps
+        stream = self.keys.env_steps_of(env_worker)
+        if stream not in self._routed:
+            await self.gen.broker.ensure_group(stream, "env")
+            self._routed.add(stream)
+        return stream
+
+    async def _observe(self, req: StepRequest, env_worker: str = "") -> Observation:
         key = (req.episode_id, req.turn)
         fut = asyncio.get_running_loop().create_future()
         self.waiting[key] = fut
         try:
-            await self.gen.broker.add(self.keys.env_steps, encode(req))
+            stream = await self._route(env_worker)
+            await self.gen.broker.add(
+                stream, encode(req), maxlen=None if stream == self.keys.env_steps else STEPS_MAXLEN
+            )
             timeout = self.cfg.env.observation_timeout_s
             try:
                 return await asyncio.wait_for(fut, timeout)
@@ -299,7 +326,7 @@ class EpisodeRunner:
         actions, texts, step_s = [], [], []
         env_reward, finish, counts = 0.0, "max_turns", {}
         max_len = self.cfg.generator.max_model_len
-        first = 0
+        first, env_worker = 0, ""
         if saved is not None:
             s = EpisodeSample.restore(
                 saved.prompt_ids,
@@ -342,7 +369,8 @@ class EpisodeRunner:
                 reply_to=gen.worker_id,
             )
             t0 = time.monotonic()
-            obs = await self._observe(req)
+            obs = await self._observe(req, env_worker)
+            env_worker = obs.env_worker
             step_s.append(round(time.monotonic() - t0, 6))
             if obs.error_kind == "replay":
                 return None

@@ -71,8 +71,14 @@ async def test_the_env_user_stays_inside_its_grant_and_serves_steps(acl_server, 
             c.execute_command("ACL", "LIST"),
             c.flushall(),
         ]
-        if major >= 7:  # selectors: XADD only to observations / dead letters
-            denied += [c.xadd(keys.env_steps, {"d": b"x"}), c.xrange(keys.observations("gen-0"))]
+        if major >= 7:  # selectors: XADD only to observations / dead letters, GET only heartbeats
+            denied += [
+                c.xadd(keys.env_steps, {"d": b"x"}),
+                c.xrange(keys.observations("gen-0")),
+                c.set(keys.worker("env", "env-x"), "{}"),
+                c.xadd(keys.worker("env", "env-x"), {"d": b"x"}),
+                c.get(keys.env_steps),
+            ]
         for call in denied:
             with pytest.raises(NoPermissionError):
                 await call

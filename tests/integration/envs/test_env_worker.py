@@ -226,3 +226,71 @@ async def test_calls_that_never_return_cost_no_slot_and_do_not_hold_up_exit(conf
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _serve(worker: EnvWorker, stop: asyncio.Event) -> None:
+    """Worker.run's loop with its heartbeat (what generators route on), until `stop`."""
+    import json
+
+    from streamrl.core.worker import HEARTBEAT_TTL_S
+
+    key = worker.keys.worker("env", worker.worker_id)
+    while not stop.is_set():
+        await worker.broker.set(key, json.dumps(worker.heartbeat()), ttl_s=HEARTBEAT_TTL_S)
+        await worker.step()
+    if worker.tasks:
+        await asyncio.wait(list(worker.tasks), timeout=5)
+    await worker.broker.delete(key)
+
+
+async def test_an_episodes_steps_stay_on_the_env_worker_holding_it_until_it_dies(config, broker):
+    """Sticky routing (issue 27.5): with two env workers no step is replayed while both live; once one
+    is gone, a step already routed to it is taken over (replayed) by the other, and its episodes'
+    next steps go to the shared stream."""
+    from streamrl.core.worker import Worker
+    from streamrl.generate.episode_runner import READ_GROUP, EpisodeRunner
+
+    cfg = env_config(config, "tests.programs.env_fns:Counter", concurrency=4)  # 50 ms steps: both take first steps
+    a, b = EnvWorker(cfg, broker, "env-a"), EnvWorker(cfg, broker, "env-b")
+    runner = EpisodeRunner(Worker(cfg, broker, "gen-0"))
+    await broker.ensure_group(runner.stream, READ_GROUP)
+    stops = {w.worker_id: asyncio.Event() for w in (a, b)}
+    for w in (a, b):
+        await w.start()
+    serving = {w.worker_id: asyncio.create_task(_serve(w, stops[w.worker_id])) for w in (a, b)}
+
+    async def read_forever():
+        while not runner._closing:
+            await runner.read_once()
+
+    reading = asyncio.create_task(read_forever())
+
+    async def episode(i: int, turns: int) -> str:
+        actions, worker = [], ""
+        for t in range(turns):
+            actions.append(f"t{t}")
+            obs = await asyncio.wait_for(runner._observe(request(list(actions), f"g{i}:0:a", 0.05), worker), 20)
+            assert obs.error == "" and obs.text == f"{t + 1}:" + "|".join(actions), obs
+            worker = obs.env_worker
+        return worker
+
+    try:
+        last = await asyncio.gather(*(episode(i, 3) for i in range(16)))
+        assert set(last) == {"env-a", "env-b"}, last  # the shared first steps went to both
+        assert a.stats.get("replays", 0) == 0 and b.stats.get("replays", 0) == 0
+        stops["env-a"].set()
+        await serving["env-a"]
+        # A step routed to env-a after its last read: env-b takes it over (and replays the episode).
+        eid = f"g{last.index('env-a')}:0:a"
+        fut = asyncio.get_running_loop().create_future()
+        runner.waiting[(eid, 3)] = fut
+        await broker.add(a.keys.env_steps_of("env-a"), encode(request(["t0", "t1", "t2", "t3"], episode=eid)))
+        obs = await asyncio.wait_for(fut, 20)
+        assert obs.env_worker == "env-b" and obs.text == "4:t0|t1|t2|t3" and b.stats["replays"] == 1
+        assert await runner._route("env-a") == a.keys.env_steps  # no heartbeat: the shared stream
+    finally:
+        for stop in stops.values():
+            stop.set()
+        await asyncio.gather(*serving.values())
+        runner._closing = True
+        await reading
