@@ -115,9 +115,18 @@ class EnvWorker(Worker):
             if len(out) >= count or owner == self.worker_id:
                 continue
             if await self.broker.get(self.keys.worker(self.role, owner)) is None:
+                if not await self._has_work(stream):
+                    continue  # drained (a read would block broker.block_ms on it for nothing)
                 got = await self.read(stream, GROUP, count=count - len(out), expect=StepRequest)
                 out += [(stream, e, r) for e, r in got]
         return out
+
+    async def _has_work(self, stream: str) -> bool:
+        try:
+            group = next((g for g in await self.broker.group_info(stream) if g["name"] == GROUP), None)
+        except Exception:  # Redis 6.2 counts the lag with a script, which an env user may not run
+            return True
+        return group is not None and bool(group["pending"] or group["lag"] or group["lag"] is None)
 
     def heartbeat(self) -> dict:
         # `sticky`: generators route an episode's next step to this worker's own stream.
