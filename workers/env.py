@@ -87,24 +87,31 @@ class EnvWorker(Worker):
             )
             return False
         # Steps routed here first (their episodes' state is cached here), then the shared ones, then
-        # those routed to a worker that has died (no heartbeat: takeover, replayed here).
-        items = [(self.own, e, r) for e, r in await self.read(self.own, GROUP, count=free, expect=StepRequest)]
-        if len(items) < free:
-            more = await self.read(self.keys.env_steps, GROUP, count=free - len(items), expect=StepRequest)
-            items += [(self.keys.env_steps, e, r) for e, r in more]
-        if len(items) < free:
-            items += await self._orphaned(free - len(items))
-        for stream, entry, req in items:
+        # those routed to a worker that has died (no heartbeat: takeover, replayed here). Each batch
+        # starts before the next read, which may block broker.block_ms.
+        got = self._launch(self.own, await self.read(self.own, GROUP, count=free, expect=StepRequest))
+        if got < free:
+            got += self._launch(
+                self.keys.env_steps, await self.read(self.keys.env_steps, GROUP, count=free - got, expect=StepRequest)
+            )
+        if got < free:
+            for stream, items in await self._orphaned(free - got):
+                got += self._launch(stream, items)
+        return got > 0
+
+    def _launch(self, stream: str, items: list) -> int:
+        for entry, req in items:
             if self.consumer.is_held(stream, GROUP, entry.id):
                 continue  # our own step in progress, re-read with the pending entries
             self.hold(stream, GROUP, entry.id)
             task = asyncio.create_task(self._handle(stream, entry, req))
             self.tasks.add(task)
             task.add_done_callback(self.tasks.discard)
-        return bool(items)
+        return len(items)
 
     async def _orphaned(self, count: int) -> list:
-        """Steps routed to env workers whose heartbeat is gone, checked every broker.claim_idle_ms."""
+        """[(stream, items)]: steps routed to env workers whose heartbeat is gone, checked every
+        broker.claim_idle_ms."""
         now = time.monotonic()
         if now - self._orphan_scan < self.cfg.broker.claim_idle_ms / 1000:
             return []
@@ -112,13 +119,14 @@ class EnvWorker(Worker):
         out: list = []
         for stream in await self.broker.scan(self.keys.env_steps + ":*"):
             owner = stream[len(self.keys.env_steps) + 1 :]
-            if len(out) >= count or owner == self.worker_id:
+            if count <= 0 or owner == self.worker_id:
                 continue
             if await self.broker.get(self.keys.worker(self.role, owner)) is None:
                 if not await self._has_work(stream):
                     continue  # drained (a read would block broker.block_ms on it for nothing)
-                got = await self.read(stream, GROUP, count=count - len(out), expect=StepRequest)
-                out += [(stream, e, r) for e, r in got]
+                got = await self.read(stream, GROUP, count=count, expect=StepRequest)
+                out.append((stream, got))
+                count -= len(got)
         return out
 
     async def _has_work(self, stream: str) -> bool:
