@@ -4,6 +4,7 @@ synchronous turn loop, side by side.
 
     streamrl bench env                                  # latencies 0, 50, 500 ms; 10 steps per job
     streamrl bench env --latencies 0,500 --steps 8 --out /tmp/benv
+    streamrl bench env --env-workers 2,4 --latencies 50      # replayed env steps with 2 and 4 env workers
 
 `stream`: the configured job (configs/tiny-multiturn-cpu.yaml) with enough episodes in flight to
 cover the env latency (STREAM_SETS: rollout.max_staleness=3, 40 groups in flight); episodes waiting
@@ -42,9 +43,25 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=10, help="trainer steps per job (default 10)")
     p.add_argument("--latencies", default="0,50,500", help="env step latencies in ms (default 0,50,500)")
     p.add_argument("--timeout", type=float, default=900, help="seconds one job may take")
+    p.add_argument(
+        "--env-workers",
+        default="",
+        help="instead: streaming jobs with this many env workers each (e.g. 2,4) at the first latency, "
+        "reporting replayed env steps (sticky routing keeps them near 0)",
+    )
 
 
-def _job(args, mode: str, latency: float, root: Path) -> dict:
+def replayed_steps(run_dir: Path) -> dict:
+    """Env steps and replays (a step whose episode state the worker lacked) over every env worker's
+    `stopped` line: what sticky routing (docs/protocol.md) is measured by."""
+    from streamrl.commands.report import log_events
+
+    stopped = [r for r in log_events(run_dir, "stopped") if r.get("role") == "env"]
+    steps, replays = sum(r.get("steps", 0) for r in stopped), sum(r.get("replays", 0) for r in stopped)
+    return {"env_steps": steps, "replays": replays, "replayed_pct": round(100 * replays / max(steps, 1), 2)}
+
+
+def _job(args, mode: str, latency: float, root: Path, env_workers: int = 1) -> dict:
     from streamrl.config.files import load_config
     from streamrl.train.metrics import read_metrics
 
@@ -58,9 +75,11 @@ def _job(args, mode: str, latency: float, root: Path) -> dict:
         ]
     else:
         sets += STREAM_SETS
+    if env_workers != 1:
+        sets.append(f"env.count={env_workers}")
     sets += list(args.overrides)  # the user's --set wins
     job_args = argparse.Namespace(config=args.config or CONFIG, overrides=sets, steps=args.steps, timeout=args.timeout)
-    name = f"{mode}-{latency:g}ms"
+    name = f"{mode}-{latency:g}ms" + (f"-{env_workers}env" if env_workers != 1 else "")
     run_dir = root / "runs" / name
     if run_dir.exists():
         shutil.rmtree(run_dir)
@@ -77,6 +96,8 @@ def _job(args, mode: str, latency: float, root: Path) -> dict:
         "generator_busy": round(sum(gen) / len(gen), 3) if gen else None,
         "env_step_p50_ms": round(p50 * 1000, 1),
         "turns_mean": rows[-1].get("turns_mean"),
+        "env_workers": env_workers,
+        **replayed_steps(run_dir),
         "steps_per_s": s["steps_per_s"],
         "wall_s": s["wall_s"],
         "summary": s,
@@ -90,6 +111,16 @@ def run(args) -> int:
     info = machine()
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="streamrl-benv-"))
     latencies = [float(x) for x in args.latencies.split(",") if x.strip()]
+    if args.env_workers:
+        counts = [int(x) for x in args.env_workers.split(",") if x.strip()]
+        rows = [_job(args, "stream", latencies[0], root, n) for n in counts]
+        print_table(
+            [{k: v for k, v in j.items() if k != "summary"} for j in rows], [k for k in rows[0] if k != "summary"]
+        )
+        result = {"bench": "env", "case": "env_workers", "steps": args.steps, "rows": rows, "machine": info}
+        if write_result(args.out, result):
+            print(f"wrote {root}/result.json")
+        return 0
     jobs = [_job(args, mode, lat, root) for lat in latencies for mode in ("stream", "sync")]
     rows = [{k: v for k, v in j.items() if k != "summary"} for j in jobs]
     ratios = {}

@@ -23,6 +23,7 @@ COMMANDS = [
     "scale",
     "status",
     "producer",
+    "envuser",
     "reward",
     "env",
     "bench",

@@ -3,6 +3,10 @@
     streamrl worker env --config configs/tiny-multiturn-cpu.yaml --broker redis://... --run tiny
     streamrl env --fn my_envs:Calculator --run tiny --broker redis://...       # a user env class
 
+Sticky routing: generators send an episode's later steps to this worker's own stream
+`env_steps:{worker id}` while its heartbeat (with `sticky`) lives, so its cached state is reused; it
+reads that stream first, then the shared one, and takes over the own streams of workers whose
+heartbeat is gone (docs/protocol.md, "Sticky routing").
 Reads `env_steps` with the consumer group "env" (workers of this role share the load), runs up to
 env.concurrency steps at once, writes one Observation to `observations:{reply_to}` per step and
 only then acks it. Env instances are cached per episode; a step for an episode this worker has
@@ -19,10 +23,11 @@ import asyncio
 import inspect
 import time
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from streamrl.annotate.annotator import Calls, CallTimeout
+from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
@@ -54,43 +59,94 @@ class EnvWorker(Worker):
         self.factory = factory
         self.states: OrderedDict[str, _State] = OrderedDict()
         self.steps = InFlight(cfg.env.concurrency, self.consumer, self.keys.env_steps, GROUP)
-        """Env steps being answered, each holding its step request."""
-        self.pool = ThreadPoolExecutor(max_workers=cfg.env.concurrency, thread_name_prefix="env-step")
+        """Env steps being answered, each holding its step request (of the shared or a worker's own stream)."""
+        # Sync env calls run on Calls' daemon threads: one that never returns retires its thread (a
+        # fresh one takes the next call) and is never joined, so it costs neither a slot nor the exit.
+        self.calls = Calls("env-step")
 
     async def start(self) -> None:
         if self.factory is None:
-            if not self.cfg.env.fn:
-                raise ConfigError("an env worker needs env.fn (a built-in env or package.module:Class)")
+            if not self.cfg.env.fn or self.cfg.env.fn == EXTERNAL:
+                raise ConfigError(
+                    f"an env worker needs env.fn (a built-in env or package.module:Class), not {self.cfg.env.fn!r}: "
+                    "with env.fn=external the job's env workers are started outside it (streamrl env --fn ...)"
+                )
             self.factory = resolve_env(self.cfg.env.fn, tuple(self.cfg.env.latency_ms))
         self.factory = env_factory(self.factory, self.cfg)
         probe = self.factory()
         self.replayable = bool(getattr(probe, "replayable", True))
         self.is_async = inspect.iscoroutinefunction(probe.step)
         await self.broker.ensure_group(self.keys.env_steps, GROUP)
+        self.own = self.keys.env_steps_of(self.worker_id)
+        await self.broker.ensure_group(self.own, GROUP)
+        self._orphan_scan = 0.0
 
     async def step(self) -> bool:
         # Read only what can start now: the rest stays for other workers.
         if not await self.steps.wait_slot(timeout=self.cfg.broker.block_ms / 1000):
             return False
-        items = await self.read(self.keys.env_steps, GROUP, count=self.steps.free(), expect=StepRequest)
-        for entry, req in items:
-            if entry.id in self.steps:
-                continue  # our own step in progress, re-read with the pending entries
-            self.steps.start(self._handle(entry, req), hold=[entry.id])
-        return bool(items)
+        free = self.steps.free()
+        # Steps routed here first (their episodes' state is cached here), then the shared ones, then
+        # those routed to a worker that has died (no heartbeat: takeover, replayed here). Each batch
+        # starts before the next read, which may block broker.block_ms.
+        got = self._launch(self.own, await self.read(self.own, GROUP, count=free, expect=StepRequest))
+        if got < free:
+            got += self._launch(
+                self.keys.env_steps, await self.read(self.keys.env_steps, GROUP, count=free - got, expect=StepRequest)
+            )
+        if got < free:
+            for stream, items in await self._orphaned(free - got):
+                got += self._launch(stream, items)
+        return got > 0
 
-    async def _handle(self, entry: Entry, req: StepRequest) -> None:
+    def _launch(self, stream: str, items: list) -> int:
+        for entry, req in items:
+            if self.steps.holds(stream, entry.id):
+                continue  # our own step in progress, re-read with the pending entries
+            self.steps.start(self._handle(stream, entry, req), hold=[entry.id], stream=stream)
+        return len(items)
+
+    async def _orphaned(self, count: int) -> list:
+        """[(stream, items)]: steps routed to env workers whose heartbeat is gone, checked every
+        broker.claim_idle_ms."""
+        now = time.monotonic()
+        if now - self._orphan_scan < self.cfg.broker.claim_idle_ms / 1000:
+            return []
+        self._orphan_scan = now
+        out: list = []
+        for stream in await self.broker.scan(self.keys.env_steps + ":*"):
+            owner = stream[len(self.keys.env_steps) + 1 :]
+            if count <= 0 or owner == self.worker_id:
+                continue
+            if await self.broker.get(self.keys.worker(self.role, owner)) is None:
+                if not await self._has_work(stream):
+                    continue  # drained (a read would block broker.block_ms on it for nothing)
+                got = await self.read(stream, GROUP, count=count, expect=StepRequest)
+                out.append((stream, got))
+                count -= len(got)
+        return out
+
+    async def _has_work(self, stream: str) -> bool:
+        try:
+            group = next((g for g in await self.broker.group_info(stream) if g["name"] == GROUP), None)
+        except Exception:  # Redis 6.2 counts the lag with a script, which an env user may not run
+            return True
+        return group is not None and bool(group["pending"] or group["lag"] or group["lag"] is None)
+
+    def heartbeat(self) -> dict:
+        # `sticky`: generators route an episode's next step to this worker's own stream.
+        return {**super().heartbeat(), "sticky": 1}
+
+    async def _handle(self, stream: str, entry: Entry, req: StepRequest) -> None:
         t0 = time.monotonic()
         try:
             obs = await self._answer(req)
             obs.step_s = round(time.monotonic() - t0, 6)
             if obs.error:
-                await self.dead_letter(
-                    self.keys.env_steps, entry, f"episode {req.episode_id} turn {req.turn}: {obs.error}"
-                )
+                await self.dead_letter(stream, entry, f"episode {req.episode_id} turn {req.turn}: {obs.error}")
                 self.count("step_errors")
             await self.broker.add(self.keys.observations(req.reply_to), encode(obs), maxlen=OBS_MAXLEN)
-            await self.broker.ack(self.keys.env_steps, GROUP, [entry.id])
+            await self.broker.ack(stream, GROUP, [entry.id])
             self.count("steps")
         except Exception as exc:  # broker trouble: leave the step pending; it is claimed and redone
             self.log.error("step_failed", error=repr(exc), episode_id=req.episode_id)
@@ -121,9 +177,8 @@ class EnvWorker(Worker):
                 if self.is_async:
                     text, reward, done, info = await asyncio.wait_for(_drive_async(state, req), timeout)
                 else:
-                    fut = asyncio.get_running_loop().run_in_executor(self.pool, _drive_sync, state, req)
-                    text, reward, done, info = await asyncio.wait_for(fut, timeout)
-            except asyncio.TimeoutError:
+                    text, reward, done, info = await self.calls.run(_drive_sync, state, req, timeout=timeout)
+            except (asyncio.TimeoutError, CallTimeout):
                 self.states.pop(req.episode_id, None)  # a hung call may still be mutating it
                 self.count("step_timeouts")
                 return self._obs(req, error=f"env step timed out after {timeout:g}s (env.step_timeout_s)")
@@ -143,7 +198,7 @@ class EnvWorker(Worker):
     async def close(self) -> None:
         # Drain: finish the steps already taken, so they are acked, not redone.
         await self.steps.drain(timeout=self.cfg.env.step_timeout_s)
-        self.pool.shutdown(wait=False, cancel_futures=True)
+        self.calls.close()
 
 
 def _drive_sync(state: _State, req: StepRequest) -> tuple[str, float, bool, dict]:

@@ -233,7 +233,8 @@ class GeneratorWorker(Worker):
     async def _reject(self, entry: Entry, prompt: Prompt, reason: str) -> None:
         """Dead-letter a prompt that can never be generated; its group is closed as failed (slot freed)."""
         await self.dead_letter(self.keys.prompts, entry, reason)
-        await close_group(self.broker, self.keys, prompt.group_id, "failed")
+        if await close_group(self.broker, self.keys, prompt.group_id, "failed"):
+            await self.broker.incr(self.keys.stat("groups_failed"))  # metrics.jsonl's `failed`
         await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
         self.count("groups_rejected")
 

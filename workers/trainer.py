@@ -214,6 +214,9 @@ class TrainerWorker(Worker):
         if self.version >= self.cfg.trainer.steps:
             await self._final_eval()
         overlap = self._overlap(batch.rollouts)
+        # Groups the generators failed (episode failures, rejected prompts) count in `failed` too.
+        failed = float(await self.broker.get(self.keys.stat("groups_failed")) or 0)
+        batch.stats["failed"] = batch.stats.get("failed", 0.0) + failed
         if self.cfg.env.fn:  # multi-turn: the running count of failed episodes for metrics.jsonl
             batch.stats["episodes_failed"] = float(await self.broker.get(self.keys.stat("episodes_failed")) or 0)
         self.train_intervals = (self.train_intervals + [(t0, t1)])[-8:]

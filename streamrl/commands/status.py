@@ -129,6 +129,20 @@ def staleness_bars(rows: list[dict], width: int = 30) -> list[str]:
     ]
 
 
+def env_warning(snap: dict) -> str:
+    """A warning while a multi-turn job's generators send env steps (they create the `env` group on
+    env_steps) and no env worker has a heartbeat: with env.fn=external nothing else starts one."""
+    steps = next((s for s in snap["streams"] if s["name"] == "env_steps"), None)
+    group = next((g for g in (steps or {}).get("groups") or [] if g["name"] == "env"), None)
+    if group is None or any(w["role"] == "env" for w in snap["workers"]):
+        return ""
+    waiting = (group["pending"] or 0) + (group["lag"] or 0)
+    return (
+        f"no env worker has joined: {waiting} env step(s) waiting. Start one "
+        "(streamrl env --fn package.module:Class --run RUN --broker URL, docs/environments.md)"
+    )
+
+
 def render(snap: dict) -> Group:
     rows = snap["metrics"][-RECENT:]
     last = rows[-1] if rows else {}
@@ -174,6 +188,8 @@ def render(snap: dict) -> Group:
         workers.add_row(w["role"], w["id"], str(w.get("host", "-")), age, up, rate, counters)
 
     parts = [head, streams, workers, Text(LEGEND, style="dim")]
+    if warning := env_warning(snap):
+        parts.insert(1, Text(warning, style="bold red"))
     if rows:
         trend = [r.get("reward_mean", 0.0) for r in rows]
         comps = last.get("reward_components") or {}

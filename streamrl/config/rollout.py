@@ -105,15 +105,21 @@ class GeneratorConfig(Section):
     only once that history spans a block (docs/performance.md, "Prefix cache")."""
 
 
+EXTERNAL = "external"
+"""env.fn for a job whose env steps only external env workers answer."""
+
+
 class EnvConfig(Section):
     """Multi-turn episodes (docs/protocol.md, "Environment steps"): set `fn` and every prompt
     starts an episode whose environment steps run in `env` workers."""
 
     fn: str | None = None
     """The environment: a built-in name (charclass_dialog) or `package.module:Class` (a
-    streamrl.envs.base.Env subclass). None: single-turn generation, no env workers."""
+    streamrl.envs.base.Env subclass), or `external`: the env is served only by env workers started
+    outside the job (`streamrl env`, or one in another language, docs/protocol.md); `up` starts
+    none and `streamrl status` warns while none has joined. None: single-turn generation."""
     count: int = Field(1, ge=0)
-    """Env worker processes `streamrl up` starts when `fn` is set."""
+    """Env worker processes `streamrl up` starts when `fn` is set (none when it is `external`)."""
     max_turns: int = Field(4, ge=1)
     """Model turns per episode at most (each followed by one environment step)."""
     step_timeout_s: float = Field(10.0, gt=0)
@@ -123,6 +129,11 @@ class EnvConfig(Section):
     (no env worker answered, even after takeover); keep it above broker.claim_idle_ms."""
     concurrency: int = Field(32, ge=1)
     """Steps one env worker runs at once (sync envs: that many threads)."""
+    max_observation_tokens: int = Field(8192, ge=1)
+    """An observation longer than this many tokens fails its episode (and so its group) with the
+    reason; it is not truncated (a cut tool result would train the model on text the env never
+    sent). The generator tokenizes observations off its event loop, and one whose length alone
+    proves it too long is failed without being tokenized."""
     latency_ms: list[float] = Field([20.0, 200.0], min_length=2, max_length=2)
     """The built-in envs sleep a uniform random [low, high] ms per step, like a real tool call."""
     lockstep: bool = False
@@ -137,7 +148,7 @@ class EnvConfig(Section):
             raise ValueError(problem)
         if (
             value is None
-            or value == "charclass_dialog"
+            or value in ("charclass_dialog", EXTERNAL)
             or env_adapters.split_spec(value)
             or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value)
         ):

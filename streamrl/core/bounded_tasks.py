@@ -26,14 +26,19 @@ class InFlight:
         self.limit = limit
         self.consumer, self.stream, self.group = consumer, stream, group
         self.tasks: set[asyncio.Task] = set()
-        self._entries: set[str] = set()
+        self._entries: set[tuple[str, str]] = set()
+        """(stream, entry id) held by a running task."""
 
     def __len__(self) -> int:
         return len(self.tasks)
 
     def __contains__(self, entry_id: str) -> bool:
-        """Whether a running task holds this entry (a re-read of our own work in progress)."""
-        return entry_id in self._entries
+        """Whether a running task holds this entry of `stream` (a re-read of our own work in progress)."""
+        return (self.stream, entry_id) in self._entries
+
+    def holds(self, stream: str, entry_id: str) -> bool:
+        """`in` for an entry of another stream (a worker reading several, e.g. the env worker's own one)."""
+        return (stream, entry_id) in self._entries
 
     def free(self) -> int:
         return self.limit - len(self.tasks)
@@ -51,24 +56,28 @@ class InFlight:
         coro: Coroutine[Any, Any, Any],
         hold: Iterable[str] = (),
         on_done: Callable[[asyncio.Task], None] | None = None,
+        stream: str | None = None,
     ) -> asyncio.Task:
-        """Run `coro` as a task holding the entries `hold`; `on_done(task)` runs after they are released."""
-        ids = list(hold)
+        """Run `coro` as a task holding the entries `hold` (of `stream`, default the one given at
+        construction); `on_done(task)` runs after they are released."""
+        ids = [(stream or self.stream, entry_id) for entry_id in hold]
         task = asyncio.create_task(coro)
         self.tasks.add(task)
-        for entry_id in ids:
-            self._entries.add(entry_id)
+        for key in ids:
+            self._entries.add(key)
             if self.consumer is not None:
-                self.consumer.hold(self.stream, self.group, entry_id)
+                self.consumer.hold(key[0], self.group, key[1])
         task.add_done_callback(lambda t: self._done(t, ids, on_done))
         return task
 
-    def _done(self, task: asyncio.Task, ids: list[str], on_done: Callable[[asyncio.Task], None] | None) -> None:
+    def _done(
+        self, task: asyncio.Task, ids: list[tuple[str, str]], on_done: Callable[[asyncio.Task], None] | None
+    ) -> None:
         self.tasks.discard(task)
-        for entry_id in ids:
-            self._entries.discard(entry_id)
+        for key in ids:
+            self._entries.discard(key)
             if self.consumer is not None:
-                self.consumer.release(self.stream, self.group, entry_id)
+                self.consumer.release(key[0], self.group, key[1])
         if on_done is not None:
             on_done(task)
 

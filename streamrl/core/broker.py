@@ -150,5 +150,9 @@ class Keys:
         """The stream of observations for the episodes generator `generator_id` runs."""
         return f"{self.prefix}observations:{generator_id}"
 
+    def env_steps_of(self, env_worker: str) -> str:
+        """Steps routed to one env worker that holds their episodes' state (sticky routing)."""
+        return f"{self.env_steps}:{env_worker}"
+
     def stat(self, name: str) -> str:
         return f"{self.prefix}stats:{name}"

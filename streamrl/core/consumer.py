@@ -79,9 +79,15 @@ class StreamConsumer:
         await self.broker.add(self.keys.deadletter, payload, maxlen=100_000)
 
     async def decode_entries(
-        self, stream: str, group: str, entries: list[Entry], expect: type | None = None
+        self,
+        stream: str,
+        group: str,
+        entries: list[Entry],
+        expect: type | None = None,
+        on_bad: Callable[[Entry, str], None] | None = None,
     ) -> list[tuple[Entry, Any]]:
-        """Decode entries; bad ones (or not of type `expect`) are dead-lettered and acked."""
+        """Decode entries; bad ones (or not of type `expect`) are dead-lettered and acked, and handed
+        to `on_bad(entry, reason)` (a reader that can tell who waits for one fails that waiter now)."""
         good, bad = [], []
         for entry in entries:
             try:
@@ -106,13 +112,21 @@ class StreamConsumer:
             except DecodeError as exc:
                 await self.dead_letter(stream, entry, str(exc))
                 bad.append(entry.id)
+                if on_bad is not None:
+                    on_bad(entry, str(exc))
         if bad:
             await self.broker.ack(stream, group, bad)
         return good
 
     # -- reading -------------------------------------------------------------------------------
     async def read(
-        self, stream: str, group: str, count: int, expect: type | None = None, claim: bool = True
+        self,
+        stream: str,
+        group: str,
+        count: int,
+        expect: type | None = None,
+        claim: bool = True,
+        on_bad: Callable[[Entry, str], None] | None = None,
     ) -> list[tuple[Entry, Any]]:
         """Own pending entries first (after a restart), then idle ones of dead consumers, then new ones.
         `claim=False` skips the idle takeover (a group with a single consumer, e.g. the trainer's).
@@ -129,7 +143,7 @@ class StreamConsumer:
         self.caught_up[stream] = False
         if ahead := self._read_ahead.get(stream):
             self._read_ahead[stream] = ahead[count:]
-            return await self.decode_entries(stream, group, ahead[:count], expect)
+            return await self.decode_entries(stream, group, ahead[:count], expect, on_bad)
         cursor = self._pending_cursor.get(stream, "0")
         entries: list[Entry] = []
         if cursor is not None:
@@ -148,4 +162,4 @@ class StreamConsumer:
             self.caught_up[stream] = len(entries) < count
             for other, more in got.items():
                 self._read_ahead[other] = self._read_ahead.get(other, []) + more
-        return await self.decode_entries(stream, group, entries, expect)
+        return await self.decode_entries(stream, group, entries, expect, on_bad)

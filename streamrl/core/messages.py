@@ -229,8 +229,12 @@ class EpisodeState:
 MESSAGE_TYPES: dict[str, type] = {
     t.kind: t for t in (Prompt, Rollout, Annotation, Control, StepRequest, Observation, EpisodeState)
 }
+_WIRE_REQUIRED = {Observation: ["text", "reward", "done"]}
+"""Fields with a Python default (so the env worker's error answers are short to build) that every
+written entry must still carry: a reward or done an env forgot must not be trained as 0.0 / false."""
 _REQUIRED = {
     cls: [f.name for f in fields(cls) if f.default is MISSING and f.default_factory is MISSING]
+    + _WIRE_REQUIRED.get(cls, [])
     for cls in MESSAGE_TYPES.values()
 }
 _REQUIRED_SET = {cls: frozenset(names) for cls, names in _REQUIRED.items()}
@@ -290,6 +294,16 @@ def decode(blob: Any, expect: type | None = None) -> Any:
     return decode_with_extras(blob, expect)[0]
 
 
+def peek_field(blob: Any, name: str) -> Any:
+    """Field `name` of a payload that may not decode (None when it cannot be read): what a reader
+    needs to tell whom a rejected entry was meant for."""
+    try:
+        data = msgpack.unpackb(blob, raw=False)
+    except Exception:  # not msgpack (or not bytes): nobody can be named
+        return None
+    return data.get(name) if isinstance(data, dict) else None
+
+
 def decode_with_extras(blob: Any, expect: type | None = None) -> tuple[Any, list[str]]:
     """`decode`, plus the names of the fields it ignored (written by a newer writer, or misspelt)."""
     if not isinstance(blob, (bytes, bytearray)):
@@ -314,7 +328,10 @@ def decode_with_extras(blob: Any, expect: type | None = None) -> tuple[Any, list
     if cls is None:
         raise DecodeError(f"unknown message kind {kind!r}; expected one of {sorted(MESSAGE_TYPES)}")
     if expect is not None and cls is not expect:
-        raise DecodeError(f"a {cls.kind} message does not belong on this stream (expected kind {expect.kind!r})")
+        article = "an" if cls.kind[0] in "aeiou" else "a"
+        raise DecodeError(
+            f"{article} {cls.kind} message does not belong on this stream (expected kind {expect.kind!r})"
+        )
     try:
         return _build(cls, data)
     except DecodeError as exc:

@@ -17,7 +17,7 @@ import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import structlog
 
@@ -189,10 +189,16 @@ class Worker:
         return await self.consumer.decode_entries(stream, group, entries, expect)
 
     async def read(
-        self, stream: str, group: str, count: int, expect: type | None = None, claim: bool = True
+        self,
+        stream: str,
+        group: str,
+        count: int,
+        expect: type | None = None,
+        claim: bool = True,
+        on_bad: Callable[[Entry, str], None] | None = None,
     ) -> list[tuple[Entry, Any]]:
         """The next entries of `stream` for this worker (StreamConsumer.read: own pending, idle, new)."""
-        return await self.consumer.read(stream, group, count, expect, claim)
+        return await self.consumer.read(stream, group, count, expect, claim, on_bad)
 
     @property
     def caught_up(self) -> dict[str, bool]:

@@ -7,7 +7,8 @@ Each episode alternates a model turn (one vLLM request over the exact token hist
 environment step: a StepRequest goes to `env_steps`, the episode's coroutine then waits on a
 future, holding no engine slot, so the engine serves other episodes meanwhile. A reader task
 consumes `observations:{generator id}` and resolves the futures; the observation text is
-tokenized alone and appended (streamrl.generate.episode_sample). The episode ends when the env says done, after
+tokenized alone, on a thread, and appended (streamrl.generate.episode_sample); one longer than
+env.max_observation_tokens fails the episode. The episode ends when the env says done, after
 env.max_turns model turns, or when the next turn would pass generator.max_model_len. Once all G
 episodes are done the group's G rollouts are published together, so a group that fails publishes
 nothing.
@@ -31,19 +32,22 @@ The hash is deleted once the group's rollouts are published or the group fails.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 
 from streamrl.core.accounting import close_group
 from streamrl.core.broker import Entry
 from streamrl.core.errors import DecodeError
-from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode
+from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode, peek_field
 from streamrl.generate.chat import ChatBridge
 from streamrl.generate.episode_sample import EpisodeSample
 from streamrl.generate.vllm_engine import sample_seed
 
 READ_GROUP = "episodes"
 """Consumer group on observations:{generator id} (one consumer: the generator itself)."""
+STEPS_MAXLEN = 100_000
+"""Approximate cap of an env worker's own steps stream (the trainer trims only the shared streams)."""
 MAX_RESTARTS = 2
 """Restarts of one episode after its env lost state, before the episode fails."""
 
@@ -100,6 +104,8 @@ class EpisodeRunner:
         self._reader: asyncio.Task | None = None
         self._closing = False
         self.lockstep = Lockstep() if self.cfg.env.lockstep else None
+        self._longest: int | None = None
+        self._routed: set[str] = set()
 
     async def start(self) -> None:
         self.tokenizer = self.gen.engine.get_tokenizer()
@@ -132,7 +138,9 @@ class EpisodeRunner:
         """Deliver what is on this generator's observation stream; malformed entries are
         dead-lettered (Worker.read), observations nobody waits for (a redone step's duplicate, an
         episode that already failed) are acked and counted as ignored."""
-        items = await self.gen.read(self.stream, READ_GROUP, count=256, expect=Observation, claim=False)
+        items = await self.gen.read(
+            self.stream, READ_GROUP, count=256, expect=Observation, claim=False, on_bad=self._rejected
+        )
         for _, obs in items:
             fut = self.waiting.get((obs.episode_id, obs.turn))
             if fut is not None and not fut.done():
@@ -143,12 +151,46 @@ class EpisodeRunner:
             await self.gen.broker.ack(self.stream, READ_GROUP, [e.id for e, _ in items])
         return len(items)
 
-    async def _observe(self, req: StepRequest) -> Observation:
+    def _rejected(self, entry: Entry, reason: str) -> None:
+        """A dead-lettered observation that names a waiting episode fails it now, with the real
+        reason, instead of after env.observation_timeout_s with a guess. An episode waits on one
+        turn at a time, so its id alone finds it (the turn may be what is missing or wrong)."""
+        episode_id = peek_field(entry.data, "episode_id")
+        for (eid, turn), fut in list(self.waiting.items()):
+            if eid == episode_id and not fut.done():
+                fut.set_exception(
+                    EpisodeFailed(f"the observation for turn {turn} of {eid} was dead-lettered: {reason}")
+                )
+
+    async def _route(self, env_worker: str) -> str:
+        """The stream for an episode's next step: the own stream of the env worker that answered its
+        last one while that worker lives and reads it (`sticky` in its heartbeat), so the episode's
+        state is reused there instead of replayed elsewhere; else the shared `env_steps`. A worker
+        that dies after this check leaves the step to the others (workers/env.py takes it over)."""
+        if not env_worker:
+            return self.keys.env_steps
+        try:
+            raw = await self.gen.broker.get(self.keys.worker("env", env_worker))
+            sticky = raw is not None and bool(json.loads(raw).get("sticky"))
+        except Exception:  # not a JSON map (an env worker of another kind), or not a string key at all
+            sticky = False
+        if not sticky:
+            return self.keys.env_steps
+        stream = self.keys.env_steps_of(env_worker)
+        if stream not in self._routed:
+            await self.gen.broker.ensure_group(stream, "env")
+            self._routed.add(stream)
+        return stream
+
+    async def _observe(self, req: StepRequest, env_worker: str = "") -> Observation:
         key = (req.episode_id, req.turn)
         fut = asyncio.get_running_loop().create_future()
         self.waiting[key] = fut
         try:
-            await self.gen.broker.add(self.keys.env_steps, encode(req))
+            stream = await self._route(env_worker)
+            await self.gen.broker.add(
+                stream, encode(req), maxlen=None if stream == self.keys.env_steps else STEPS_MAXLEN
+            )
             timeout = self.cfg.env.observation_timeout_s
             try:
                 return await asyncio.wait_for(fut, timeout)
@@ -186,7 +228,8 @@ class EpisodeRunner:
             self.gen.count("episodes_failed", len(failed))
             self.gen.log.warning("episode_failed", group_id=prompt.group_id, reason=reason)
             await self.gen.dead_letter(self.keys.prompts, entry, reason)
-            await close_group(self.gen.broker, self.keys, prompt.group_id, "failed")
+            if await close_group(self.gen.broker, self.keys, prompt.group_id, "failed"):
+                await self.gen.broker.incr(self.keys.stat("groups_failed"))  # metrics.jsonl's `failed`
             await self.gen.broker.delete(self.state_key(prompt.group_id))
             return False
         rollouts = [t.result() for t in tasks]
@@ -252,13 +295,16 @@ class EpisodeRunner:
         await self.gen.broker.hset(self.state_key(prompt.group_id), {str(sample): encode(st)})
 
     async def _episode(self, prompt: Prompt, sample: int, saved: EpisodeState | None = None) -> Rollout:
+        restart = False
         for _ in range(MAX_RESTARTS + 1):
+            if restart:  # counted when the next attempt begins: the last "replay" answer fails the episode
+                self.gen.count("episodes_restarted")
+                await self.gen.broker.incr(self.keys.stat("episodes_restarted"))
             result = await self._attempt(prompt, sample, saved)
             saved = None  # a restart (the env lost its state) begins at the prompt
             if result is not None:
                 return result
-            self.gen.count("episodes_restarted")
-            await self.gen.broker.incr(self.keys.stat("episodes_restarted"))
+            restart = True
         raise EpisodeFailed(f"the env lost the episode's state {MAX_RESTARTS + 1} times (not replayable)")
 
     async def _attempt(self, prompt: Prompt, sample: int, saved: EpisodeState | None) -> Rollout | None:
@@ -280,7 +326,7 @@ class EpisodeRunner:
         actions, texts, step_s = [], [], []
         env_reward, finish, counts = 0.0, "max_turns", {}
         max_len = self.cfg.generator.max_model_len
-        first = 0
+        first, env_worker = 0, ""
         if saved is not None:
             s = EpisodeSample.restore(
                 saved.prompt_ids,
@@ -323,7 +369,8 @@ class EpisodeRunner:
                 reply_to=gen.worker_id,
             )
             t0 = time.monotonic()
-            obs = await self._observe(req)
+            obs = await self._observe(req, env_worker)
+            env_worker = obs.env_worker
             step_s.append(round(time.monotonic() - t0, 6))
             if obs.error_kind == "replay":
                 return None
@@ -337,7 +384,7 @@ class EpisodeRunner:
                 break
             if turn == env.max_turns - 1:
                 break
-            obs_ids = self._observation_ids(obs, s)
+            obs_ids = await self._observation_tokens(obs, s, episode_id)
             if len(s) + len(obs_ids) >= max_len:  # no room for the next model turn
                 finish = "length"
                 break
@@ -369,6 +416,30 @@ class EpisodeRunner:
             finished_at=time.time(),
             **s.rollout_fields(),
         )
+
+    async def _observation_tokens(self, obs: Observation, s: EpisodeSample, episode_id: str) -> list[int]:
+        """The observation's token ids, tokenized on a thread: a multi-MB observation takes seconds
+        to tokenize, which on the loop would stall every episode and the weight sync. One longer than
+        env.max_observation_tokens fails the episode; when its length in characters alone proves it
+        (no token is longer than the vocabulary's longest), without tokenizing it at all."""
+        limit = self.cfg.env.max_observation_tokens
+        chars = len(obs.text) + sum(len(m["content"]) for m in obs.messages)
+        if chars > limit * self._longest_token():
+            n = f"at least {chars // self._longest_token()}"
+        else:
+            ids = await asyncio.to_thread(self._observation_ids, obs, s)
+            if len(ids) <= limit:
+                return ids
+            n = str(len(ids))
+        raise EpisodeFailed(
+            f"the observation for turn {obs.turn} of {episode_id} ({obs.env_worker}) is {n} tokens, "
+            f"more than env.max_observation_tokens={limit}: shorten the env's answers or raise the limit"
+        )
+
+    def _longest_token(self) -> int:
+        if self._longest is None:  # once: ~1 ms over a 150k vocabulary
+            self._longest = max(len(t) for t in self.tokenizer.get_vocab())
+        return self._longest
 
     def _observation_ids(self, obs: Observation, s: EpisodeSample) -> list[int]:
         """The observation's token ids: with tools.chat, its messages (or its text as a user message)

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamrl.config.files import dump_config
+from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.errors import EXIT_NO_RESTART, WorkerDied
 from streamrl.launch.failures import DeadLetterWatch
@@ -83,7 +84,7 @@ def role_counts(cfg: Config) -> dict[str, int]:
         "generator": cfg.generator.count,
         "reward": cfg.reward.count,
         "reference": cfg.reference.count if cfg.loss.kl_beta > 0 else 0,
-        "env": cfg.env.count if cfg.env.fn else 0,
+        "env": cfg.env.count if cfg.env.fn and cfg.env.fn != EXTERNAL else 0,
     }
 
 
@@ -212,6 +213,11 @@ class Supervisor:
                 self.say(
                     f"resumed at step {self.resumed_at}/{self.cfg.trainer.steps}"
                     + ("" if self.resumed_at else " (no checkpoint yet: training starts over)")
+                )
+            if self.cfg.env.fn == EXTERNAL:
+                self.say(
+                    "env.fn=external: no env worker is started here; episodes wait until one joins "
+                    f"(streamrl env --run {self.cfg.run.name} --broker URL ...; `streamrl status` shows it)"
                 )
             code = self._watch()
         finally:

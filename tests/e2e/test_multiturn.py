@@ -133,7 +133,7 @@ def test_node_env_drives_a_job(tmp_path):
     from tests.nodejs import start_node_env
 
     run_dir = tmp_path / "node"
-    proc, out = start(run_dir, "trainer.steps=4", "env.count=0")  # no Python env worker: only the Node one
+    proc, out = start(run_dir, "trainer.steps=4", "env.fn=external")  # no Python env worker: only the Node one
     node = None
     try:
         url_file = run_dir / "broker" / "url"

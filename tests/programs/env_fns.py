@@ -1,6 +1,7 @@
 """Env classes the env-worker tests run (imported by module path, also by a subprocess worker)."""
 
 import asyncio
+import threading
 import time
 
 from streamrl.envs.base import Env
@@ -43,6 +44,8 @@ class Misbehave(Env):
     def step(self, action):
         if action == "hang":
             time.sleep(3)
+        if action == "forever":  # a call that never returns (a wedged tool)
+            threading.Event().wait()
         if action == "raise":
             raise RuntimeError("tool crashed")
         if action == "garbage":

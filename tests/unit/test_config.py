@@ -98,3 +98,12 @@ def test_supervisor_devices_pin_each_role_process_to_its_gpus(tmp_path):
 def test_bad_supervisor_devices_name_the_fix(sets, fix):
     with pytest.raises(ConfigError, match=re.escape(fix)):
         load_config(overrides=sets)
+
+
+def test_env_fn_external_starts_no_env_worker():
+    from streamrl.config.schema import Config
+    from streamrl.launch.supervisor import role_counts
+
+    cfg = Config(env={"fn": "external", "count": 3})
+    assert role_counts(cfg)["env"] == 0
+    assert role_counts(Config(env={"fn": "charclass_dialog", "count": 3}))["env"] == 3

@@ -238,3 +238,10 @@ def test_huge_finite_logprobs_are_not_mistaken_for_inf():
     lp = np.full(3, -3.0e38, dtype=np.float32)
     got = decode(encode(_rollout(logprobs=lp)))
     assert np.array_equal(got.logprobs, lp)
+
+
+def test_the_wrong_kind_is_named_with_its_article():
+    with pytest.raises(DecodeError, match="^an annotation message does not belong"):
+        decode(encode(Annotation(rollout_id="r", key="reward", value=1.0)), expect=Rollout)
+    with pytest.raises(DecodeError, match="^a control message does not belong"):
+        decode(encode(Control(action="stop")), expect=Rollout)

@@ -188,3 +188,109 @@ async def test_timeouts_errors_and_garbage_fail_only_their_episode(config, broke
     assert info[GROUP]["pending"] == 0
     with pytest.raises(DecodeError):
         decode(b"not msgpack")
+
+
+async def test_calls_that_never_return_cost_no_slot_and_do_not_hold_up_exit(config, broker, tmp_path):
+    """More never-returning sync calls than env.concurrency: each times out and retires its thread,
+    later steps are still answered, and SIGTERM ends the worker promptly (nothing joins the threads)."""
+    cfg = env_config(config, "tests.programs.env_fns:Misbehave")
+    keys = EnvWorker(cfg, broker, "probe").keys
+    # The env CLI's flags, not a config file: --concurrency 2 --step-timeout 0.5.
+    args = ["env", "--fn", "tests.programs.env_fns:Misbehave", "--run", cfg.run.name, "--broker", cfg.broker.url]
+    args += ["--concurrency", "2", "--step-timeout", "0.5", "--id", "env-wedged"]
+    out = open(tmp_path / "env.out", "wb")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    try:
+        for i in range(5):
+            await broker.add(keys.env_steps, encode(request(["forever"], episode=f"h{i}:0:a")))
+        for i in range(3):
+            await broker.add(keys.env_steps, encode(request(["fine"], episode=f"f{i}:0:a")))
+        obs = {o.episode_id: o for o in await observations(broker, keys, 8, timeout=60)}
+        log = (tmp_path / "env.out").read_text()
+        assert len(obs) == 8, log
+        assert all("timed out after 0.5s" in obs[f"h{i}:0:a"].error for i in range(5))
+        assert all(obs[f"f{i}:0:a"].error == "" and obs[f"f{i}:0:a"].text == "ok" for i in range(3))
+        t0 = time.monotonic()
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the env worker did not exit within 15 s of SIGTERM (it joins its hung threads):\n{log}")
+        assert time.monotonic() - t0 < 15
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+async def _serve(worker: EnvWorker, stop: asyncio.Event) -> None:
+    """Worker.run's loop with its heartbeat (what generators route on), until `stop`."""
+    import json
+
+    from streamrl.core.worker import HEARTBEAT_TTL_S
+
+    key = worker.keys.worker("env", worker.worker_id)
+    while not stop.is_set():
+        await worker.broker.set(key, json.dumps(worker.heartbeat()), ttl_s=HEARTBEAT_TTL_S)
+        await worker.step()
+    if worker.steps.tasks:
+        await asyncio.wait(list(worker.steps.tasks), timeout=5)
+    await worker.broker.delete(key)
+
+
+async def test_an_episodes_steps_stay_on_the_env_worker_holding_it_until_it_dies(config, broker):
+    """Sticky routing (issue 27.5): with two env workers no step is replayed while both live; once one
+    is gone, a step already routed to it is taken over (replayed) by the other, and its episodes'
+    next steps go to the shared stream."""
+    from streamrl.core.worker import Worker
+    from streamrl.generate.episode_runner import READ_GROUP, EpisodeRunner
+
+    cfg = env_config(config, "tests.programs.env_fns:Counter", concurrency=4)  # 50 ms steps: both take first steps
+    a, b = EnvWorker(cfg, broker, "env-a"), EnvWorker(cfg, broker, "env-b")
+    runner = EpisodeRunner(Worker(cfg, broker, "gen-0"))
+    await broker.ensure_group(runner.stream, READ_GROUP)
+    stops = {w.worker_id: asyncio.Event() for w in (a, b)}
+    for w in (a, b):
+        await w.start()
+    serving = {w.worker_id: asyncio.create_task(_serve(w, stops[w.worker_id])) for w in (a, b)}
+
+    async def read_forever():
+        while not runner._closing:
+            await runner.read_once()
+
+    reading = asyncio.create_task(read_forever())
+
+    async def episode(i: int, turns: int) -> str:
+        actions, worker = [], ""
+        for t in range(turns):
+            actions.append(f"t{t}")
+            obs = await asyncio.wait_for(runner._observe(request(list(actions), f"g{i}:0:a", 0.05), worker), 20)
+            assert obs.error == "" and obs.text == f"{t + 1}:" + "|".join(actions), obs
+            worker = obs.env_worker
+        return worker
+
+    try:
+        last = await asyncio.gather(*(episode(i, 3) for i in range(16)))
+        assert set(last) == {"env-a", "env-b"}, last  # the shared first steps went to both
+        assert a.stats.get("replays", 0) == 0 and b.stats.get("replays", 0) == 0
+        stops["env-a"].set()
+        await serving["env-a"]
+        # A step routed to env-a after its last read: env-b takes it over (and replays the episode).
+        eid = f"g{last.index('env-a')}:0:a"
+        fut = asyncio.get_running_loop().create_future()
+        runner.waiting[(eid, 3)] = fut
+        await broker.add(a.keys.env_steps_of("env-a"), encode(request(["t0", "t1", "t2", "t3"], episode=eid)))
+        obs = await asyncio.wait_for(fut, 20)
+        assert obs.env_worker == "env-b" and obs.text == "4:t0|t1|t2|t3" and b.stats["replays"] == 1
+        assert await runner._route("env-a") == a.keys.env_steps  # no heartbeat: the shared stream
+    finally:
+        for stop in stops.values():
+            stop.set()
+        await asyncio.gather(*serving.values())
+        runner._closing = True
+        await reading

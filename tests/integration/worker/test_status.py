@@ -82,6 +82,23 @@ async def test_snapshot_and_view(broker, run_name):
     assert [m["step"] for m in (await collector.snapshot())["metrics"]] == [1, 2, 3, 4]  # incremental reads
 
 
+async def test_the_view_says_when_env_steps_wait_and_no_env_worker_has_joined(broker, run_name):
+    """env.fn=external: `up` starts no env worker, so status says so while none has a heartbeat."""
+    collector = Collector(broker, run_name)
+    keys = collector.keys
+    await broker.ensure_group(keys.env_steps, "env")  # a multi-turn generator creates it
+    await broker.add(keys.env_steps, b"step")
+
+    async def view() -> str:
+        console = Console(record=True, width=200)
+        console.print(render(await collector.snapshot()))
+        return console.export_text()
+
+    assert "no env worker has joined: 1 env step(s) waiting" in await view()
+    await broker.set(keys.worker("env", "env-node-1"), json.dumps({"ts": time.time(), "steps": 0}), ttl_s=15)
+    assert "no env worker has joined" not in await view()
+
+
 async def test_status_once_cli(redis_server, broker, run_name):
     collector = Collector(broker, run_name)
     await fill(broker, collector.keys)

@@ -1,0 +1,114 @@
+"""`streamrl envuser add|remove|list`: broker users (Redis ACL) for external env workers.
+
+    streamrl envuser add node --run tiny --run-dir runs/demo        # prints the env worker's URL
+    STREAMRL_BROKER_URL=<that URL> node examples/node/env.mjs --run tiny --id node-0
+
+The user may only run the stream commands an env worker needs (producer.ACL_COMMANDS) on its run's
+`env_steps` and `env_steps:*` (read through the consumer group "env"; SCAN and GET on the env
+heartbeats to take over a dead worker's own stream), append observations to `observations:*` and
+dead letters to `deadletter`, and keep its heartbeat `workers:env:NAME-*` (so its worker ids must
+start with `NAME-`). As for producers (docs/protocol.md, "Access control"): Redis >= 7 selectors
+pair XADD with the observation and dead-letter keys only and SET/DEL with the heartbeat keys; on
+Redis 6.2 commands and keys are granted independently (XADD also works on `env_steps`) and SET/DEL
+are not granted (no heartbeat).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import secrets
+
+from streamrl.commands.producer import ACL_COMMANDS, HEARTBEAT_COMMANDS, WRITE_COMMANDS, producer_url
+from streamrl.core.broker import Keys
+from streamrl.core.errors import ConfigError
+
+NAME = "envuser"
+HELP = "create or remove a restricted broker user for an external env worker"
+DESCRIPTION = (
+    "Manage Redis ACL users for external env workers: each may read `env_steps` (group `env`) and "
+    "append to `observations:*`/`deadletter` of one run, nothing else."
+)
+GROUP = "env"
+
+
+def user_name(run: str, name: str) -> str:
+    return f"env-{run}-{name}"
+
+
+def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[str]:
+    """ACL SETUSER arguments for env user `name` (after the user name)."""
+    # env_steps:* are the workers' own step streams (sticky routing); the worker SCANs for those of
+    # dead workers and GETs their heartbeats to take them over (SCAN lists key names, no values).
+    read = [f"~{keys.env_steps}", f"~{keys.env_steps_of('*')}"]
+    write = [f"~{keys.observations('*')}", f"~{keys.deadletter}"]
+    heartbeats = f"{keys.prefix}workers:env:*"
+    heartbeat = f"~{keys.prefix}workers:env:{name}-*"
+    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS), "+scan"]
+    if server_major >= 7:
+        return [
+            *base,
+            *read,
+            f"({' '.join(write + ['+' + c for c in WRITE_COMMANDS])})",
+            f"({heartbeat} {' '.join('+' + c for c in HEARTBEAT_COMMANDS)})",
+            f"(%R~{heartbeats} +get)",
+        ]
+    return [*base, *(f"+{c}" for c in WRITE_COMMANDS), "+get", *read, *write, f"~{heartbeats}"]
+
+
+async def add(admin_url: str, run: str, name: str) -> str:
+    """Create (or reset) the env user and the `env` group; return its URL."""
+    from brokers.redis_streams import connect
+
+    broker = await connect(admin_url, retries=3)
+    try:
+        keys = Keys(run)
+        await broker.ensure_group(keys.env_steps, GROUP)
+        major = int((await broker.client.info("server"))["redis_version"].split(".")[0])
+        password = secrets.token_urlsafe(24)
+        user = user_name(run, name)
+        await broker.client.execute_command("ACL", "SETUSER", user, *acl_rules(keys, name, password, major))
+        return producer_url(admin_url, user, password)
+    finally:
+        await broker.close()
+
+
+async def _admin(admin_url: str, *command) -> object:
+    from brokers.redis_streams import connect
+
+    broker = await connect(admin_url, retries=3)
+    try:
+        return await broker.client.execute_command(*command)
+    finally:
+        await broker.close()
+
+
+def add_arguments(p) -> None:
+    p.add_argument("action", choices=["add", "remove", "list"])
+    p.add_argument("name", nargs="?", help="env user name; its workers' ids start with NAME-")
+    p.add_argument("--run", required=True, help="run name (run.name of the job)")
+    p.add_argument("--broker", help="admin redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL)")
+
+
+def run(args) -> int:
+    from streamrl.commands.common import broker_url
+
+    if args.action != "list" and not (args.name and re.fullmatch(r"[A-Za-z0-9_-]+", args.name)):
+        raise ConfigError("give the env user a NAME of letters, digits, '_' or '-', e.g. `streamrl envuser add node`")
+    url = broker_url(args)
+    if args.action == "add":
+        eurl = asyncio.run(add(url, args.run, args.name))
+        print(eurl)
+        print(
+            f"# user {user_name(args.run, args.name)}: XREADGROUP/XACK `env_steps` as group 'env', XADD to "
+            f"`observations:*`; worker ids must start with '{args.name}-' (heartbeats)"
+        )
+        print(f"# streamrl env --fn MODULE:Class --run {args.run} --id {args.name}-0 --broker '{eurl}'")
+    elif args.action == "remove":
+        n = int(asyncio.run(_admin(url, "ACL", "DELUSER", user_name(args.run, args.name))))
+        print(f"removed {n} user(s)")
+    else:
+        users = [u.decode() if isinstance(u, bytes) else u for u in asyncio.run(_admin(url, "ACL", "USERS"))]
+        print("\n".join(u for u in users if u.startswith(user_name(args.run, ""))))
+    return 0
