@@ -299,6 +299,8 @@ class TrainerWorker(Worker):
             staleness_max=rec["staleness_max"],
             wait_s=rec["wait_s"],
             train_s=rec["train_s"],
+            # generator/trainer mismatch of the trained tokens (streamrl/train/mismatch.py)
+            **{k: round(rec[k], 5) for k in ("mismatch_kl_s0", "mismatch_kl_stale") if k in rec},
         )
 
     async def close(self) -> None:
