@@ -178,7 +178,7 @@ def test_recomputed_logprobs_match_plain_hf_forward(runs, batch, world):
 
 def test_step_metrics_report_the_generator_trainer_mismatch_per_staleness(runs):
     history = json.loads((runs[1] / "rank0.json").read_text())["history"]
-    groups = {"s0": 5 + 3 + 3 + 6, "stale": 2 + 4}  # completion tokens of the rows of staleness 0 / > 0
+    groups = {"s0": 5 + 7 + 3 + 6, "stale": 2 + 4}  # completion tokens of the rows of staleness 0 / > 0
     for m in (history[0], history[-1]):
         for g, tokens in groups.items():
             keys = [f"mismatch_{k}_{g}" for k in ("kl", "ratio_max", "ratio_p99", "ess", "tokens")]
