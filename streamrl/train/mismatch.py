@@ -25,7 +25,7 @@ _CLAMP = 20.0  # log-ratio bound so a garbage or very stale token cannot overflo
 
 class MismatchMeter:
     def __init__(self):
-        self._ratios: dict[str, list[np.ndarray]] = {g: [] for g in GROUPS}
+        self._ratios: dict[str, list[torch.Tensor]] = {g: [] for g in GROUPS}
 
     def add(self, logp: torch.Tensor, old: torch.Tensor, mask: torch.Tensor, staleness) -> None:
         """One micro-batch: [B, T] log-probs, behaviour log-probs, mask; [B] staleness per row."""
@@ -36,13 +36,14 @@ class MismatchMeter:
             st = np.zeros(lr.shape[0])
         stale = torch.as_tensor(st > 0, device=lr.device)[:, None].expand_as(real)
         for g, rows in (("s0", ~stale), ("stale", stale)):
-            self._ratios[g].append(torch.exp(lr[real & rows]).cpu().numpy())
+            # kept on the device: one copy per step in local(), not a sync per micro-batch
+            self._ratios[g].append(torch.exp(lr[real & rows]))
 
     def local(self) -> tuple[dict[str, float], dict[str, float]]:
         """(this rank's sums, this rank's peaks), the same keys on every rank."""
         sums, peaks = {}, {}
         for g in GROUPS:
-            w = np.concatenate(self._ratios[g]) if self._ratios[g] else np.zeros(0)
+            w = torch.cat(self._ratios[g]).cpu().numpy() if self._ratios[g] else np.zeros(0)
             sums[f"n_{g}"] = float(w.size)
             sums[f"w_{g}"] = float(w.sum())
             sums[f"w2_{g}"] = float((w * w).sum())
