@@ -307,6 +307,8 @@ class TrainerWorker(Worker):
             train_s=rec["train_s"],
             zero_variance_frac=rec["zero_variance_frac"],
             **{k: round(rec[k], 5) for k in ("loss", "kl", "entropy", "grad_norm") if isinstance(rec.get(k), float)},
+            # generator/trainer mismatch of the trained tokens (streamrl/train/mismatch.py)
+            **{k: round(rec[k], 5) for k in ("mismatch_kl_s0", "mismatch_kl_stale") if k in rec},
         )
 
     async def close(self) -> None:

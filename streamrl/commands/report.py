@@ -108,7 +108,18 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
         "train_s_mean": round(float(np.mean([m.get("train_s", 0.0) for m in steady])), 4),
         **loss_summary(rows),
         **eval_summary(rows),
+        **mismatch_summary(steady),
     }
+
+
+def mismatch_summary(rows: list[dict]) -> dict:
+    """The generator/trainer mismatch over the steps (streamrl/train/mismatch.py): step means, and
+    the largest token ratio of any step."""
+    keys = sorted({k for m in rows for k in m if k.startswith("mismatch_") and "_tokens_" not in k})
+    if not keys:
+        return {}
+    agg = {k: (np.nanmax if "_ratio_max_" in k else np.nanmean)(_column(rows, k)) for k in keys}
+    return {"mismatch": {k.removeprefix("mismatch_"): round(float(v), 6) for k, v in agg.items()}}
 
 
 def _column(rows: list[dict], key: str) -> np.ndarray:

@@ -54,6 +54,20 @@ class LossConfig(Section):
     which the reward ramps down (streamrl.assemble.advantages.overlong_penalty). 0 disables it."""
     overlong_penalty: float = Field(1.0, ge=0)
     """Reward subtracted at (and past) generator.max_tokens when overlong_buffer > 0."""
+    icepop_low: float | None = Field(None, gt=0)
+    """IcePop (Ring-1T, 2025): tokens whose behaviour ratio r = pi_train / pi_behaviour is below this
+    contribute no loss (with icepop_high). None: off; e.g. 0.5."""
+    icepop_high: float | None = Field(None, gt=0)
+    """IcePop upper bound: tokens with r above it contribute no loss. None: off; e.g. 2 (or 5)."""
+    seq_mis_low: float | None = Field(None, gt=0)
+    """Sequence-level masked IS: a sequence whose geometric-mean ratio exp(mean_t log r) is below
+    this contributes no loss (with seq_mis_high). None: off; e.g. 0.999."""
+    seq_mis_high: float | None = Field(None, gt=0)
+    """Sequence-level masked IS upper bound on the geometric-mean ratio. None: off; e.g. 1.001."""
+    tis_token_cap: float | None = Field(None, gt=0)
+    """Token-level TIS on any objective: its per-token loss is multiplied by sg(min(r, C)). None: off."""
+    tis_seq_cap: float | None = Field(None, gt=0)
+    """Sequence-level TIS: each sequence's loss is multiplied by sg(min(prod_t r, C)). None: off."""
 
     @field_validator("name")
     @classmethod

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from streamrl.core.errors import ConfigError
+from streamrl.losses import corrections
 from streamrl.losses.registry import loss_requirements
 
 if TYPE_CHECKING:
@@ -130,6 +131,10 @@ def run(cfg: LossConfig, inp: LossInputs, obj: Objective) -> tuple[torch.Tensor,
     norm = Norm(norm.tokens, norm.seqs, cfg.horizon)
     mask = inp.mask.to(inp.logprobs.dtype)
     terms: Terms = obj.fn(cfg, inp)
+    fixes: dict[str, torch.Tensor] = {}
+    if corrections.enabled(cfg):
+        factor, fixes = corrections.correction(cfg, inp)
+        terms.loss = terms.loss * factor
 
     def token_mean(x: torch.Tensor) -> torch.Tensor:
         return (x.detach().to(mask.dtype) * mask).sum() / norm.tokens
@@ -144,6 +149,7 @@ def run(cfg: LossConfig, inp: LossInputs, obj: Objective) -> tuple[torch.Tensor,
         "abs_log_ratio_mean": token_mean((inp.logprobs - inp.old_logprobs).abs()),
     }
     stats.update({k: token_mean(v) for k, v in terms.extra.items()})
+    stats.update({k: token_mean(v) for k, v in fixes.items()})
     if inp.ref_logprobs is not None:
         kl = kl_estimate(inp.logprobs, inp.ref_logprobs, cfg.kl_estimator, cfg.log_ratio_clamp)
         stats["kl"] = token_mean(kl)

@@ -34,6 +34,7 @@ from streamrl.core.errors import ConfigError, StreamRLError
 from streamrl.losses import LossInputs, compute_loss, loss_requirements, resolve_loss
 from streamrl.models.hf import causal_lm_logprobs, check_plain_head, pack_completions, pick_device
 from streamrl.train.engine_interface import TrainerEngine
+from streamrl.train.mismatch import MismatchMeter, mismatch_metrics
 from streamrl.weights.store import WeightStream, module_weight_stream
 
 
@@ -250,6 +251,7 @@ class TrainEngine(TrainerEngine):
         self.loss = resolve_loss(self.cfg)
         self.requirements = loss_requirements(self.loss)
         self.steps_done = 0
+        self._mismatch = MismatchMeter()
 
     def logprobs(self, padded: dict[str, Tensor], with_entropy: bool = False) -> tuple[Tensor, Tensor | None]:
         """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward).
@@ -295,6 +297,7 @@ class TrainEngine(TrainerEngine):
             dp_world_size=self.dp_size,
         )
         loss, metrics = compute_loss(self.loss, inp)
+        self._mismatch.add(logp, inp.old_logprobs, inp.mask, mb.staleness)
         loss.backward()
         return {**metrics, **sizes}
 
@@ -316,6 +319,7 @@ class TrainEngine(TrainerEngine):
         plan = plan_micro_batches(batch, self.dp_size, tc.micro_batch_size, tc.micro_batch_tokens)[self.dp_rank]
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = defaultdict(float)
+        self._mismatch = MismatchMeter()
         for index in plan:
             for key, value in self._micro_step(shard.select(index), total_tokens, total_seqs).items():
                 sums[key] += float(value)
@@ -330,7 +334,11 @@ class TrainEngine(TrainerEngine):
             self.steps_done += 1
         self.scheduler.step()
         out = self._all_reduce(dict(sums), op=dist.ReduceOp.SUM, group=self.dp_group)
-        out.update(self._all_reduce({"time_s": time.perf_counter() - start}, op=dist.ReduceOp.MAX))
+        mm_sums, mm_peaks = self._mismatch.local()
+        mm_sums = self._all_reduce(mm_sums, op=dist.ReduceOp.SUM, group=self.dp_group)
+        peaks = self._all_reduce({**mm_peaks, "time_s": time.perf_counter() - start}, op=dist.ReduceOp.MAX)
+        out["time_s"] = peaks.pop("time_s")
+        out.update(mismatch_metrics(mm_sums, peaks))
         out.update(
             grad_norm=grad_norm,
             lr=float(self.optimizer.param_groups[0]["lr"]),

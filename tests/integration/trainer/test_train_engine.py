@@ -55,7 +55,8 @@ def make_batch(vocab: int, seed: int = 0) -> Batch:
         rewards=np.zeros(6, np.float32),
         advantages=np.array([1, -1] * 3, np.float32),
         ref_logprobs=None,
-        staleness=np.zeros(6, np.int64),
+        # mixed, so the mismatch metrics (streamrl/train/mismatch.py) report both groups
+        staleness=np.array([0, 1, 0, 2, 0, 0], np.int64),
     )
 
 
@@ -173,6 +174,24 @@ def test_recomputed_logprobs_match_plain_hf_forward(runs, batch, world):
     got = _gather_lp(runs[world], world, "lp0")
     for g, want in zip(got, [r.logprobs for r in batch.rollouts], strict=True):
         np.testing.assert_allclose(g, want, atol=1e-5, rtol=0)
+
+
+def test_step_metrics_report_the_generator_trainer_mismatch_per_staleness(runs):
+    history = json.loads((runs[1] / "rank0.json").read_text())["history"]
+    groups = {"s0": 5 + 7 + 3 + 6, "stale": 2 + 4}  # completion tokens of the rows of staleness 0 / > 0
+    for m in (history[0], history[-1]):
+        for g, tokens in groups.items():
+            keys = [f"mismatch_{k}_{g}" for k in ("kl", "ratio_max", "ratio_p99", "ess", "tokens")]
+            assert all(np.isfinite(m[k]) for k in keys), {k: m.get(k) for k in keys}
+            assert m[f"mismatch_tokens_{g}"] == tokens
+    # the behaviour log-probs are the initial policy's: on-policy at the first step ...
+    assert history[0]["mismatch_kl_s0"] == pytest.approx(0, abs=1e-6)
+    assert history[0]["mismatch_ess_s0"] == pytest.approx(1, abs=1e-6)
+    assert history[0]["mismatch_ratio_max_s0"] == pytest.approx(1, abs=1e-4)
+    # ... and after EXTRA_STEPS optimizer steps on the same rollouts the trainer has moved away
+    last = history[-1]
+    assert last["mismatch_kl_s0"] > 1e-6 and last["mismatch_ess_s0"] < 1
+    assert last["mismatch_ratio_max_s0"] >= last["mismatch_ratio_p99_s0"] > 0
 
 
 def test_world_2_and_world_1_give_the_same_step(runs):

@@ -34,6 +34,9 @@ def _run_dir(tmp_path):
                 "overlap_frac": 0.5,
                 "loss": 0.2 / step,
                 "kl": 0.01,
+                "mismatch_kl_s0": 0.001 * step,
+                "mismatch_ratio_max_s0": 1.0 + step,
+                "mismatch_tokens_s0": 50,
             }
         )
     w.close()
@@ -65,6 +68,8 @@ def test_summary_skips_the_start_up_step(tmp_path):
     assert s["generated_tokens_per_s"] == pytest.approx(600 / 6.0)  # uptime minus engine start
     assert s["weight_sync_latency_s"] == {"p50": 0.2, "max": 0.3, "count": 2}  # the joining load is not a sync
     assert s["staleness_hist_tokens"] == {"0": 150, "1": 150}
+    # steps 2-3: the mean KL, the largest ratio of any step
+    assert s["mismatch"] == {"kl_s0": pytest.approx(0.0025), "ratio_max_s0": 4.0}
 
 
 def test_report_command_writes_every_plot(tmp_path, capsys):
