@@ -42,8 +42,8 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
     # dead workers and GETs their heartbeats to take them over (SCAN lists key names, no values).
     read = [f"~{keys.env_steps}", f"~{keys.env_steps_of('*')}"]
     write = [f"~{keys.observations('*')}", f"~{keys.deadletter}"]
-    heartbeats = f"{keys.prefix}workers:env:*"
-    heartbeat = f"~{keys.prefix}workers:env:{name}-*"
+    heartbeats = keys.worker("env", "*")
+    heartbeat = "~" + keys.worker("env", f"{name}-*")
     base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS), "+scan"]
     if server_major >= 7:
         return [
