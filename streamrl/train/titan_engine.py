@@ -146,7 +146,7 @@ class TitanEngine(TrainEngine):
         model = build_loaded_model(self.spec, model_path, titan_par)
         self.model = self._parallelize(model, titan_par)
         if self.cfg.trainer.pack_rows:
-            from streamrl.sft.step import enable_document_attention
+            from streamrl.models.document_attention import enable_document_attention
 
             enable_document_attention(self)  # packed rows: attention within each rollout only
         self.model.train()
@@ -191,12 +191,10 @@ class TitanEngine(TrainEngine):
         if "packed_ids" not in padded:
             out = self.model(padded["input_ids"])
             return out.full_tensor() if isinstance(out, DTensor) else out
-        from streamrl.sft.pack import document_mask
-        from streamrl.sft.step import document_block_mask
+        from streamrl.models.document_attention import document_attention_mask
 
         pos = padded["packed_positions"]
-        mask = document_block_mask(pos) if pos.device.type == "cuda" else document_mask(pos)
-        out = self.model(padded["packed_ids"], positions=pos, attention_masks=mask)
+        out = self.model(padded["packed_ids"], positions=pos, attention_masks=document_attention_mask(pos))
         out = out.full_tensor() if isinstance(out, DTensor) else out
         return out.reshape(-1, out.shape[-1])[padded["unpack_index"]]
 

@@ -262,8 +262,6 @@ TO_MOVE: set[tuple[str, str]] = {
     ("streamrl.train.engine_interface", "streamrl.assemble.batch"),
     ("streamrl.train.hf_engine", "streamrl.assemble.batch"),
     ("streamrl.train.rank_step", "streamrl.assemble.batch"),
-    ("streamrl.train.titan_engine", "streamrl.sft.step"),
-    ("streamrl.train.titan_engine", "streamrl.sft.pack"),
 }
 
 

@@ -159,8 +159,7 @@ def test_gpu_block_mask_is_the_cpu_dense_mask():
     (SDPA + dense block-diagonal mask); checked forward-only here, where flex has no backward."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from streamrl.sft.pack import document_mask
-    from streamrl.sft.step import document_block_mask
+    from streamrl.models.document_attention import document_block_mask, document_mask
 
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1] * 20])  # 200 tokens: crosses flex's 128-token blocks
     torch.manual_seed(0)
