@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamrl.assemble.advantages import dynamic_sampling_keep, overlong_penalty
+from streamrl.assemble.advantages import overlong_penalty
 from streamrl.losses.inputs import LossInputs
 from streamrl.losses.registry import (
     BUILTIN_LOSSES,
@@ -46,7 +46,6 @@ __all__ = [
     "available_losses",
     "known_losses",
     "check_loss_name",
-    "dynamic_sampling_keep",
     "overlong_penalty",
     "LossSettings",
     "ClipSettings",
