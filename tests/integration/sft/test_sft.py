@@ -209,8 +209,8 @@ def test_resume_continues_exactly(runs, tiny, data, tmp_path, backend):
 
 
 def _engine_logprobs(cfg: Config, ckpt: str, out: str, rank: int, world: int) -> None:
+    from streamrl.train.batching import pad_batch
     from streamrl.train.engines import make_engine
-    from streamrl.train.hf_engine import pad_batch
 
     engine = make_engine(cfg, cfg.model.path, rank, world)
     load_checkpoint(engine, Path(ckpt))
