@@ -12,9 +12,14 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Callable
 
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import import_spec
+
+if TYPE_CHECKING:
+    from streamrl.annotate.sdk import ProducerSpec, ProducerWorker
+    from streamrl.core.broker import Broker
 
 NAME = "reward"
 HELP = "attach an external reward producer (a Python function) to a running job"
@@ -72,7 +77,7 @@ def load_function(spec: str):
 def run(args) -> int:
     from pathlib import Path
 
-    from streamrl.annotate.sdk import serve_producer, spec_of
+    from streamrl.annotate.sdk import spec_of
     from streamrl.commands.common import broker_url
     from streamrl.core.logs import setup_logging
 
@@ -89,3 +94,27 @@ def run(args) -> int:
     wid = args.id or f"{spec.name}-{os.uname().nodename}-{os.getpid()}"
     setup_logging("producer", wid, Path(args.run_dir) if args.run_dir else None, run=args.run)
     return serve_producer(fn, spec, url, args.run, wid, claim_idle_ms=args.claim_idle_ms, retries=args.connect_retries)
+
+
+def serve_producer(
+    fn: Callable,
+    spec: ProducerSpec,
+    broker_url: str,
+    run: str,
+    worker_id: str,
+    claim_idle_ms: int = 30_000,
+    retries: int = 20,
+) -> int:
+    """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
+    in-flight batches and exit); return the exit code (ProducerWorker.exit_code)."""
+    from streamrl.annotate.sdk import ProducerWorker
+    from streamrl.launch.runtime import serve
+
+    made: list[ProducerWorker] = []
+
+    def build(broker: Broker) -> ProducerWorker:
+        made.append(ProducerWorker(fn, spec, broker, run, worker_id, claim_idle_ms=claim_idle_ms))
+        return made[-1]
+
+    serve(build, broker_url, retries)
+    return made[-1].exit_code if made else 1
