@@ -253,7 +253,6 @@ TO_MOVE: set[tuple[str, str]] = {
     ("streamrl.eval.rounds", "streamrl.annotate.rewards_math"),
     ("streamrl.feed.tasks", "streamrl.envs.adapters"),
     ("streamrl.generate.chat", "streamrl.envs.tools"),
-    ("streamrl.losses", "streamrl.assemble.advantages"),
     ("streamrl.models.hf", "streamrl.train.logprobs"),
     ("streamrl.sft.data", "streamrl.feed.tasks"),
     ("streamrl.train.engine_interface", "streamrl.assemble.batch"),
