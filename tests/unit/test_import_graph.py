@@ -12,7 +12,15 @@ Which imports count:
   (config <-> losses was function-level one way and TYPE_CHECKING the other; recovery <->
   supervisor function-level), and the two modules still cannot be understood or moved apart.
   `from pkg import name` is an edge to pkg.name when that is a module, else to pkg; a package's own
-  __init__, run by importing one of its submodules, is not an edge (it is the package's facade).
+  __init__, run by importing one of its submodules, is not an edge (it is the package's facade);
+- imports by name: `import_module("pkg.mod")` with a literal, and a `"pkg.mod"` / `"pkg.mod:attr"`
+  string naming a module of this tree (a registry entry handed to a resolver). They count for the
+  folder rules and the bench rule; cycles skip them (a registry's plugins import its protocol back),
+  except a plugin loop through a third module (test_registries_are_not_imported_back_...).
+
+The folder rules (test_each_folder_imports_only_the_layers_below_it): stage folders import only
+streamrl.core, config, models, losses, weights and their own folder; core only core and config;
+brokers only core and config. Crossings not yet moved are listed in TO_MOVE.
 """
 
 from __future__ import annotations
