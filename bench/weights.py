@@ -2,7 +2,7 @@
 with streamrl around vLLM vs plain vLLM (same engine, same settings, side by side in one run).
 
 Two processes, as in a real job: the generator side (a real GeneratorWorker; vLLM's EngineCore is
-its child process) here, the trainer side (a real FSDP2 TrainEngine, one rank, and the publisher:
+its child process) here, the trainer side (a real FSDP2 HFEngine, one rank, and the publisher:
 bench/weights_trainer.py) in a child process, driven over the broker. Throughput rounds alternate plain
 vLLM (requests straight into AsyncLLM) and streamrl (prompts through Redis, rollouts back) on the
 one started engine. Then the trainer side changes its weights and publishes `--publishes` times

@@ -1,6 +1,6 @@
 """The trainer side of `streamrl bench weights`, in a process of its own as in a real job.
 
-A real FSDP2 TrainEngine (one rank) and the configured WeightPublisher. For each version the bench
+A real FSDP2 HFEngine (one rank) and the configured WeightPublisher. For each version the bench
 asks for (an entry on the control stream), it changes every weight (an optimizer step's stand-in),
 takes the snapshot the trainer's loop takes (the stall) and publishes it, then reports the stall,
 the publish time and the publish's wall-clock start. It shares no event loop and no GIL with the
@@ -39,11 +39,11 @@ def train_engine(cfg, model: str):
     import torch.distributed as dist
 
     from streamrl.train.dist import _init_group, free_port
-    from streamrl.train.hf_engine import TrainEngine
+    from streamrl.train.hf_engine import HFEngine
 
     if not dist.is_initialized():
         _init_group(0, 1, None, f"tcp://127.0.0.1:{free_port()}")
-    return TrainEngine(cfg, model, 0, 1)
+    return HFEngine(cfg, model, 0, 1)
 
 
 async def serve(spec: dict) -> None:

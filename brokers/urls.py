@@ -31,12 +31,6 @@ def unix_url(path: str | os.PathLike, password: str, db: int = 0) -> str:
     return f"unix://:{quote(password, safe='')}@{quote(os.fspath(path))}?db={db}"
 
 
-def unix_socket_path(url: str) -> str | None:
-    """The socket path of a `unix://` URL; None for any other scheme."""
-    parts = urlsplit(url)
-    return unquote(parts.path) if parts.scheme == "unix" else None
-
-
 def client_options(url: str, shown: str, options: dict[str, Any]) -> dict[str, Any]:
     """`options` fit for the transport of `url`; a unix:// URL that cannot work raises BrokerError.
 

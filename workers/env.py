@@ -34,7 +34,8 @@ from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Observation, StepRequest, encode
 from streamrl.core.worker import Worker
-from streamrl.envs.base import Env, check_step, env_factory, resolve_env
+from streamrl.envs.base import Env, check_step
+from streamrl.envs.resolve import env_factory, resolve_env
 
 GROUP = "env"
 MAX_CACHED = 4096

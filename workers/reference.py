@@ -18,8 +18,7 @@ import asyncio
 import torch
 
 from streamrl.annotate.annotator import Annotator
-from streamrl.core.messages import Rollout
-from streamrl.eval.rounds import is_eval_group
+from streamrl.core.messages import Rollout, is_eval_group
 from streamrl.models.hf import completion_logprobs, load_hf_model, pick_device
 
 GROUP = "reference"

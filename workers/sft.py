@@ -24,8 +24,9 @@ import torch
 import torch.distributed as dist
 
 from streamrl.config.schema import Config
+from streamrl.models.document_attention import enable_document_attention
 from streamrl.sft.data import SampleError, load_splits, step_indices, tokenize_row
-from streamrl.sft.step import enable_document_attention, sft_eval_loss, sft_train_step
+from streamrl.sft.step import sft_eval_loss, sft_train_step
 from streamrl.train.checkpoint import (
     latest_checkpoint,
     list_checkpoints,

@@ -286,27 +286,3 @@ def _check(value: Any, failure: str) -> tuple[Any, str]:
     if not math.isfinite(number) or abs(number) > float(np.finfo(np.float32).max):
         return 0.0, f"returned {number}"
     return number, ""
-
-
-def serve_producer(
-    fn: Callable,
-    spec: ProducerSpec,
-    broker_url: str,
-    run: str,
-    worker_id: str,
-    broker_cfg: BrokerConfig | None = None,
-) -> int:
-    """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
-    in-flight batches and exit); return the exit code (ProducerWorker.exit_code). `broker_cfg`: the
-    broker section (claim_idle_ms, connect_retries, ...); None: its defaults."""
-    broker_cfg = broker_cfg or BrokerConfig()
-    from streamrl.launch.runtime import serve
-
-    made: list[ProducerWorker] = []
-
-    def build(broker: Broker) -> ProducerWorker:
-        made.append(ProducerWorker(fn, spec, broker, run, worker_id, broker_cfg))
-        return made[-1]
-
-    serve(build, broker_url, broker_cfg.connect_retries)
-    return made[-1].exit_code if made else 1

@@ -52,32 +52,17 @@ def batch_advantages(rewards: np.ndarray, group_index: np.ndarray, mode: str, ep
     return out.astype(np.float32)
 
 
-def dynamic_sampling_keep(rewards: np.ndarray, group_index: np.ndarray) -> np.ndarray:
-    """DAPO dynamic sampling: True for samples whose group's rewards are not all equal.
-
-    A zero-variance group has zero advantage everywhere, so it only dilutes the batch; the
-    assembler drops it and waits for more groups (cfg.loss.dynamic_sampling).
-    """
+def zero_variance_frac(rewards: np.ndarray, group_index: np.ndarray) -> float:
+    """Fraction of groups whose rewards are all equal: no advantage, so no learning signal (pure).
+    metrics.jsonl's `zero_variance_frac`; 1.0 on every step is a job that learns nothing."""
     r = np.asarray(rewards, dtype=np.float64).reshape(-1)
     g = np.asarray(group_index).reshape(-1)
     if r.shape != g.shape:
         raise ValueError(f"rewards has {r.size} entries but group_index has {g.size}; pass one group id per reward")
-    keep = np.zeros(r.size, dtype=bool)
-    for gid in np.unique(g):
-        sel = g == gid
-        keep[sel] = np.ptp(r[sel]) > 0
-    return keep
-
-
-def zero_variance_frac(rewards: np.ndarray, group_index: np.ndarray) -> float:
-    """Fraction of groups whose rewards are all equal: no advantage, so no learning signal (pure).
-    metrics.jsonl's `zero_variance_frac`; 1.0 on every step is a job that learns nothing."""
-    g = np.asarray(group_index).reshape(-1)
     if g.size == 0:
         return 0.0
-    keep = dynamic_sampling_keep(rewards, g)
     groups = np.unique(g)
-    return float(sum(1 for gid in groups if not keep[g == gid].any()) / len(groups))
+    return float(sum(1 for gid in groups if np.ptp(r[g == gid]) == 0) / len(groups))
 
 
 def overlong_penalty(lengths: np.ndarray, max_tokens: int, buffer: int, penalty: float = 1.0) -> np.ndarray:

@@ -59,7 +59,7 @@ def run(args) -> int:
 
     from streamrl.commands.common import broker_url
     from streamrl.core.logs import setup_logging
-    from streamrl.envs.base import resolve_env
+    from streamrl.envs.resolve import resolve_env
     from streamrl.launch.runtime import serve
     from workers.env import EnvWorker
 

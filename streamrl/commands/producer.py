@@ -20,6 +20,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 from streamrl.core.broker import Keys
 from streamrl.core.errors import ConfigError
+from streamrl.core.run_end import user_name
 
 NAME = "producer"
 HELP = "create or remove a restricted broker user for an external reward producer"
@@ -43,10 +44,6 @@ WRITE_COMMANDS = ["xadd"]
 END_COMMANDS = ["get"]
 """Reading the run's end mark (a string key: XADD cannot overwrite it)."""
 HEARTBEAT_COMMANDS = ["set", "del"]
-
-
-def user_name(run: str, name: str) -> str:
-    return f"producer-{run}-{name}"
 
 
 def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[str]:

@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Callable
 
 from streamrl.commands.common import add_attach_args, add_section_flag, given
 from streamrl.config.schema import BrokerConfig
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import import_spec
+
+if TYPE_CHECKING:
+    from streamrl.annotate.sdk import ProducerSpec, ProducerWorker
+    from streamrl.core.broker import Broker
 
 NAME = "reward"
 HELP = "attach an external reward producer (a Python function) to a running job"
@@ -72,7 +77,7 @@ def load_function(spec: str):
 def run(args) -> int:
     from pathlib import Path
 
-    from streamrl.annotate.sdk import serve_producer, spec_of
+    from streamrl.annotate.sdk import spec_of
     from streamrl.commands.common import broker_url
     from streamrl.core.logs import setup_logging
 
@@ -94,3 +99,23 @@ def run(args) -> int:
 def broker_section(args) -> BrokerConfig:
     """The broker section from the flags; a field no flag sets is the section's default."""
     return BrokerConfig(**given(args, "claim_idle_ms", "connect_retries"))
+
+
+def serve_producer(
+    fn: Callable, spec: ProducerSpec, broker_url: str, run: str, worker_id: str, broker_cfg: BrokerConfig | None = None
+) -> int:
+    """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
+    in-flight batches and exit); return the exit code (ProducerWorker.exit_code). `broker_cfg`: the
+    broker section (claim_idle_ms, connect_retries, ...); None: its defaults."""
+    from streamrl.annotate.sdk import ProducerWorker
+    from streamrl.launch.runtime import serve
+
+    broker_cfg = broker_cfg or BrokerConfig()
+    made: list[ProducerWorker] = []
+
+    def build(broker: Broker) -> ProducerWorker:
+        made.append(ProducerWorker(fn, spec, broker, run, worker_id, broker_cfg))
+        return made[-1]
+
+    serve(build, broker_url, broker_cfg.connect_retries)
+    return made[-1].exit_code if made else 1

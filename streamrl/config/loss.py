@@ -44,8 +44,8 @@ class LossConfig(Section):
     """Constant per-sequence token budget of aggregation=fixed_horizon (Dr. GRPO). None:
     generator.max_tokens."""
     dynamic_sampling: bool = False
-    """DAPO dynamic sampling: the assembler drops groups whose rewards are all equal
-    (streamrl.assemble.advantages.dynamic_sampling_keep) and waits for more. On by default for dapo."""
+    """DAPO dynamic sampling: the assembler drops groups whose rewards are all equal (a zero-variance group
+    has zero advantage everywhere) and waits for more (streamrl/assemble/assembler.py). On by default for dapo."""
     overlong_filter: bool = False
     """DAPO overlong filtering: completions cut at generator.max_tokens (finish_reason "length")
     contribute no loss (their tokens are masked), so truncation noise is not learned."""

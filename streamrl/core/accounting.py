@@ -25,8 +25,7 @@ from pathlib import Path
 import redis
 
 from streamrl.core.broker import Broker, Keys
-from streamrl.core.messages import sample_key
-from streamrl.eval.rounds import is_eval_group
+from streamrl.core.messages import is_eval_group, sample_key
 
 FINAL = ("dropped_stale", "filtered", "failed", "requeued")
 

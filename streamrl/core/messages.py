@@ -22,6 +22,15 @@ import numpy as np
 
 from streamrl.core.errors import DecodeError
 
+EVAL_PREFIX = "eval-"
+"""Group ids of evaluation rounds start with this (streamrl/eval/rounds.py issues them): such groups are
+scored but never trained, so the accounting, the reference worker and the assembler tell them apart by id."""
+
+
+def is_eval_group(group_id: str) -> bool:
+    return group_id.startswith(EVAL_PREFIX)
+
+
 SCHEMA_VERSION = 1
 FIELD = "d"
 """The single field name of every stream entry."""

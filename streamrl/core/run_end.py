@@ -65,12 +65,16 @@ def describe(run: str, info: dict) -> str:
     return f"run {run} ended: {info.get('reason', '?')}" + (f" (version {version})" if version >= 0 else "")
 
 
+def user_name(run: str, name: str) -> str:
+    """The broker user of producer `name` in `run` (`streamrl producer` creates it; the run's end waits for
+    its connections to leave)."""
+    return f"producer-{run}-{name}"
+
+
 def end_run(url: str, run: str, reason: str, wait_s: float = PRODUCERS_LEAVE_S) -> None:
     """`streamrl up`'s exit: set the mark unless the trainer did, then give connected producers of
     the run up to `wait_s` to see it and disconnect. A broker that cannot be reached is skipped."""
     import redis
-
-    from streamrl.commands.producer import user_name
 
     keys = Keys(run)
     try:

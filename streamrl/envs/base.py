@@ -21,16 +21,11 @@ The wire protocol an env in another language speaks is docs/protocol.md, "Enviro
 
 from __future__ import annotations
 
-import inspect
 import random
-import re
 import time
 from typing import Any
 
 from streamrl.annotate.rewards import charclass_reward
-from streamrl.core.errors import ConfigError
-from streamrl.core.imports import import_spec
-from streamrl.envs import adapters as env_adapters
 
 
 class Env:
@@ -67,42 +62,6 @@ class CharclassDialog(Env):
         if self.turn == 1:
             return f"\n{self.meta['cls']}:", 0.0, False
         return "", charclass_reward("", action, self.meta), True
-
-
-BUILTIN_ENVS = {"charclass_dialog": CharclassDialog}
-
-
-def resolve_env(spec: str, latency_ms: tuple[float, float] = (20.0, 200.0)):
-    """A factory `() -> Env` for a built-in name, an adapter spec (`textarena:<game>`) or
-    `package.module:Class`; ConfigError names the fix."""
-    if spec in BUILTIN_ENVS:
-        cls = BUILTIN_ENVS[spec]
-        return lambda: cls(latency_ms=tuple(latency_ms))
-    if env_adapters.split_spec(spec):  # another library's env, run unchanged (streamrl/env_adapters)
-        return env_adapters.make_factory(spec)
-    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec):
-        raise ConfigError(
-            f"env {spec!r} is neither a built-in env ({', '.join(BUILTIN_ENVS)}) nor "
-            "`package.module:Class`, e.g. --fn my_envs:Calculator"
-        )
-    module_name, attr, cls = import_spec(spec, f"env {spec!r}", "install it or add its folder to PYTHONPATH")
-    if not (inspect.isclass(cls) and callable(getattr(cls, "step", None))):
-        raise ConfigError(
-            f"env {spec!r}: {module_name!r} has no class {attr!r} with reset(item) and step(action); "
-            "subclass streamrl.envs.base.Env"
-        )
-    return cls
-
-
-def env_factory(cls, cfg):
-    """`() -> Env` for what resolve_env returned; an env class with a `from_config(cfg)` classmethod
-    (streamrl.envs.tool_env.ToolEnv) is built from the job's config, and built once here so a bad config
-    fails the worker's start, not its first step."""
-    make = getattr(cls, "from_config", None)
-    if inspect.isclass(cls) and callable(make):
-        make(cfg)
-        return lambda: make(cfg)
-    return cls
 
 
 def check_step(out: Any) -> tuple[str, float, bool, dict]:

@@ -25,7 +25,8 @@ from math import comb
 
 import numpy as np
 
-EVAL_PREFIX = "eval-"
+from streamrl.core.messages import EVAL_PREFIX
+
 _EVAL_ID = re.compile(r"^eval-(\d+)-(\d+)-(\d+)$")
 
 # KEYS: prompts stream, last-issued key. ARGV: version, payloads... Appends the round and records its
@@ -47,10 +48,6 @@ def parse_eval_group(group_id: str) -> tuple[int, int, int] | None:
     """(version, prompts in the round, index) of an eval group id; None for a training group."""
     m = _EVAL_ID.match(group_id)
     return (int(m[1]), int(m[2]), int(m[3])) if m else None
-
-
-def is_eval_group(group_id: str) -> bool:
-    return group_id.startswith(EVAL_PREFIX)
 
 
 def eval_group_of(rollout_id: str) -> str | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from streamrl.assemble.advantages import dynamic_sampling_keep, overlong_penalty
 from streamrl.losses.inputs import LossInputs
 from streamrl.losses.registry import (
     BUILTIN_LOSSES,
@@ -46,8 +45,6 @@ __all__ = [
     "available_losses",
     "known_losses",
     "check_loss_name",
-    "dynamic_sampling_keep",
-    "overlong_penalty",
     "LossSettings",
     "ClipSettings",
     "PPOSettings",

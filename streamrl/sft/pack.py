@@ -94,13 +94,3 @@ def collate(samples: list[Sample], packing: bool, pad_id: int) -> dict[str, torc
         "attention_mask": attn,
         "doc_lens": [len(s.ids) for s in samples],
     }
-
-
-def document_mask(position_ids: torch.Tensor) -> torch.Tensor:
-    """Boolean [B, 1, L, L] mask: token q sees token k iff k <= q in the same document (the
-    documents of a row are delimited by position resets to 0)."""
-    doc = torch.cumsum((position_ids == 0).int(), dim=1)
-    same = doc[:, :, None] == doc[:, None, :]
-    L = position_ids.shape[1]
-    causal = torch.ones((L, L), dtype=torch.bool, device=position_ids.device).tril()
-    return (same & causal)[:, None]

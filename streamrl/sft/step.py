@@ -15,7 +15,7 @@ Attention for packed rows (several documents in one row, position ids restarting
   default sdpa: a dense [L, L] mask, CPU and GPU; flash-attention-2, where installed and chosen,
   turns the resets into varlen boundaries instead).
 - torchtitan: RoPE takes the per-token positions; each layer's inner attention becomes
-  `DocumentSDPA`: on GPU compiled flex_attention with a document BlockMask (only the blocks that
+  `DocumentSDPA` (streamrl/models/document_attention.py): on GPU compiled flex_attention with a document BlockMask (only the blocks that
   hold unmasked scores are computed); on CPU, where flex_attention has no backward, SDPA with the
   dense block-diagonal causal mask.
 """
@@ -29,76 +29,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
 
+from streamrl.models.document_attention import document_attention_mask
 from streamrl.sft.data import Sample
-from streamrl.sft.pack import collate, document_mask, plan_micro_batches
+from streamrl.sft.pack import collate, plan_micro_batches
 
 
 def _is_titan(engine) -> bool:
     return hasattr(engine, "spec")
-
-
-_FLEX = None
-
-
-def _compiled_flex():
-    """flex_attention compiled once per process (eager flex materialises the full score matrix)."""
-    global _FLEX
-    if _FLEX is None:
-        from torch.nn.attention.flex_attention import flex_attention
-
-        _FLEX = torch.compile(flex_attention)
-    return _FLEX
-
-
-def document_block_mask(position_ids: Tensor):
-    """flex_attention BlockMask of causal attention within each document (documents start at position 0)."""
-    from torch.nn.attention.flex_attention import create_block_mask
-
-    doc = torch.cumsum((position_ids == 0).int(), dim=1)
-
-    def same_document_causal(b, h, q, k):
-        return (doc[b, q] == doc[b, k]) & (k <= q)
-
-    B, L = position_ids.shape
-    return create_block_mask(same_document_causal, B, None, L, L, device=position_ids.device)
-
-
-class DocumentSDPA(torch.nn.Module):
-    """torchtitan inner attention with document masks: a flex_attention BlockMask (GPU), a dense
-    boolean [B, 1, L, L] mask through SDPA (CPU: flex has no CPU backward), or None (plain causal)."""
-
-    def forward(
-        self,
-        q: Tensor,
-        k: Tensor,
-        v: Tensor,
-        *,
-        attention_masks=None,
-        scale: float | None = None,
-        enable_gqa: bool = False,
-        is_causal: bool = True,
-        **_,
-    ) -> Tensor:
-        q, k, v = (x.transpose(1, 2) for x in (q, k, v))
-        if attention_masks is None:
-            out = F.scaled_dot_product_attention(q, k, v, scale=scale, is_causal=is_causal, enable_gqa=enable_gqa)
-        elif isinstance(attention_masks, Tensor):
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_masks, scale=scale, enable_gqa=enable_gqa)
-        else:
-            out = _compiled_flex()(q, k, v, block_mask=attention_masks, scale=scale, enable_gqa=enable_gqa)
-        return out.transpose(1, 2)
-
-
-def enable_document_attention(engine) -> None:
-    """torchtitan: swap each layer's SDPA (mask-less) for DocumentSDPA; hf needs nothing."""
-    if not _is_titan(engine):
-        return
-    from torchtitan.models.common.attention import ScaledDotProductAttention
-
-    for module in list(engine.model.modules()):
-        for name, child in list(module.named_children()):
-            if isinstance(child, ScaledDotProductAttention):
-                setattr(module, name, DocumentSDPA())
 
 
 def logits_of(engine, t: dict[str, Tensor], packed: bool) -> Tensor:
@@ -108,8 +45,7 @@ def logits_of(engine, t: dict[str, Tensor], packed: bool) -> Tensor:
 
         if packed:
             pos = t["position_ids"]
-            mask = document_block_mask(pos) if pos.device.type == "cuda" else document_mask(pos)
-            out = engine.model(t["input_ids"], positions=pos, attention_masks=mask)
+            out = engine.model(t["input_ids"], positions=pos, attention_masks=document_attention_mask(pos))
         else:  # right-padded rows under causal attention: real tokens never see padding
             out = engine.model(t["input_ids"])
         return out.full_tensor() if isinstance(out, DTensor) else out

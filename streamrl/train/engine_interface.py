@@ -1,5 +1,5 @@
 """What the trainer, its checkpoints and the weight publisher need of a trainer engine (the `hf` and
-`torchtitan` backends both implement it; workers/trainer_engines.make_engine picks one).
+`torchtitan` backends both implement it; streamrl/train/engines.make_engine picks one).
 
     engine = make_engine(cfg, model_path, rank, world)     # a TrainerEngine, built on every rank
     metrics = engine.train_step(batch)                      # collective: every rank, the same batch

@@ -1,8 +1,8 @@
 """Pick the trainer's compute engine from trainer.backend.
 
-    engine = make_engine(cfg, model_path, rank, world)   # TrainEngine (hf) or TitanEngine (torchtitan)
+    engine = make_engine(cfg, model_path, rank, world)   # HFEngine (hf) or TitanEngine (torchtitan)
 
-Both implement workers/engine_interface.TrainerEngine; torchtitan is imported only when its
+Both implement streamrl/train/engine_interface.TrainerEngine (through streamrl/train/step_engine.StepEngine); torchtitan is imported only when its
 backend is chosen.
 """
 
@@ -17,9 +17,9 @@ def make_engine(cfg: Config, model_path: str, rank: int, world_size: int) -> Tra
     """The engine for cfg.trainer.backend, built on this rank (collective: every rank calls it)."""
     backend = cfg.trainer.backend
     if backend == "hf":
-        from streamrl.train.hf_engine import TrainEngine
+        from streamrl.train.hf_engine import HFEngine
 
-        return TrainEngine(cfg, model_path, rank, world_size)
+        return HFEngine(cfg, model_path, rank, world_size)
     if backend == "torchtitan":
         try:
             from streamrl.train.titan_engine import TitanEngine

@@ -6,7 +6,7 @@
 
 A micro-batch of B right-padded rows [B, L] becomes R rows of at most `budget` tokens (a longer
 rollout gets a row of its own), the rollouts back to back, positions restarting at 0 at each one:
-position resets mark the documents for attention (workers/sft_engine.DocumentSDPA: a document
+position resets mark the documents for attention (streamrl/models/document_attention.DocumentSDPA: a document
 BlockMask on GPU, a dense block-diagonal causal mask on CPU), so no token attends across rollouts.
 `unpack_index` [B, L] maps each padded position to its packed one, so the model's per-token output
 goes back to the padded layout and the log-prob and loss code runs unchanged. Positions after a

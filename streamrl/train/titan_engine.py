@@ -2,8 +2,8 @@
 
     streamrl up --set trainer.backend=torchtitan --set trainer.world_size=2
 
-Same interface and training step as workers/train_engine.TrainEngine (this class inherits its
-micro-batch/loss loop, optimizer and lr schedule); what differs is the model:
+A sibling of the hf backend (streamrl/train/hf_engine.HFEngine): both are StepEngines
+(streamrl/train/step_engine.py: micro-batch/loss loop, optimizer, lr schedule); what differs is the model:
 - built from torchtitan's layer builders with the checkpoint's shape (streamrl/models/titan.py),
   the Hugging Face weights loaded through torchtitan's state-dict adapter (from_hf);
 - parallelized by the architecture's torchtitan function from trainer.parallelism: FSDP2 over
@@ -30,9 +30,9 @@ from streamrl.core.errors import ConfigError
 from streamrl.models.hf import unsharded_weight
 from streamrl.models.titan import TitanSpec, read_hf_config, titan_spec
 from streamrl.train.engine_interface import TrainerEngine
-from streamrl.train.hf_engine import TrainEngine
 from streamrl.train.logprobs import gathered_logprobs, token_logprobs, use_compiled_kernel
 from streamrl.train.row_packing import pack_rows
+from streamrl.train.step_engine import StepEngine
 from streamrl.weights.store import WeightStream
 
 WRAPPER_PREFIXES = ("_checkpoint_wrapped_module.", "_orig_mod.", "_fsdp_wrapped_module.")
@@ -129,10 +129,10 @@ def data_parallel_coords(dims, rank: int, world_size: int):
     return 0, 1, groups[rank]
 
 
-class TitanEngine(TrainEngine):
+class TitanEngine(StepEngine):
     """One rank's torchtitan model + AdamW; every method is collective (all ranks call it in step).
 
-    TrainEngine.__init__ runs as for the hf backend; only the model (`_build`), its forward and its
+    StepEngine.__init__ runs as for the hf backend; only the model (`_build`), its forward and its
     weights' names differ."""
 
     def _build(self, model_path: str) -> None:
@@ -146,7 +146,7 @@ class TitanEngine(TrainEngine):
         model = build_loaded_model(self.spec, model_path, titan_par)
         self.model = self._parallelize(model, titan_par)
         if self.cfg.trainer.pack_rows:
-            from streamrl.sft.step import enable_document_attention
+            from streamrl.models.document_attention import enable_document_attention
 
             enable_document_attention(self)  # packed rows: attention within each rollout only
         self.model.train()
@@ -191,12 +191,10 @@ class TitanEngine(TrainEngine):
         if "packed_ids" not in padded:
             out = self.model(padded["input_ids"])
             return out.full_tensor() if isinstance(out, DTensor) else out
-        from streamrl.sft.pack import document_mask
-        from streamrl.sft.step import document_block_mask
+        from streamrl.models.document_attention import document_attention_mask
 
         pos = padded["packed_positions"]
-        mask = document_block_mask(pos) if pos.device.type == "cuda" else document_mask(pos)
-        out = self.model(padded["packed_ids"], positions=pos, attention_masks=mask)
+        out = self.model(padded["packed_ids"], positions=pos, attention_masks=document_attention_mask(pos))
         out = out.full_tensor() if isinstance(out, DTensor) else out
         return out.reshape(-1, out.shape[-1])[padded["unpack_index"]]
 

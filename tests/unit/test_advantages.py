@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from streamrl.assemble.advantages import batch_advantages, dynamic_sampling_keep, group_advantages, overlong_penalty
+from streamrl.assemble.advantages import batch_advantages, group_advantages, overlong_penalty
 from streamrl.core.errors import ConfigError
 
 
@@ -61,12 +61,6 @@ def test_batch_equals_per_group_and_centred(groups):
         loo, gm = batch_advantages(rewards, index, "loo"), batch_advantages(rewards, index, "group_mean")
         n = np.array([len(groups[i]) for i in index])
         assert loo == pytest.approx(gm * n / (n - 1), rel=1e-5, abs=1e-5)
-
-
-def test_dynamic_sampling_drops_zero_variance_groups():
-    rewards = np.array([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.5])
-    groups = np.array([0, 0, 1, 1, 2, 2, 3])
-    assert dynamic_sampling_keep(rewards, groups).tolist() == [False, False, True, True, False, False, False]
 
 
 def test_overlong_penalty_ramp():

@@ -12,7 +12,7 @@ import torch
 from streamrl.assemble.batch import Batch
 from streamrl.core.errors import StreamRLError
 from streamrl.core.messages import Rollout
-from streamrl.train.hf_engine import num_micro_batches, pad_batch, plan_micro_batches
+from streamrl.train.batching import num_micro_batches, pad_batch, plan_micro_batches
 from streamrl.train.logprobs import token_logprobs
 
 PAD = 0
@@ -219,7 +219,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(name, agg):
     gradient and metrics of one full-batch pass: the losses only sum rows over global normalisers."""
     from streamrl.config.schema import LossConfig
     from streamrl.losses import LossInputs, compute_loss
-    from streamrl.train.hf_engine import plan_micro_batches as plan_fn
+    from streamrl.train.batching import plan_micro_batches as plan_fn
 
     batch = make_batch(RAGGED, with_ref=True)
     cfg = LossConfig(name=name, aggregation=agg, horizon=20, kl_beta=0.05, entropy_coef=0.01)

@@ -8,7 +8,7 @@ import pytest
 from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError
 from streamrl.envs import adapters as env_adapters
-from streamrl.envs.base import resolve_env
+from streamrl.envs.resolve import resolve_env
 from streamrl.feed.tasks import load_task
 
 pytest.importorskip("textarena", reason="pip install -e '.[envs]'")

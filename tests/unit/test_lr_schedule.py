@@ -5,7 +5,7 @@ import math
 import pytest
 
 from streamrl.config.schema import TrainerConfig
-from streamrl.train.hf_engine import lr_factor
+from streamrl.train.step_engine import lr_factor
 
 
 def factors(**kw):

@@ -12,7 +12,7 @@ import numpy as np
 
 from streamrl.assemble.batch import Batch
 from streamrl.core.messages import Rollout, decode, encode
-from streamrl.train.hf_engine import pad_batch
+from streamrl.train.batching import pad_batch
 
 
 def test_decoded_rollouts_pad_without_a_warning():

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 
 from streamrl.config.schema import Config, SFTConfig
+from streamrl.models.document_attention import document_mask
 from streamrl.models.tiny import build_tokenizer
 from streamrl.sft.data import Sample, SampleError, charclass_demos, step_indices, tokenize_row
-from streamrl.sft.pack import collate, document_mask, plan_micro_batches
+from streamrl.sft.pack import collate, plan_micro_batches
 
 # Qwen2.5-style ChatML: tools in the system turn, tool results as user turns, tool calls after content.
 # (transformers renders with trim_blocks: a newline right after a block tag is dropped, hence {{ '\\n' }}.)

@@ -7,7 +7,8 @@ import pytest
 
 from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError
-from streamrl.envs.base import check_step, env_factory, resolve_env
+from streamrl.envs.base import check_step
+from streamrl.envs.resolve import env_factory, resolve_env
 from streamrl.envs.tool_calls import ToolCall
 from streamrl.envs.tool_env import ToolEnv
 from streamrl.envs.tools import clip, dispatch, load_tools

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from streamrl.config.schema import Config
-from streamrl.envs.base import check_step, env_factory, resolve_env
+from streamrl.envs.base import check_step
+from streamrl.envs.resolve import env_factory, resolve_env
 from streamrl.envs.sandbox.executor import sandbox_problem
 
 pytestmark = pytest.mark.skipif(sandbox_problem() is not None, reason=f"no sandbox here: {sandbox_problem()}")

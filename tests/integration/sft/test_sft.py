@@ -159,8 +159,7 @@ def test_gpu_block_mask_is_the_cpu_dense_mask():
     (SDPA + dense block-diagonal mask); checked forward-only here, where flex has no backward."""
     from torch.nn.attention.flex_attention import flex_attention
 
-    from streamrl.sft.pack import document_mask
-    from streamrl.sft.step import document_block_mask
+    from streamrl.models.document_attention import document_block_mask, document_mask
 
     pos = torch.tensor([[0, 1, 2, 0, 1, 2, 3, 4, 0, 1] * 20])  # 200 tokens: crosses flex's 128-token blocks
     torch.manual_seed(0)
@@ -210,8 +209,8 @@ def test_resume_continues_exactly(runs, tiny, data, tmp_path, backend):
 
 
 def _engine_logprobs(cfg: Config, ckpt: str, out: str, rank: int, world: int) -> None:
+    from streamrl.train.batching import pad_batch
     from streamrl.train.engines import make_engine
-    from streamrl.train.hf_engine import pad_batch
 
     engine = make_engine(cfg, cfg.model.path, rank, world)
     load_checkpoint(engine, Path(ckpt))

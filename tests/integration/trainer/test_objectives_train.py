@@ -22,7 +22,7 @@ from streamrl.core.errors import FatalError
 from streamrl.losses.registry import available_losses
 from streamrl.models.tiny import build_tiny_model
 from streamrl.train.dist import launch
-from streamrl.train.hf_engine import TrainEngine
+from streamrl.train.hf_engine import HFEngine
 from tests.integration.trainer.shaped_batch import shaped_batch
 
 
@@ -34,7 +34,7 @@ def tiny(tmp_path_factory) -> Path:
 def _two_steps(model_path: str, config: str, out: str, rank: int, world: int) -> None:
     torch.set_num_threads(1)
     cfg = load_config(config)  # RUN_DIR/config.yaml, as every trainer rank reads it
-    engine = TrainEngine(cfg, model_path, rank, world)
+    engine = HFEngine(cfg, model_path, rank, world)
     batch = shaped_batch(engine.model.config.vocab_size, [(3, 5), (6, 2), (2, 7), (4, 4)], seed=0)
     batch.ref_logprobs = [r.logprobs - 0.1 for r in batch.rollouts]  # the default config has kl_beta > 0
     steps = [engine.train_step(batch) for _ in range(2)]
@@ -54,7 +54,7 @@ def test_each_objective_trains_two_steps_from_the_written_config(objective, tiny
 
 def _masked_step(model_path: str, rank: int, world: int) -> None:
     cfg = load_config(None, ["loss.kl_beta=0", "loss.overlong_filter=true", "trainer.device=cpu"])
-    engine = TrainEngine(cfg, model_path, rank, world)
+    engine = HFEngine(cfg, model_path, rank, world)
     batch = shaped_batch(engine.model.config.vocab_size, [(3, 5), (6, 2)], seed=0)
     batch.loss_mask = np.zeros(len(batch), np.float32)  # both completions cut at max_tokens
     engine.train_step(batch)

@@ -17,7 +17,7 @@ from streamrl.config.schema import Config, TinyModelConfig, TrainerConfig
 from streamrl.models.tiny import build_tiny_model
 from streamrl.train.checkpoint import Checkpointer, list_checkpoints
 from streamrl.train.dist import launch
-from streamrl.train.hf_engine import TrainEngine
+from streamrl.train.hf_engine import HFEngine
 from streamrl.train.rank_step import RankStep, StepOrder, follow
 from streamrl.weights.store import publisher_class
 from tests.integration.trainer.test_train_engine import make_batch
@@ -26,7 +26,7 @@ from tests.integration.trainer.test_train_engine import make_batch
 def _rank_main(model_path: str, run_dir: str, out: str, rank: int, world: int) -> None:
     torch.set_num_threads(1)
     cfg = Config(trainer=TrainerConfig(world_size=world, device="cpu", micro_batch_size=2, lr=1e-2))
-    engine = TrainEngine(cfg, model_path, rank, world)
+    engine = HFEngine(cfg, model_path, rank, world)
     snapshot = functools.partial(publisher_class("shm").snapshot, dtype="float32")
     step = RankStep(engine, snapshot, Checkpointer(Path(run_dir), keep=2))
     if rank != 0:

@@ -5,7 +5,7 @@
 
 The tiny Llama (streamrl.models.tiny) runs in TitanEngine on real gloo ranks: world 1 (activation
 checkpointing on), world 2 (FSDP2 over 2 ranks), world 2 with tensor parallel 2, and the hf
-backend's TrainEngine on the same batch. Tolerances (float32 on CPU):
+backend's HFEngine on the same batch. Tolerances (float32 on CPU):
 - torchtitan vs a plain transformers forward: 1e-5 nats per token (measured ~5e-7);
 - one AdamW step on each weight: world 2 vs world 1 1e-5; torchtitan vs the hf backend and tp 2 vs
   world 1 5e-5 (other summation orders: Adam's first update divides by |grad|, so ~1e-7 of gradient
@@ -32,9 +32,9 @@ import torch
 from streamrl.assemble.batch import Batch
 from streamrl.config.schema import Config, GeneratorConfig, ParallelismConfig, TinyModelConfig, TrainerConfig
 from streamrl.models.tiny import build_tiny_model
+from streamrl.train.batching import pad_batch
 from streamrl.train.dist import broadcast_object, launch
 from streamrl.train.engines import make_engine
-from streamrl.train.hf_engine import pad_batch
 from tests.integration.trainer.test_train_engine import make_batch
 
 REPO = Path(__file__).resolve().parents[3]

@@ -1,4 +1,4 @@
-"""TrainEngine on real torch.distributed (gloo, CPU) with the real tiny Llama: world 1 and world 2.
+"""HFEngine on real torch.distributed (gloo, CPU) with the real tiny Llama: world 1 and world 2.
 
     pytest tests/integration/trainer/test_train_engine.py
 
@@ -25,8 +25,9 @@ from streamrl.config.schema import Config, GeneratorConfig, LossConfig, TinyMode
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
 from streamrl.models.tiny import build_tiny_model
+from streamrl.train.batching import pad_batch
 from streamrl.train.dist import RankFailed, broadcast_object, launch
-from streamrl.train.hf_engine import TrainEngine, pad_batch
+from streamrl.train.hf_engine import HFEngine
 
 TEMPERATURE = 0.8
 EXTRA_STEPS = 4  # after the compared first step, world 1 keeps training to show learning
@@ -73,7 +74,7 @@ def reference_logprobs(model, batch: Batch) -> list[np.ndarray]:
     return out
 
 
-def _save_shard_logprobs(engine: TrainEngine, batch: Batch, path: Path) -> None:
+def _save_shard_logprobs(engine: HFEngine, batch: Batch, path: Path) -> None:
     shard = batch.shard(engine.rank, engine.world_size)
     with torch.no_grad():
         padded = {k: v.to(engine.device) for k, v in pad_batch(shard, engine.pad_id).items()}
@@ -112,7 +113,7 @@ def _rank_main(
         ),
     )
     batch = broadcast_object(batch if rank == 0 else None)
-    engine = TrainEngine(cfg, model_path, rank, world)
+    engine = HFEngine(cfg, model_path, rank, world)
     _save_shard_logprobs(engine, batch, out_dir / f"lp0_rank{rank}.pt")
     initial = engine.full_state_dict()
     metrics = engine.train_step(batch)
@@ -277,7 +278,7 @@ def _optional_inputs_main(model_path: str, batch: Batch, out: str, rank: int, wo
         loss=LossConfig(name="decoupled_ppo", kl_beta=0.1, entropy_coef=0.01),
         trainer=TrainerConfig(device="cpu", micro_batch_size=4),
     )
-    engine = TrainEngine(cfg, model_path, rank, world)
+    engine = HFEngine(cfg, model_path, rank, world)
     assert engine.requirements == {"prox_logprobs", "entropy", "ref_logprobs"}
     bare = copy.copy(batch)
     bare.ref_logprobs = None
@@ -458,7 +459,7 @@ def _engine_logprobs_main(model_path: str, batch: Batch, out: str, chunk: int, r
         generator=GeneratorConfig(temperature=TEMPERATURE),
         trainer=TrainerConfig(world_size=world, device="cpu", logprob_chunk_tokens=chunk),
     )
-    _save_shard_logprobs(TrainEngine(cfg, model_path, rank, world), batch, Path(out) / f"lp_rank{rank}.pt")
+    _save_shard_logprobs(HFEngine(cfg, model_path, rank, world), batch, Path(out) / f"lp_rank{rank}.pt")
 
 
 @pytest.mark.parametrize("chunk", [0, 4])
