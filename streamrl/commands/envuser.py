@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
 
-from streamrl.commands.producer import ACL_COMMANDS, HEARTBEAT_COMMANDS, WRITE_COMMANDS, producer_url
+from streamrl.commands.acl_users import delete_user, set_user, users_starting
+from streamrl.commands.producer import ACL_COMMANDS, HEARTBEAT_COMMANDS, WRITE_COMMANDS
 from streamrl.core.broker import Keys
 from streamrl.core.errors import ConfigError
 
@@ -58,29 +58,10 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
 
 async def add(admin_url: str, run: str, name: str) -> str:
     """Create (or reset) the env user and the `env` group; return its URL."""
-    from brokers.redis_streams import connect
-
-    broker = await connect(admin_url, retries=3)
-    try:
-        keys = Keys(run)
-        await broker.ensure_group(keys.env_steps, GROUP)
-        major = int((await broker.client.info("server"))["redis_version"].split(".")[0])
-        password = secrets.token_urlsafe(24)
-        user = user_name(run, name)
-        await broker.client.execute_command("ACL", "SETUSER", user, *acl_rules(keys, name, password, major))
-        return producer_url(admin_url, user, password)
-    finally:
-        await broker.close()
-
-
-async def _admin(admin_url: str, *command) -> object:
-    from brokers.redis_streams import connect
-
-    broker = await connect(admin_url, retries=3)
-    try:
-        return await broker.client.execute_command(*command)
-    finally:
-        await broker.close()
+    keys = Keys(run)
+    return await set_user(
+        admin_url, user_name(run, name), lambda pw, major: acl_rules(keys, name, pw, major), keys.env_steps, GROUP
+    )
 
 
 def add_arguments(p) -> None:
@@ -106,9 +87,8 @@ def run(args) -> int:
         )
         print(f"# streamrl env --fn MODULE:Class --run {args.run} --id {args.name}-0 --broker '{eurl}'")
     elif args.action == "remove":
-        n = int(asyncio.run(_admin(url, "ACL", "DELUSER", user_name(args.run, args.name))))
+        n = asyncio.run(delete_user(url, user_name(args.run, args.name)))
         print(f"removed {n} user(s)")
     else:
-        users = [u.decode() if isinstance(u, bytes) else u for u in asyncio.run(_admin(url, "ACL", "USERS"))]
-        print("\n".join(u for u in users if u.startswith(user_name(args.run, ""))))
+        print("\n".join(asyncio.run(users_starting(url, user_name(args.run, "")))))
     return 0

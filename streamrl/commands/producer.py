@@ -15,9 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import re
-import secrets
-from urllib.parse import quote, urlsplit, urlunsplit
 
+from streamrl.commands.acl_users import delete_user, set_user, users_starting
 from streamrl.core.broker import Keys
 from streamrl.core.errors import ConfigError
 from streamrl.core.run_end import user_name
@@ -68,51 +67,12 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
     return [*base, *(f"+{c}" for c in WRITE_COMMANDS + END_COMMANDS), *read, *write, f"~{keys.run_end}"]
 
 
-def producer_url(admin_url: str, user: str, password: str) -> str:
-    parts = urlsplit(admin_url)
-    host = parts.netloc.rsplit("@", 1)[-1]
-    return urlunsplit(parts._replace(netloc=f"{quote(user, safe='')}:{quote(password, safe='')}@{host}"))
-
-
 async def add(admin_url: str, run: str, name: str) -> str:
     """Create (or reset) the producer's user and group; return its URL."""
-    from brokers.redis_streams import connect
-
-    broker = await connect(admin_url, retries=3)
-    try:
-        keys = Keys(run)
-        await broker.ensure_group(keys.rollouts, name)
-        major = int((await broker.client.info("server"))["redis_version"].split(".")[0])
-        password = secrets.token_urlsafe(24)
-        user = user_name(run, name)
-        await broker.client.execute_command("ACL", "SETUSER", user, *acl_rules(keys, name, password, major))
-        return producer_url(admin_url, user, password)
-    finally:
-        await broker.close()
-
-
-async def remove(admin_url: str, run: str, name: str, drop_group: bool) -> int:
-    from brokers.redis_streams import connect
-
-    broker = await connect(admin_url, retries=3)
-    try:
-        n = int(await broker.client.execute_command("ACL", "DELUSER", user_name(run, name)))
-        if drop_group:
-            await broker.client.xgroup_destroy(Keys(run).rollouts, name)
-        return n
-    finally:
-        await broker.close()
-
-
-async def listing(admin_url: str, run: str) -> list[str]:
-    from brokers.redis_streams import connect
-
-    broker = await connect(admin_url, retries=3)
-    try:
-        users = [u.decode() if isinstance(u, bytes) else u for u in await broker.client.execute_command("ACL", "USERS")]
-        return [u for u in users if u.startswith(user_name(run, ""))]
-    finally:
-        await broker.close()
+    keys = Keys(run)
+    return await set_user(
+        admin_url, user_name(run, name), lambda pw, major: acl_rules(keys, name, pw, major), keys.rollouts, name
+    )
 
 
 def add_arguments(p) -> None:
@@ -146,8 +106,9 @@ def run(args) -> int:
             f"# streamrl reward --fn MODULE:FUNCTION --key {key} --name {args.name} --run {args.run} --broker '{purl}'"
         )
     elif args.action == "remove":
-        n = asyncio.run(remove(url, args.run, args.name, args.drop_group))
+        drop = (Keys(args.run).rollouts, args.name) if args.drop_group else None
+        n = asyncio.run(delete_user(url, user_name(args.run, args.name), drop))
         print(f"removed {n} user(s)")
     else:
-        print("\n".join(asyncio.run(listing(url, args.run))))
+        print("\n".join(asyncio.run(users_starting(url, user_name(args.run, "")))))
     return 0
