@@ -123,7 +123,7 @@ def make_batch(
 ):
     import numpy as np
 
-    from streamrl.assemble.batch import Batch
+    from streamrl.core.batch import Batch
     from streamrl.core.messages import Rollout
 
     rng = np.random.default_rng(seed)

@@ -28,11 +28,11 @@ import time
 import numpy as np
 
 from streamrl.assemble.advantages import batch_advantages, overlong_penalty
-from streamrl.assemble.batch import Batch
 from streamrl.assemble.join_policy import JoinPolicy
 from streamrl.assemble.pending_group import PendingGroup, rollout_problem
 from streamrl.config.schema import Config
 from streamrl.core.accounting import close_group
+from streamrl.core.batch import Batch
 from streamrl.core.broker import Broker, Entry, Keys
 from streamrl.core.consumer import StreamConsumer
 from streamrl.core.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id

@@ -62,7 +62,7 @@ class TrainerConfig(Section):
     BlockMask on GPU), instead of right-padding every rollout to the longest; the per-token log-probs
     go back to the rollout layout, so losses are unchanged. 0 = padded rows."""
     logprob_chunk_tokens: int = Field(2048, ge=0)
-    """Tokens whose logits are formed at once when recomputing log-probs (streamrl/train/logprobs.py): the
+    """Tokens whose logits are formed at once when recomputing log-probs (streamrl/models/logprobs.py): the
     [tokens, vocab] float32 logits never exist whole, the backward recomputes each chunk's. 0 = the
     model's full logits (more activation memory, no recomputation). The reference worker computes its
     log-probs with the same setting, so both sides of the KL term come from one computation."""

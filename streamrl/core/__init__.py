@@ -1,1 +1,1 @@
-"""The pieces every stage shares: wire types, keys, the consumer protocol, the worker lifecycle, accounting, staleness, trimming, run end."""
+"""The pieces every stage shares: wire types, keys, the consumer protocol, the worker lifecycle, the trainer's batch, accounting, staleness, trimming, run end."""

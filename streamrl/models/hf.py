@@ -18,7 +18,7 @@ import torch
 from torch import Tensor
 
 from streamrl.core.errors import ConfigError
-from streamrl.train.logprobs import gathered_logprobs, token_logprobs, use_compiled_kernel
+from streamrl.models.logprobs import gathered_logprobs, token_logprobs, use_compiled_kernel
 
 LOGIT_TRANSFORMS = (
     "final_logit_softcapping",
@@ -138,9 +138,9 @@ def causal_lm_logprobs(
     the caller disables them.
 
     chunk_tokens > 0: the logits are formed that many tokens at a time from the decoder's hidden
-    states (streamrl.train.logprobs), never all at once; 0: the model's full logits. Under FSDP2 the LM
+    states (streamrl.models.logprobs), never all at once; 0: the model's full logits. Under FSDP2 the LM
     head's weight is the gathered one (unsharded_weight), so its gradient reaches FSDP. kernel:
-    trainer.logprob_kernel (streamrl.train.logprobs.use_compiled_kernel)."""
+    trainer.logprob_kernel (streamrl.models.logprobs.use_compiled_kernel)."""
     if not chunk_tokens:
         logits = model(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"], use_cache=False).logits
         return token_logprobs(logits, inputs["positions"], inputs["targets"], temperature, with_entropy)

@@ -1,1 +1,1 @@
-"""The train stage: trainer engines (hf, torchtitan), the rank step, log-probs, checkpoints, metrics (workers/trainer.py runs it)."""
+"""The train stage: trainer engines (hf, torchtitan), the rank step, checkpoints, metrics (workers/trainer.py runs it)."""

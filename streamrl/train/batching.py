@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from streamrl.assemble.batch import Batch
+from streamrl.core.batch import Batch
 from streamrl.core.errors import StreamRLError
 from streamrl.models.hf import pack_completions
 

@@ -17,8 +17,8 @@ from abc import ABC, abstractmethod
 import torch
 from torch import Tensor
 
-from streamrl.assemble.batch import Batch
 from streamrl.config.schema import Config
+from streamrl.core.batch import Batch
 from streamrl.weights.store import WeightStream
 
 

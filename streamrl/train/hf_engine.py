@@ -84,7 +84,7 @@ class HFEngine(StepEngine):
 
         The reference worker's function (streamrl.models.hf.causal_lm_logprobs): with
         trainer.logprob_chunk_tokens > 0 the logits are formed a chunk of tokens at a time from the
-        decoder's hidden states (streamrl.train.logprobs); 0 materialises the model's full logits."""
+        decoder's hidden states (streamrl.models.logprobs); 0 materialises the model's full logits."""
         return causal_lm_logprobs(
             self.model,
             padded,

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamrl.assemble.batch import Batch
+from streamrl.core.batch import Batch
 from streamrl.train.checkpoint import Checkpointer, PendingCheckpoint
 from streamrl.train.dist import broadcast_object
 from streamrl.train.engine_interface import TrainerEngine

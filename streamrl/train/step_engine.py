@@ -22,8 +22,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from streamrl.assemble.batch import Batch, no_loss_tokens
 from streamrl.config.schema import Config
+from streamrl.core.batch import Batch, no_loss_tokens
 from streamrl.core.errors import ConfigError, StreamRLError
 from streamrl.losses import LossInputs, compute_loss, loss_requirements, resolve_loss
 from streamrl.models.hf import pick_device

@@ -28,9 +28,9 @@ from torch.distributed.tensor import DTensor
 from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError
 from streamrl.models.hf import unsharded_weight
+from streamrl.models.logprobs import gathered_logprobs, token_logprobs, use_compiled_kernel
 from streamrl.models.titan import TitanSpec, read_hf_config, titan_spec
 from streamrl.train.engine_interface import TrainerEngine
-from streamrl.train.logprobs import gathered_logprobs, token_logprobs, use_compiled_kernel
 from streamrl.train.row_packing import pack_rows
 from streamrl.train.step_engine import StepEngine
 from streamrl.weights.store import WeightStream
@@ -206,7 +206,7 @@ class TitanEngine(StepEngine):
         trainer.pack_rows the forward runs on the packed rows with document-masked attention and its
         output is gathered back into the [B, L] layout (streamrl/train/row_packing.py). With
         trainer.logprob_chunk_tokens > 0 the model stops before its LM head (torchtitan's
-        `_skip_lm_head`, as its ChunkedLossWrapper does) and streamrl.train.logprobs forms the logits a
+        `_skip_lm_head`, as its ChunkedLossWrapper does) and streamrl.models.logprobs forms the logits a
         chunk of tokens at a time.
         """
         chunk = self.cfg.trainer.logprob_chunk_tokens

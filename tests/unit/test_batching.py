@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.assemble.batch import Batch
+from streamrl.core.batch import Batch
 from streamrl.core.errors import StreamRLError
 from streamrl.core.messages import Rollout
+from streamrl.models.logprobs import token_logprobs
 from streamrl.train.batching import num_micro_batches, pad_batch, plan_micro_batches
-from streamrl.train.logprobs import token_logprobs
 
 PAD = 0
 

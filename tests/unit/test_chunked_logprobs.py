@@ -1,4 +1,4 @@
-"""streamrl.train.logprobs: chunked log-probs and entropy equal the full-logits computation (values and
+"""streamrl.models.logprobs: chunked log-probs and entropy equal the full-logits computation (values and
 gradients, float64), and never form a [tokens, vocab] tensor in the forward or the backward.
 
     pytest tests/unit/test_chunked_logprobs.py
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from streamrl.train.logprobs import chunked_logprobs, gathered_logprobs, token_logprobs, use_compiled_kernel
+from streamrl.models.logprobs import chunked_logprobs, gathered_logprobs, token_logprobs, use_compiled_kernel
 
 N, D, V, T = 37, 6, 50, 0.7
 

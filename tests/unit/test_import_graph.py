@@ -261,12 +261,7 @@ TO_MOVE: set[tuple[str, str]] = {
     ("streamrl.eval.rounds", "streamrl.annotate.rewards_math"),
     ("streamrl.feed.tasks", "streamrl.envs.adapters"),
     ("streamrl.generate.chat", "streamrl.envs.tools"),
-    ("streamrl.models.hf", "streamrl.train.logprobs"),
     ("streamrl.sft.data", "streamrl.feed.tasks"),
-    ("streamrl.train.engine_interface", "streamrl.assemble.batch"),
-    ("streamrl.train.batching", "streamrl.assemble.batch"),
-    ("streamrl.train.step_engine", "streamrl.assemble.batch"),
-    ("streamrl.train.rank_step", "streamrl.assemble.batch"),
 }
 
 

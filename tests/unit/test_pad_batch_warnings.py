@@ -10,7 +10,7 @@ import warnings
 
 import numpy as np
 
-from streamrl.assemble.batch import Batch
+from streamrl.core.batch import Batch
 from streamrl.core.messages import Rollout, decode, encode
 from streamrl.train.batching import pad_batch
 

@@ -11,8 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from streamrl.assemble.batch import Batch
 from streamrl.commands import samples as samples_cmd
+from streamrl.core.batch import Batch
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
 from streamrl.report.samples_html import samples_page

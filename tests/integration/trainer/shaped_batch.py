@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.assemble.batch import Batch
+from streamrl.core.batch import Batch
 from streamrl.core.messages import Rollout
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.assemble.batch import Batch
 from streamrl.config.schema import Config, TrainerConfig
+from streamrl.core.batch import Batch
 from streamrl.models.shapes import build_random_model
 from streamrl.train.dist import launch
 from streamrl.train.engines import make_engine

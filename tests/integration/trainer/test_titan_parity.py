@@ -29,8 +29,8 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.assemble.batch import Batch
 from streamrl.config.schema import Config, GeneratorConfig, ParallelismConfig, TinyModelConfig, TrainerConfig
+from streamrl.core.batch import Batch
 from streamrl.models.tiny import build_tiny_model
 from streamrl.train.batching import pad_batch
 from streamrl.train.dist import broadcast_object, launch

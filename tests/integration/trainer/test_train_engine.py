@@ -20,8 +20,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.assemble.batch import Batch
 from streamrl.config.schema import Config, GeneratorConfig, LossConfig, TinyModelConfig, TrainerConfig
+from streamrl.core.batch import Batch
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
 from streamrl.models.tiny import build_tiny_model
@@ -390,8 +390,8 @@ def test_hf_hidden_states_path_equals_the_logits_path_in_float64(tiny, batch, ar
     from transformers import AutoModelForCausalLM
 
     from streamrl.models.hf import check_plain_head, decoder_hidden_states
+    from streamrl.models.logprobs import gathered_logprobs
     from streamrl.models.shapes import build_random_model
-    from streamrl.train.logprobs import gathered_logprobs
 
     path = tiny if arch == "llama" else build_random_model("qwen3-tiny", tmp_path / "qwen3", "float32")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
