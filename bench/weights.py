@@ -199,9 +199,11 @@ async def _bench(args, url: str, tmp: Path) -> dict:
             report["published_at"],
         )
         while worker.stats.get("policy_version", 0) < v:  # set once the engine has resumed with v
+            _alive(background, loop_task)
             await asyncio.sleep(0.001)
         t_ready, delivered = time.time(), worker._deliveries
         while worker._deliveries == delivered:  # the first token made with v reaches its consumer
+            _alive(background, loop_task)
             await asyncio.sleep(0.001)
         first_token = time.time() - t_ready
         await asyncio.sleep(0.2)  # re-prefills after a recompute switch are scheduled by then
@@ -261,6 +263,14 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     }
 
 
+def _alive(*tasks: asyncio.Task) -> None:
+    """Raise a background task's error now: the waits above would otherwise spin for ever on a
+    generator that gets no more work (a renamed attribute in _keep_busy once did exactly that)."""
+    for task in tasks:
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            raise RuntimeError(f"bench task {task.get_coro().__name__} died") from task.exception()
+
+
 async def _within(coro, seconds: float, what: str):
     """Await with a deadline; on expiry print every task's stack (where it hangs) and raise."""
     try:
@@ -282,7 +292,7 @@ async def _keep_busy(worker, broker, prompts) -> None:
 
     i = 0
     while True:
-        if len(worker._groups) < worker.cfg.generator.max_inflight_groups:
+        if worker.groups.free() > 0:
             i += 1
             await broker.add(
                 worker.keys.prompts,
