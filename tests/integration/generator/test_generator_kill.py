@@ -207,10 +207,16 @@ async def test_episodes_continue_on_another_generator_and_restart_when_the_env_c
             await admit(broker, keys, [_prompt("g1", sleep_after_first=60)], 2)
 
             async def turn1_taken():
-                steps = [decode(e.data) for e in await broker.read(keys.env_steps, count=10_000)]
-                mine = [s for s in steps if s.group_id == "g1" and s.turn == 1]
-                info = {g["name"]: g for g in await broker.group_info(keys.env_steps)}
-                return mine if len(mine) == G and info["env"]["pending"] >= G else None
+                # Sticky routing: turn 1 goes to the own stream of the env worker that answered turn 0.
+                mine, pending = [], 0
+                for stream in (keys.env_steps, keys.env_steps_of("env-doomed")):
+                    if not await broker.client.exists(stream):
+                        continue
+                    steps = [decode(e.data) for e in await broker.read(stream, count=10_000)]
+                    mine += [s for s in steps if s.group_id == "g1" and s.turn == 1]
+                    info = {g["name"]: g for g in await broker.group_info(stream)}
+                    pending += info["env"]["pending"] if "env" in info else 0
+                return mine if len(mine) == G and pending >= G else None
 
             interrupted = await _until("the doomed env worker inside both turn-1 steps", turn1_taken)
         finally:
