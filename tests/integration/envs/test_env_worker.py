@@ -251,6 +251,9 @@ async def test_an_episodes_steps_stay_on_the_env_worker_holding_it_until_it_dies
     from streamrl.generate.episode_runner import READ_GROUP, EpisodeRunner
 
     cfg = env_config(config, "tests.programs.env_fns:Counter", concurrency=4)  # 50 ms steps: both take first steps
+    # The fixture's 200 ms claim window lets a loaded machine hand a live worker's pending first step to
+    # the other one too (both then hold the episode, and no takeover replays it): only dead workers' steps here.
+    cfg.broker.claim_idle_ms = 2000
     a, b = EnvWorker(cfg, broker, "env-a"), EnvWorker(cfg, broker, "env-b")
     runner = EpisodeRunner(Worker(cfg, broker, "gen-0"))
     await broker.ensure_group(runner.stream, READ_GROUP)
