@@ -51,6 +51,9 @@ class GeneratorConfig(Section):
     H200, round 4"). None: vLLM's profile. The CPU build sizes its cache by cpu_kvcache_gb."""
     ignore_eos: bool = False
     """Keep sampling past the end-of-sequence token until max_tokens (benchmarks, tests)."""
+    max_loras: int | None = Field(None, ge=1)
+    """With trainer.lora: adapter versions vLLM keeps loaded at once, so a request finishes on the
+    version it started with. None: rollout.max_staleness + 1."""
     weights_poll_s: float = Field(0.05, gt=0)
     """How often the generator checks the weight store for a newer version."""
     drain_timeout_s: float = Field(30.0, ge=0)

@@ -36,6 +36,23 @@ class ParallelismConfig(Section):
         return shard
 
 
+class LoraConfig(Section):
+    """Low-rank adapters (LoRA): the trainer trains only these; every publish ships only them."""
+
+    rank: int = Field(0, ge=0)
+    """Adapter rank r; 0 = off (full-weight training and publish)."""
+    alpha: float = Field(16.0, gt=0)
+    """Scaling numerator: the adapter's update is (alpha / rank) * B @ A."""
+    dropout: float = Field(0.0, ge=0, lt=1)
+    """Dropout on the adapter's input during training (0 keeps trainer and generator log-probs equal)."""
+    target_modules: list[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
+    """Module names (the last part of each Linear's HF name) that get an adapter."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
 class TrainerConfig(Section):
     world_size: int = Field(1, ge=1)
     """torch.distributed ranks (FSDP2 shards over them); gloo on CPU, NCCL on GPU."""
@@ -77,6 +94,8 @@ class TrainerConfig(Section):
     Llama 3 / Qwen 3 with its parallelize functions (trainer.parallelism), weights still in HF names."""
     parallelism: ParallelismConfig = ParallelismConfig()
     """Data-parallel shard/replicate degrees, tensor parallel, compile."""
+    lora: LoraConfig = LoraConfig()
+    """Train and publish low-rank adapters only (off by default: rank 0)."""
     seed: int = 0
     """torch seed set on every rank before the model loads."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
