@@ -54,12 +54,14 @@ def test_up_learns_asynchronously(tmp_path):
             "staleness_max",
             "staleness_hist",
             "time_s",
+            "train_tflops",  # streamrl/train/flops.py (mfu too, on a GPU of known peak)
         ):
             assert key in r
         assert r["staleness_max"] <= 2
         assert sum(r["staleness_hist"].values()) == r["samples"] == 64
     assert max(r["staleness_max"] for r in rows) >= 1, "an async run should train on some stale data"
     assert sum(r["overlap_rollouts"] for r in rows) > 0, "generation should overlap training"
+    assert any(r.get("gen_tokens_per_s", 0) > 0 for r in rows), "the generators' decode rate (heartbeats)"
     first = sum(r["reward_mean"] for r in rows[:10]) / 10
     last = sum(r["reward_mean"] for r in rows[-10:]) / 10
     assert last - first >= 0.3, f"reward did not rise enough: first10={first:.3f} last10={last:.3f}"
