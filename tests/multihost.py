@@ -36,6 +36,16 @@ def unavailable() -> str:
     return ""
 
 
+def skip_or_fail_without_netns() -> None:
+    """In a test: skip where namespaces cannot be made, fail instead under STREAMRL_REQUIRE_NETNS=1 (CI)."""
+    import pytest
+
+    if why := unavailable():
+        if os.environ.get("STREAMRL_REQUIRE_NETNS") == "1":
+            pytest.fail(f"STREAMRL_REQUIRE_NETNS=1 but {why}")
+        pytest.skip(why)
+
+
 def _ip(*args: str) -> None:
     res = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
     if res.returncode != 0:

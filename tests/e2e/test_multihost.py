@@ -23,7 +23,7 @@ import pytest
 import redis
 import yaml
 
-from tests.multihost import hosts, start_broker, unavailable
+from tests.multihost import hosts, skip_or_fail_without_netns, start_broker
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "multihost.md"
@@ -37,10 +37,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(autouse=True)
 def _netns_here():
-    if why := unavailable():
-        if os.environ.get("STREAMRL_REQUIRE_NETNS") == "1":
-            pytest.fail(f"STREAMRL_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
+    skip_or_fail_without_netns()
 
 
 def doc_commands() -> dict[str, list[str]]:

@@ -6,21 +6,17 @@ bridge and has its own loopback, and everything is torn down even when the body 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 
 import pytest
 
-from tests.multihost import hosts, start_broker, unavailable
+from tests.multihost import hosts, skip_or_fail_without_netns, start_broker
 
 
 @pytest.fixture(autouse=True)
 def _netns_here():
-    if why := unavailable():
-        if os.environ.get("STREAMRL_REQUIRE_NETNS") == "1":
-            pytest.fail(f"STREAMRL_REQUIRE_NETNS=1 but {why}")
-        pytest.skip(why)
+    skip_or_fail_without_netns()
 
 
 def _names() -> str:
