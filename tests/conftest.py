@@ -67,7 +67,7 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
 
 # The e2e modules in two halves of about equal time (`--durations` of a full run on main, s per module:
 # up 285, faults 214, titan 141, sft_then_rl 85, env_adapters 82, eval 73, bench_e2e 50 | multiturn 243,
-# elastic 223, run_dirs 125, reward_failures 94, tools 72, bench_env 69, ctrl_c 34). A new module joins the
+# elastic 223, multihost 211, run_dirs 125, reward_failures 94, tools 72, bench_env 69, ctrl_c 34). A new module joins the
 # second half; move it when the halves drift apart.
 E2E_FIRST_HALF = frozenset(
     f"tests/e2e/test_{name}.py"

@@ -23,6 +23,7 @@ from streamrl.config.files import dump_config
 from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.errors import EXIT_NO_RESTART, WorkerDied
+from streamrl.launch.env_watch import EnvWatch, NoEnvWatch
 from streamrl.launch.failures import DeadLetterWatch
 from streamrl.launch.leftovers import ProcessTree, describe_removed
 from streamrl.launch.log_noise import strip_leak_report
@@ -107,6 +108,8 @@ class Supervisor:
         self.progress = Progress(cfg.trainer.steps, say, after_step=resumed_at or 0)
         self.failures = DeadLetterWatch(broker_url, cfg.run.name)
         """Dead-lettered entries per cause, printed while the job runs (streamrl/launch/failures.py)."""
+        self.env_watch = EnvWatch(broker_url, cfg.run.name) if cfg.env.fn == EXTERNAL else NoEnvWatch()
+        """env.fn=external: a warning on the console while no env worker has joined."""
         self.retiring: list[Child] = []
         """Children asked to leave by `streamrl scale` (SIGTERM sent), until they exit."""
         self.oom = OomWatch()
@@ -240,6 +243,7 @@ class Supervisor:
         if line := self.failures.poll(force=True):  # what the last quiet interval held back
             self.say(line)
         self.failures.close()
+        self.env_watch.close()
         try:
             per_group = self.cfg.rollout.group_size if self.cfg.env.fn else 0
             self.summary = s = write_summary(self.broker_url, self.cfg.run.name, self.run_dir, per_group)
@@ -269,6 +273,8 @@ class Supervisor:
         while True:
             self._progress()
             if line := self.failures.poll():
+                self.say(line)
+            if line := self.env_watch.poll():
                 self.say(line)
             self._record_trees()
             self.apply_scale()
