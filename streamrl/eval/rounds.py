@@ -113,7 +113,7 @@ def round_metrics(rewards: np.ndarray, answers: list[list[str]], threshold: floa
 def answer_key(completion: str, meta: dict) -> str:
     """What majority voting compares: for charclass the scored characters; otherwise the answer part
     (after </think> and '####', as the math reward reads it), whitespace-normalised."""
-    from streamrl.annotate.rewards_math import answer_part
+    from streamrl.tasks.math_answers import answer_part
 
     if "length" in meta and "chars" in meta:
         return completion[: int(meta["length"])]

@@ -2,10 +2,8 @@
 
     items = load_task(cfg.task, seed=cfg.run.seed, max_tokens=cfg.generator.max_tokens)   # [{"text": prompt, "meta": {...}}, ...]
 
-`charclass` (synthetic, no downloads): the prompt names a character class ("digits:",
-"vowels:", "upper:", "lower:") and the reward is the fraction of the first `length`
-completion characters that belong to it. A random tiny model scores low (docs/performance.md);
-a model that learned the task scores 1.0, and only if it writes the full length.
+`charclass` and `charclass_dialog` (synthetic, no downloads): streamrl/tasks/charclass.py.
+`reasoning_gym`: streamrl/tasks/reasoning_gym.py.
 
 `dataset`: records from a local jsonl/parquet file or Hugging Face `datasets`, mapped to prompts by
 task.fields (streamrl/feed/datasets.py). `gsm8k` is its preset for {"question": str, "answer": str}
@@ -17,45 +15,15 @@ Every meta holds only str/int/float so it travels through msgpack unchanged.
 
 from __future__ import annotations
 
-import random
-import string
-
 from streamrl.config.schema import Config, TaskConfig
 from streamrl.core.errors import ConfigError
 from streamrl.envs import adapters as env_adapters
-from streamrl.feed import reasoning_gym as gym_tasks
 from streamrl.feed.datasets import dataset_items, parse_gsm8k_answer  # noqa: F401  (parse_gsm8k_answer: re-exported)
-
-CHAR_CLASSES: dict[str, str] = {
-    "digits": string.digits,
-    "vowels": "aeiouAEIOU",
-    "upper": string.ascii_uppercase,
-    "lower": string.ascii_lowercase,
-}
-"""Class name -> the characters that score. The prompt is the name followed by ':'."""
+from streamrl.tasks import reasoning_gym as gym_tasks
+from streamrl.tasks.charclass import charclass_dialog_items, charclass_items
 
 GSM8K_TEMPLATE = "{question}\nAnswer:"
 """Prompt format for gsm8k; the model is expected to end its answer with '#### <number>'."""
-
-
-def charclass_items(num_prompts: int, length: int, seed: int) -> list[dict]:
-    """`num_prompts` prompts cycling through the classes, in a seeded order (balanced)."""
-    names = sorted(CHAR_CLASSES)
-    items = [
-        {
-            "text": f"{name}:",
-            "meta": {"task": "charclass", "cls": name, "chars": CHAR_CLASSES[name], "length": length},
-        }
-        for name in (names[i % len(names)] for i in range(num_prompts))
-    ]
-    random.Random(seed).shuffle(items)
-    return items
-
-
-def charclass_dialog_items(num_prompts: int, length: int, seed: int) -> list[dict]:
-    """The multi-turn charclass task: the prompt is only "?"; the env (streamrl.envs.base.CharclassDialog)
-    names the class in its first observation and scores the model's second turn against it."""
-    return [{"text": "?", "meta": item["meta"]} for item in charclass_items(num_prompts, length, seed)]
 
 
 def load_task(
