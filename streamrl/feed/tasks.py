@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from streamrl.config.schema import Config, TaskConfig
 from streamrl.core.errors import ConfigError
-from streamrl.envs import adapters as env_adapters
 from streamrl.feed.datasets import dataset_items, parse_gsm8k_answer  # noqa: F401  (parse_gsm8k_answer: re-exported)
 from streamrl.tasks import reasoning_gym as gym_tasks
 from streamrl.tasks.charclass import charclass_dialog_items, charclass_items
@@ -32,11 +31,15 @@ def load_task(
     """All prompts of the configured task as [{"text": str, "meta": dict}]. `tokenizer` renders chat
     messages (task.fields.messages); the feeder passes the model's. `max_tokens` (generator.max_tokens)
     is the charclass length when task.charclass_length is unset. `job` (the whole config) is needed
-    by the task sources configured outside `task`: `env` (env.fn) and `reasoning_gym`."""
-    if cfg.name in ("env", "reasoning_gym") and job is None:
-        raise ConfigError(f"task.name={cfg.name} is configured outside the task section; pass the job's config")
+    by `reasoning_gym`, configured outside `task`. `env` is not here: its items are the env's own first
+    observations, which the feeder asks the env for (workers/feeder.py, `load_items`)."""
     if cfg.name == "env":
-        return env_adapters.prompts(job.env.fn, cfg.num_prompts, seed)
+        raise ConfigError(
+            "task.name=env: the items are the env's first observations (streamrl.envs.adapters.prompts); "
+            "load them with workers.feeder.load_items"
+        )
+    if cfg.name == "reasoning_gym" and job is None:
+        raise ConfigError(f"task.name={cfg.name} is configured outside the task section; pass the job's config")
     if cfg.name == "reasoning_gym":
         return gym_tasks.gym_items(job.reasoning_gym, seed)
     if cfg.name == "charclass":
