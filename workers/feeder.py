@@ -24,13 +24,13 @@ from streamrl.core.worker import Worker
 from streamrl.envs import adapters as env_adapters
 from streamrl.envs.tools import load_tools
 from streamrl.eval.rounds import EvalIssuer
-from streamrl.feed.tasks import load_task
+from streamrl.feed.sources import load_task
 from streamrl.generate.chat import ChatBridge, chat_items
 
 
 def load_items(task: TaskConfig, seed: int, job: Config, tokenizer=None) -> list[dict]:
     """The items of `task` (the training task or eval.task): task.name=env takes the env's first
-    observations from its adapter, every other task comes from streamrl.feed.tasks."""
+    observations from its adapter, every other task comes from streamrl.feed.sources."""
     if task.name == "env":
         return env_adapters.prompts(job.env.fn, task.num_prompts, seed)
     return load_task(task, seed, tokenizer, job.generator.max_tokens, job)

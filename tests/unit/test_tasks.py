@@ -10,7 +10,7 @@ import pytest
 
 from streamrl.config.schema import Config, TaskConfig, TinyModelConfig
 from streamrl.core.errors import ConfigError
-from streamrl.feed.tasks import GSM8K_TEMPLATE, load_task, parse_gsm8k_answer
+from streamrl.feed.sources import GSM8K_TEMPLATE, load_task, parse_gsm8k_answer
 from streamrl.models.tiny import CHARS, build_tokenizer, fingerprint, vocab
 from streamrl.tasks.charclass import CHAR_CLASSES
 

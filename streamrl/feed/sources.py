@@ -1,4 +1,4 @@
-"""Tasks: the prompts the feeder admits, each with the metadata its reward needs.
+"""Task sources: the items of the configured task that the feeder admits, each with the metadata its reward needs.
 
     items = load_task(cfg.task, seed=cfg.run.seed, max_tokens=cfg.generator.max_tokens)   # [{"text": prompt, "meta": {...}}, ...]
 
