@@ -220,7 +220,7 @@ async def test_the_node_env_under_the_env_user_is_sticky_and_takes_over_a_dead_w
         beat = await wait_for(lambda: admin.get(keys.worker("env", "node-a")), what="node-a's heartbeat")
         assert json.loads(beat)["sticky"] == 1
         first = await r._observe(request_of(step_request(actions=["hi"])))
-        assert (first.env_worker, first.text, first.error) == ("node-a", "\ndigits:", "")
+        assert (first.env_worker, first.text, first.error) == ("node-a", "\ndigits:", ""), first
         second = await r._observe(request_of(step_request(actions=["hi", "12ab"])), env_worker=first.env_worker)
         assert (second.env_worker, second.reward, second.done) == ("node-a", 0.5, True)
         assert await admin.client.xlen(keys.env_steps_of("node-a")) == 1  # the second step went there
@@ -237,7 +237,8 @@ async def test_the_node_env_under_the_env_user_is_sticky_and_takes_over_a_dead_w
         b = node_env(url, run_name, tmp_path / "b.log", "node-b", "--claim-idle-ms", "500")
         third = await asyncio.wait_for(waiting, 30)
         assert (third.env_worker, third.reward, third.done) == ("node-b", 1.0, True)
-        assert await _acked(admin.client, keys.env_steps_of("node-a"))
+        # The observation is written before the ack (a crash between the two redoes the step): wait for it.
+        await wait_for(lambda: _acked(admin.client, keys.env_steps_of("node-a")), what="node-b's ack of the step")
     finally:
         for proc in (a, b):
             if proc is not None and proc.poll() is None:
