@@ -20,7 +20,9 @@ from streamrl.launch.rundir import describe_finished, finished_summary, is_live
 
 NAME = "scale"
 HELP = "change the number of supervised processes of a role in a running `streamrl up`"
-DESCRIPTION = "Set ROLE=N for generator, reward, reference, judge or env workers of the `streamrl up` running in --run-dir."
+DESCRIPTION = (
+    "Set ROLE=N for generator, reward, reference, judge or env workers of the `streamrl up` running in --run-dir."
+)
 
 
 def add_arguments(p) -> None:

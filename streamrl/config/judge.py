@@ -64,9 +64,7 @@ class JudgeScore(Section):
     @model_validator(mode="after")
     def _one(self) -> "JudgeScore":
         if (self.regex is None) == (self.json_field is None):
-            raise ValueError(
-                "judge.score: set exactly one of regex (e.g. 'Score: (\\d+)') and json_field (e.g. score)"
-            )
+            raise ValueError("judge.score: set exactly one of regex (e.g. 'Score: (\\d+)') and json_field (e.g. score)")
         return self
 
 

@@ -15,8 +15,8 @@ from pydantic import model_validator
 
 from streamrl.config.base import Section
 from streamrl.config.eval import EvalConfig
-from streamrl.config.judge import JudgeConfig, JudgeModelConfig, JudgeScore
 from streamrl.config.job import BrokerConfig, MetricsConfig, RunConfig, SupervisorConfig, WeightsConfig
+from streamrl.config.judge import JudgeConfig, JudgeModelConfig, JudgeScore
 from streamrl.config.loss import Advantage, Aggregation, LossConfig
 from streamrl.config.model import ModelConfig, TinyModelConfig
 from streamrl.config.reasoning_gym import ReasoningGymConfig, check_task_source
