@@ -17,8 +17,9 @@ import itertools
 
 from streamrl.annotate.annotator import Annotator
 from streamrl.annotate.judge import JudgeError, parse_score, render
-from streamrl.annotate.judge_engine import JudgeEngine
+from streamrl.core.errors import FatalError
 from streamrl.core.messages import Rollout, is_eval_group
+from streamrl.generate.judge_engine import JudgeEngine, RequestFailed
 
 GROUP = "judge"
 
@@ -28,6 +29,8 @@ class JudgeWorker(Annotator):
     group = GROUP
 
     async def start(self) -> None:
+        if self.cfg.judge is None:  # e.g. `streamrl scale judge=1` on a job whose config has no judge
+            raise FatalError('this job\'s config has no `judge:` section; add one (docs/rewards.md, "LLM judge")')
         self.key = self.cfg.judge.key
         self.engine = JudgeEngine(self.cfg)
         await self.engine.start()
@@ -56,7 +59,7 @@ class JudgeWorker(Annotator):
         out = []
         for p in prompts:
             got = p if isinstance(p, JudgeError) else next(texts)
-            if not isinstance(got, JudgeError):
+            if not isinstance(got, (JudgeError, RequestFailed)):
                 try:
                     out.append((parse_score(self.cfg.judge.score, got), ""))
                     continue

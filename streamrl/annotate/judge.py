@@ -52,16 +52,19 @@ def _number(raw, where: str, output: str) -> float:
 
 
 def _last_json_object(output: str) -> dict | None:
-    """The last `{...}` in `output` that parses as a JSON object (a judge often writes prose first)."""
+    """The last top-level `{...}` in `output` that parses as a JSON object (a judge often writes prose
+    first); objects nested in it are its fields, not candidates."""
     decoder = json.JSONDecoder()
-    found = None
-    for start in (i for i, c in enumerate(output) if c == "{"):
+    found, start = None, output.find("{")
+    while start != -1:
         try:
-            obj, _ = decoder.raw_decode(output, start)
+            obj, end = decoder.raw_decode(output, start)
         except ValueError:
-            continue
-        if isinstance(obj, dict):
-            found = obj
+            end = start + 1
+        else:
+            if isinstance(obj, dict):
+                found = obj
+        start = output.find("{", end)
     return found
 
 

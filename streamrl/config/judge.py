@@ -105,6 +105,11 @@ class JudgeConfig(Section):
     engines' shares and the trainer's memory under 1). Which GPU: supervisor.devices.judge."""
     max_model_len: int = Field(512, ge=16)
     """Longest judge prompt + output in tokens; a longer one is that rollout's annotation error."""
+    kv_cache_memory_gb: float | None = Field(None, gt=0)
+    """GPU build: the judge engine's KV cache, fixed (as generator.kv_cache_memory_gb: on a GPU shared with
+    the trainer, vLLM's start-up profile counts the trainer's memory as its own). None: vLLM's profile."""
+    enforce_eager: bool = True
+    """False: CUDA graphs on a GPU (faster decoding, slower start); the CPU build runs eager either way."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM."""
 

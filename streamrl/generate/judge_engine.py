@@ -3,10 +3,12 @@ model, and one call that turns a batch of rendered prompts into the judge's outp
 
     engine = JudgeEngine(cfg)              # cfg: the whole Config (judge.model.path=policy reads model.path)
     await engine.start()
-    outputs = await engine.judge([("r1", "digits:123\\nScore:"), ...])   # [text or JudgeError] per prompt
+    outputs = await engine.judge([("r1", prompt_ids), ...], "batch-1")   # [text or RequestFailed] per prompt
     engine.shutdown()
 
-A prompt that does not fit judge.max_model_len, or that vLLM rejects, is that rollout's JudgeError;
+Here, not in streamrl/annotate, because the vLLM engines live in this stage (the judge worker,
+workers/judge.py, joins the two). A prompt that does not fit judge.max_model_len, or that vLLM
+rejects, is that rollout's RequestFailed (the worker makes it the rollout's annotation error);
 a dead engine raises (the worker exits, `streamrl up` restarts it, its pending rollouts are taken over).
 """
 
@@ -14,11 +16,14 @@ from __future__ import annotations
 
 import asyncio
 
-from streamrl.annotate.judge import JudgeError
 from streamrl.config.judge import POLICY
 from streamrl.config.schema import Config, GeneratorConfig
 from streamrl.core.errors import ConfigError
 from streamrl.generate.vllm_engine import VLLMEngine, sample_seed
+
+
+class RequestFailed(Exception):
+    """One judge request failed (too long, rejected by vLLM); the message says why and what to change."""
 
 
 def judge_model(cfg: Config) -> tuple[str, str]:
@@ -39,6 +44,8 @@ def engine_settings(cfg: Config) -> GeneratorConfig:
         max_model_len=j.max_model_len,
         gpu_memory_utilization=j.gpu_memory_utilization,
         cpu_kvcache_gb=j.cpu_kvcache_gb,
+        kv_cache_memory_gb=j.kv_cache_memory_gb,
+        enforce_eager=j.enforce_eager,
         max_num_seqs=j.batch_size,
         max_tokens=j.max_tokens,
     )
@@ -95,12 +102,12 @@ class JudgeEngine:
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
-    async def _one(self, rollout_id: str, ids: list[int], attempt: str) -> str | JudgeError:
+    async def _one(self, rollout_id: str, ids: list[int], attempt: str) -> str | RequestFailed:
         from vllm.v1.engine.exceptions import EngineDeadError
 
         room = self.j.max_model_len - self.j.max_tokens
         if len(ids) > room:
-            return JudgeError(
+            return RequestFailed(
                 f"judge prompt is {len(ids)} tokens, over judge.max_model_len - judge.max_tokens = {room}; "
                 "raise judge.max_model_len or shorten judge.template"
             )
@@ -111,10 +118,10 @@ class JudgeEngine:
         except EngineDeadError:
             raise
         except Exception as exc:  # vLLM rejected this one request (a bad prompt): that rollout's error
-            return JudgeError(f"judge engine failed on this rollout: {type(exc).__name__}: {exc}"[:500])
+            return RequestFailed(f"judge engine failed on this rollout: {type(exc).__name__}: {exc}"[:500])
         return text
 
-    async def judge(self, requests: list[tuple[str, list[int]]], tag: str) -> list[str | JudgeError]:
+    async def judge(self, requests: list[tuple[str, list[int]]], tag: str) -> list[str | RequestFailed]:
         """The judge's text for each (rollout id, prompt ids), all sent to the engine at once; `tag`
         makes the request ids unique to this batch (a rollout may be judged again after a takeover)."""
         return list(await asyncio.gather(*(self._one(rid, ids, f"{tag}:{rid}") for rid, ids in requests)))
