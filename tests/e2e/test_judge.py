@@ -1,7 +1,7 @@
 """The judge job end to end (`streamrl up` on configs/tiny-judge-cpu.yaml, real processes, a real
-redis-server, real vLLM CPU engines): a judge worker is SIGKILLed mid-run and restarted, a second
-joins with `streamrl scale judge=2`, `streamrl status` shows the judge group's lag, and the run ends
-with the accounting exact and the judges' scores as the trained reward.
+redis-server, real vLLM CPU engines): a second judge joins with `streamrl scale judge=2`, `streamrl
+status` shows the judge group's lag, judge-0 is SIGKILLed mid-run (restarted; its pending rollouts are
+taken over), and the run ends with the accounting exact and the judges' scores as the trained reward.
 
     pytest tests/e2e/test_judge.py
 """
@@ -11,13 +11,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
 from tests.e2e.test_faults import ROOT, SMALL, Up, assert_exact
 
 pytestmark = pytest.mark.slow
-RUN, STEPS = "judge-e2e", 6
+RUN, STEPS = "judge-e2e", 8
 
 
 def cli(up: Up, *args: str) -> str:
@@ -34,11 +35,15 @@ def cli(up: Up, *args: str) -> str:
 @pytest.mark.timeout(900)
 def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path):
     up = Up(tmp_path / "run", f"run.name={RUN}", f"trainer.steps={STEPS}", *SMALL, config="tiny-judge-cpu.yaml")
-    up.wait_step(1)
+    deadline = time.time() + 120
+    while not (up.run_dir / "broker" / "url").exists():  # `up` is live: its scale file is read
+        assert time.time() < deadline and up.proc.poll() is None, up.output()[-4000:]
+        time.sleep(0.2)
+    cli(up, "scale", "judge=2")  # at once, so judge-1's engine starts while judge-0's does
+    up.wait_step(2)
     status = cli(up, "status", "--once")
-    assert "judge" in status, status  # the judge consumer group and its lag, the judge worker's heartbeat
+    assert "judge" in status, status  # the judge consumer group and its lag, the judge workers' heartbeats
     up.kill_role(RUN, "judge")
-    cli(up, "scale", "judge=2")
     code = up.wait()
     out = up.output()
     assert code == 0, out[-4000:]
@@ -52,5 +57,6 @@ def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path)
         assert set(parts) == {"reward", "judge"}
         assert 0 <= parts["judge"] <= 9
         assert r["reward_mean"] == pytest.approx(parts["judge"] / 9, abs=1e-4)
-    logs = [json.loads(ln) for ln in (up.run_dir / "logs" / "judge-1.jsonl").read_text().splitlines()]
-    assert any(ln.get("event") == "started" for ln in logs), "judge-1 joined after `streamrl scale judge=2`"
+    lines = (up.run_dir / "logs" / "judge-1.jsonl").read_text().splitlines()
+    stopped = [json.loads(ln) for ln in lines if '"event": "stopped"' in ln]
+    assert stopped and stopped[-1].get("scored", 0) > 0, "judge-1 (from `streamrl scale judge=2`) scored rollouts"
