@@ -9,6 +9,7 @@ taken over), and the run ends with the accounting exact and the judges' scores a
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -42,7 +43,10 @@ def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path)
     cli(up, "scale", "judge=2")  # at once, so judge-1's engine starts while judge-0's does
     up.wait_step(2)
     status = cli(up, "status", "--once")
-    assert "judge" in status, status  # the judge consumer group and its lag, the judge workers' heartbeats
+    # The `judge` consumer group's consumers, pending and lag (a row of the streams table), and a judge's
+    # heartbeat with its scoring rate (the workers table).
+    assert re.search(r"│ judge\s+│\s+\d+ │\s+\d+ │\s+\d+ │", status), status
+    assert re.search(r"│ judge\s+│ judge-[01]\s+│.*scored/s", status), status
     up.kill_role(RUN, "judge")
     code = up.wait()
     out = up.output()

@@ -105,3 +105,17 @@ def test_the_judges_key_is_weighted_into_the_reward_and_its_errors_follow_on_err
     bad = Annotation(rollout_id="g:0:n", key="judge", value=0.0, producer="judge-0", error="no match")
     scored = JoinPolicy(load_config(None, [JUDGE, "judge.on_error=score", "judge.error_value=-1"]))
     assert scored.on_error("judge") == "default" and scored.value(bad) == -1.0
+
+
+def test_judges_scale_and_their_group_holds_back_trimming():
+    from streamrl.commands.scale import parse_counts
+    from streamrl.core.trimming import stream_groups
+
+    assert parse_counts(["judge=2", "generator=1"]) == {"judge": 2, "generator": 1}
+    cfg = load_config("configs/tiny-judge-cpu.yaml")
+    # rollouts are trimmed only below what the judges consumed too (else a lagging judge loses input)
+    assert "judge" in stream_groups(cfg)[f"streamrl:{cfg.run.name}:rollouts"]
+    assert (
+        "judge"
+        not in stream_groups(load_config(None, []))[f"streamrl:{cfg.run.name}:rollouts".replace(cfg.run.name, "tiny")]
+    )
