@@ -115,7 +115,4 @@ def test_judges_scale_and_their_group_holds_back_trimming():
     cfg = load_config("configs/tiny-judge-cpu.yaml")
     # rollouts are trimmed only below what the judges consumed too (else a lagging judge loses input)
     assert "judge" in stream_groups(cfg)[f"streamrl:{cfg.run.name}:rollouts"]
-    assert (
-        "judge"
-        not in stream_groups(load_config(None, []))[f"streamrl:{cfg.run.name}:rollouts".replace(cfg.run.name, "tiny")]
-    )
+    assert "judge" not in stream_groups(load_config(None, []))["streamrl:tiny:rollouts"]
