@@ -116,3 +116,18 @@ def test_judges_scale_and_their_group_holds_back_trimming():
     # rollouts are trimmed only below what the judges consumed too (else a lagging judge loses input)
     assert "judge" in stream_groups(cfg)[f"streamrl:{cfg.run.name}:rollouts"]
     assert "judge" not in stream_groups(load_config(None, []))["streamrl:tiny:rollouts"]
+
+
+def test_a_judge_model_folder_that_is_not_one_fails_preflight(tmp_path):
+    from streamrl.launch.preflight import check_judge_model
+
+    def check(path: str) -> str | None:
+        return check_judge_model(load_config(None, [JUDGE, f"judge.model.path={path}"]))
+
+    assert "is not a directory" in check(str(tmp_path / "nope")) and "judge.model.path=policy" in check(
+        str(tmp_path / "nope")
+    )
+    assert "has no config.json" in check(str(tmp_path))
+    (tmp_path / "config.json").write_text("{}")
+    assert check(str(tmp_path)) is None and check("policy") is None
+    assert check("Qwen/Qwen3-1.7B") is None  # a hub id: vLLM resolves it from the local cache
