@@ -77,6 +77,7 @@ class JudgeConfig(Section):
     """Weight of the judge's score in the trained reward: annotations.reward_weight * reward +
     judge.weight * judge + the external keys' weighted values."""
     model: JudgeModelConfig = JudgeModelConfig()
+    """The judge model: its own, any size (its engine is not the generator's)."""
     template: str = Field("", validate_default=True)
     """The judge's prompt; {prompt}, {completion} and {reference} are replaced (see PLACEHOLDERS) and
     {completion} is required. A rollout whose task has no reference answer fails a template that names it."""
@@ -86,6 +87,7 @@ class JudgeConfig(Section):
     chat_template_kwargs: dict[str, bool | str | int] = {}
     """Extra arguments of apply_chat_template, e.g. {enable_thinking: false} for a Qwen3 judge."""
     score: JudgeScore = JudgeScore(regex=r"(-?\d+(?:\.\d+)?)")
+    """How the score is read from the judge's output (default: its first number)."""
     allowed_tokens: list[str] = []
     """Restrict the judge's output to these tokens (vLLM's allowed_token_ids; each must be one token of
     the judge's tokenizer), e.g. the ten digits, so a small judge always answers with a number.
