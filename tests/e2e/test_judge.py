@@ -52,7 +52,9 @@ def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path)
     out = up.output()
     assert code == 0, out[-4000:]
     assert "judge-0 (judge) killed by SIGKILL; restarting in" in out, out[-4000:]
-    assert_exact(up.summary())
+    s = up.summary()
+    assert_exact(s)
+    assert s["failed"] == 0 and s["dead_lettered"] == 0, s  # every judge output parsed; the kill lost nothing
 
     rows = [json.loads(ln) for ln in (up.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
