@@ -34,7 +34,7 @@ from streamrl.train.metrics import read_metrics
 
 SCALE_FILE = "scale.json"
 """Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
-SCALABLE_ROLES = ("generator", "reward", "reference", "env")
+SCALABLE_ROLES = ("generator", "reward", "reference", "judge", "env")
 
 
 @dataclass
@@ -85,6 +85,7 @@ def role_counts(cfg: Config) -> dict[str, int]:
         "generator": cfg.generator.count,
         "reward": cfg.reward.count,
         "reference": cfg.reference.count if cfg.loss.kl_beta > 0 else 0,
+        "judge": cfg.judge.count if cfg.judge is not None else 0,
         "env": cfg.env.count if cfg.env.fn and cfg.env.fn != EXTERNAL else 0,
     }
 

@@ -34,14 +34,14 @@ SMALL = [
 class Up:
     """One `streamrl up` subprocess and the run directory it writes."""
 
-    def __init__(self, run_dir: Path, *sets: str, resume: bool = False):
+    def __init__(self, run_dir: Path, *sets: str, resume: bool = False, config: str = "tiny-cpu.yaml"):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "streamrl.cli", "up"]
         cmd += (
             ["--resume", str(run_dir)]
             if resume
-            else ["--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "--run-dir", str(run_dir)]
+            else ["--config", str(ROOT / "configs" / config), "--run-dir", str(run_dir)]
         )
         for s in sets:
             cmd += ["--set", s]
