@@ -45,10 +45,9 @@ class Up:
         )
         for s in sets:
             cmd += ["--set", s]
-        env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
         self.out_path = run_dir.parent / f"{run_dir.name}-up-{time.time_ns()}.out"
         self.out = open(self.out_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self.out_path.read_text(errors="replace")
