@@ -65,10 +65,14 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
     )
 
 
-# The e2e modules in two halves of about equal time (`--durations` of a full run on main, s per module:
-# up 285, faults 214, titan 141, sft_then_rl 85, env_adapters 82, eval 73, bench_e2e 50 | multiturn 243,
-# elastic 223, run_dirs 125, reward_failures 94, tools 72, bench_env 69, ctrl_c 34). A new module joins the
-# second half; move it when the halves drift apart.
+# The e2e modules in two halves of about equal time. CI's `--durations` (clean clone, 2 cores, `make test`
+# at 22:40; s per module, ~ where some of its tests were not among the 25 shown): up ~165, faults 354,
+# titan 89, sft_then_rl 73, env_adapters ~85, eval 92, bench_e2e 44, config_errors ~70 (~970) | multiturn
+# 373, elastic 301, run_dirs ~80, reward_failures ~130, tools 45, bench_env 78, ctrl_c 47 (~1050). Since
+# then faults lost a job (two-rank resume joined the role kills), elastic one (both producer keys in one
+# job), multiturn one (the kills joined the learning run), and every job its tiny-model build: about
+# 860 | 850. The halves need only differ by less than the unit and integration files (~700 s), which
+# fill whichever worker is free. A new module joins the second half; move one when they drift apart.
 E2E_FIRST_HALF = frozenset(
     f"tests/e2e/test_{name}.py"
     for name in ("up", "faults", "titan", "sft_then_rl", "env_adapters", "eval", "bench_e2e", "config_errors")
@@ -100,5 +104,13 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             # xdist's documented extension point: the unit of work a test belongs to
             path = nodeid.split("::", 1)[0]
             return e2e_unit(path) or path
+
+        def _assign_work_unit(self, node) -> None:
+            # The two e2e units first, one per worker: xdist orders units by test count, which put them
+            # 11th and 17th, behind unit-test files; a late start of either is wall time added at the end,
+            # while the unit and integration files, handed out after them, fill whichever worker is free.
+            for scope in [s for s in self.workqueue if s.startswith("tests/e2e[")]:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return E2EInTwoUnits(config, log)
