@@ -114,3 +114,26 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             super()._assign_work_unit(node)
 
     return E2EInTwoUnits(config, log)
+
+
+_seconds: dict[str, dict[str, float]] = {}
+"""Test time (setup + call + teardown) per xdist worker and per unit, as the reports come in."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # under xdist: the worker that ran it (the controller's view)
+    worker = node.gateway.id if node is not None else "main"
+    unit = e2e_unit(report.nodeid.split("::", 1)[0]) or "unit+integration"
+    per = _seconds.setdefault(worker, {})
+    per[unit] = per.get(unit, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line per worker: its summed test time and the e2e unit in it. The wall time is the busier
+    worker's; when the e2e halves drift apart (or one outgrows 20 min), move a module in E2E_FIRST_HALF."""
+    if not any(u.startswith("tests/e2e[") for per in _seconds.values() for u in per):
+        return
+    terminalreporter.section("test time per worker (s)")
+    for worker, per in sorted(_seconds.items()):
+        parts = ", ".join(f"{u} {s:.0f}" for u, s in sorted(per.items()))
+        terminalreporter.write_line(f"{worker}: {sum(per.values()):.0f} ({parts})")
