@@ -4,7 +4,6 @@ Runs the CLI as users do (a subprocess), then checks the run's outputs.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -29,8 +28,7 @@ def up(run_dir: Path, *sets: str, timeout: int = 900) -> subprocess.CompletedPro
     ]
     for s in sets:
         cmd += ["--set", s]
-    env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
 
 
 def metrics(run_dir: Path) -> list[dict]:
