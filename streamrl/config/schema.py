@@ -99,10 +99,14 @@ class Config(Section):
     @model_validator(mode="after")
     def _cross(self) -> "Config":
         check_task_source(self)
-        if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
+        if self.rollout.group_size < 2:
+            # Every advantage (group_norm, group_mean, loo; whichever loss.name fixes, e.g. dr_grpo's
+            # group_mean) compares a sample with the rest of its group: alone, it is 0 (or undefined).
+            # Named without loss.advantage, which an objective may override.
             raise ValueError(
-                f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "
-                f"loss.advantage={self.loss.advantage}; set rollout.group_size>=2"
+                f"rollout.group_size={self.rollout.group_size} leaves no group baseline: every advantage "
+                "compares a sample with the others of its group, so a lone sample never learns; set "
+                "rollout.group_size>=2"
             )
         devices = self.supervisor.devices
         if self.weights.backend == "cuda_ipc" and devices.get("trainer") != devices.get("generator"):
