@@ -54,7 +54,7 @@ class Worker:
         self.broker = broker
         self.worker_id = worker_id
         self.run_dir = Path(run_dir) if run_dir else None
-        self.keys = Keys(cfg.run.name)
+        self.keys = Keys.of(cfg, broker)
         self.log = structlog.get_logger("streamrl").bind(role=self.role, worker_id=worker_id, run=cfg.run.name)
         self.stopping = asyncio.Event()
         self.done = False

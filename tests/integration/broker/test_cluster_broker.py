@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from brokers.cluster import ClusterBroker, slot_of
-from brokers.redis_streams import connect
+from brokers.connect import connect
 from streamrl.core.errors import BrokerError
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from brokers.redis_streams import connect
+from brokers.connect import connect
 from streamrl.annotate.sdk import ProducerWorker, producer, spec_of
 from streamrl.config.schema import BrokerConfig
 from streamrl.core import run_end
