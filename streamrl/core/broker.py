@@ -192,7 +192,7 @@ class Keys:
         the connected `broker`) is a cluster."""
         rollout = getattr(cfg, "rollout", None)  # absent for a worker outside a job (core.worker.Sections)
         cluster = is_cluster_url(cfg.broker.url) or bool(getattr(broker, "cluster", False))
-        return cls(cfg.run.name, rollout.partitions if rollout else 1, cluster)
+        return cls(cfg.run.name, rollout.partitions if rollout else getattr(cfg, "partitions", 1), cluster)
 
     def _partition(self, i: int, name: str) -> str:
         if self.partitions == 1:

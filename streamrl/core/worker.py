@@ -40,6 +40,8 @@ class Sections:
 
     run: RunConfig
     broker: BrokerConfig
+    partitions: int = 1
+    """The job's rollout.partitions (streamrl.core.broker.Keys)."""
 
 
 class Worker:
