@@ -40,7 +40,7 @@ def test_partitions_spread_over_even_slot_ranges_and_a_group_has_one():
 
 def test_the_single_stream_names_refuse_a_partitioned_run():
     with pytest.raises(StreamRLError, match="rollouts_for"):
-        Keys("job", 2).rollouts
+        _ = Keys("job", 2).rollouts
 
 
 def test_bad_partition_counts_and_braced_run_names_are_refused():
