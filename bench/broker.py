@@ -40,7 +40,6 @@ from bench.common import (
     stop_all,
     write_result,
 )
-from brokers.sharded import parse_placement
 from streamrl.annotate.annotator import Annotator
 from streamrl.config.schema import (
     BrokerConfig,
@@ -99,17 +98,6 @@ def add_arguments(p) -> None:
         "--url",
         action="append",
         help="an existing redis:// server (repeat for several; default: private embedded ones)",
-    )
-    p.add_argument(
-        "--shards",
-        type=int,
-        default=1,
-        help="embedded redis-servers to spread the streams over (brokers/sharded.py; default 1)",
-    )
-    p.add_argument(
-        "--placement",
-        default="rollouts=0,annotations=1",
-        help="stream name -> server index with several servers (default rollouts=0,annotations=1)",
     )
 
 
@@ -279,9 +267,9 @@ def _plain_reader(servers: Servers, run: str, total: int, per_step: int, report)
 def _wait_for_groups(servers: Servers, stream: str, names: set[str], timeout_s: float = 60.0) -> None:
     import redis
 
-    from brokers.sharded import shard_of
+    from streamrl.core.broker_url import sync_client
 
-    client = redis.Redis.from_url(servers.urls[shard_of(stream, len(servers.urls), servers.placement)])
+    client = sync_client(servers.urls[0])
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -391,8 +379,8 @@ def run(args) -> int:
         print(f"--rollouts rounded up to {args.rollouts}: whole trainer steps of {per_step} rollouts")
     info = machine()
     rows = []
-    with scratch_servers(args.url, args.shards, "broker", local=not args.tcp) as urls:
-        servers = Servers(tuple(urls), parse_placement(args.placement) if len(urls) > 1 else {})
+    with scratch_servers(args.url, 1, "broker", local=not args.tcp) as urls:
+        servers = Servers(tuple(urls))
         if not args.no_baseline:
             rows.append(run_path(servers, args, "plain", 0.0))
         rows.append(run_path(servers, args, "full", 0.0))

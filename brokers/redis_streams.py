@@ -4,7 +4,7 @@ Every entry carries one field, `d` (the msgpack payload); consumer groups give f
 roles and load sharing within one. Connection drops are retried with exponential back-off, so a
 broker restart is survived without the worker noticing (beyond a log line).
 
-    broker = await connect("redis://:PASSWORD@127.0.0.1:6379/0")
+    broker = await connect_server("redis://:PASSWORD@127.0.0.1:6379/0")   # brokers.connect.connect picks it
     await broker.ensure_group("streamrl:tiny:rollouts", "reward")
     entries = await broker.read_group("streamrl:tiny:rollouts", "reward", "reward-0", count=64)
 """
@@ -26,6 +26,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from brokers.redis_scripts import ACK_MANY, ADD_AND_ACK, ADD_MANY, LAG_SCRIPT
 from brokers.urls import UNIX_FORM, client_options
 from streamrl.core.broker import Entry
+from streamrl.core.broker_url import is_cluster_url, redact_cluster
 from streamrl.core.errors import BrokerError
 
 FIELD = b"d"
@@ -39,6 +40,8 @@ CLOSE_TIMEOUT_S = 10.0
 
 def redact(url: str) -> str:
     """The URL with its password replaced by `***` (for logs and error messages)."""
+    if is_cluster_url(url):
+        return redact_cluster(url)
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -128,6 +131,8 @@ def _stream_pairs(resp: Any) -> list[tuple[Any, list]]:
 
 class RedisBroker:
     """The Broker protocol over one redis-py asyncio client (a connection pool)."""
+
+    cluster = False
 
     def __init__(self, client: aioredis.Redis, url: str = "redis://"):
         self.client = client
@@ -376,7 +381,7 @@ class RedisBroker:
             )
 
 
-async def connect(
+async def connect_server(
     url: str, retries: int = 20, backoff_base_s: float = 0.05, backoff_cap_s: float = 2.0, **client_kwargs: Any
 ) -> RedisBroker:
     """Connect and ping, retrying with exponential back-off; raise BrokerError when it gives up.

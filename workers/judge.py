@@ -35,7 +35,8 @@ class JudgeWorker(Annotator):
         self.engine = JudgeEngine(self.cfg)
         await self.engine.start()
         self.batches = itertools.count()
-        await self.broker.ensure_group(self.keys.rollouts, GROUP)
+        for stream in self.keys.rollout_streams:  # every partition (rollout.partitions)
+            await self.broker.ensure_group(stream, GROUP)
 
     def batch_size(self) -> int:
         return self.cfg.judge.batch_size

@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 from streamrl.core.broker import Keys
+from streamrl.core.broker_url import is_cluster_url, sync_client
 
 
 def env_line(workers: list[str], waiting: int | None, missing_before: bool, run: str) -> str | None:
@@ -29,7 +30,7 @@ def env_line(workers: list[str], waiting: int | None, missing_before: bool, run:
 
 class EnvWatch:
     def __init__(self, broker_url: str, run: str, every_s: float = 30.0, check_s: float = 2.0):
-        self.url, self.run, self.keys = broker_url, run, Keys(run)
+        self.url, self.run, self.keys = broker_url, run, Keys(run, cluster=is_cluster_url(broker_url))
         self.every_s, self.check_s = every_s, check_s
         """Repeat the warning every `every_s` while no env worker is there; look every `check_s`."""
         self._checked_at = 0.0
@@ -38,10 +39,8 @@ class EnvWatch:
         self._client = None
 
     def _look(self) -> tuple[list[str], int | None]:
-        import redis
-
-        if self._client is None:
-            self._client = redis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+        if self._client is None:  # RedisCluster for a cluster URL
+            self._client = sync_client(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
         prefix = self.keys.worker("env", "")
         workers = [k.decode()[len(prefix) :] for k in self._client.scan_iter(match=prefix + "*", count=1000)]
         waiting = None

@@ -43,7 +43,7 @@ def _load(role: str):
 
 
 async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
 
     broker = await connect(broker_url, retries=retries)
     worker = factory(broker)

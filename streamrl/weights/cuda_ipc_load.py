@@ -42,7 +42,7 @@ class CudaIpcLoader(WeightLoader):
                 "weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
                 "on CPU set weights.backend=shm"
             )
-        return cls(broker, Keys(cfg.run.name), shm_root(cfg.run.name, run_dir))
+        return cls(broker, Keys.of(cfg), shm_root(cfg.run.name, run_dir))
 
     def __init__(self, broker: Broker, keys: Keys, cache_root: Path | None = None):
         super().__init__(broker, keys)
