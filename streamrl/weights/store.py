@@ -206,8 +206,9 @@ class WeightPublisher(_VersionReader, ABC):
         """Versions currently stored (for gc)."""
 
     # -- public API ----------------------------------------------------------------------------
-    async def publish(self, version: int, state) -> WeightHandle:
-        """Write atomically, advance `weights:latest` (never backwards), gc."""
+    async def publish(self, version: int, state, adapter: dict | None = None) -> WeightHandle:
+        """Write atomically, advance `weights:latest` (never backwards), gc. `adapter`: the PEFT
+        adapter_config of a LoRA state (TrainerEngine.adapter_config); not stored yet (issue 30, item 2)."""
         if version < 0:
             raise WeightStoreError(f"weight version must be >= 0, got {version}")
         created = time.time()
