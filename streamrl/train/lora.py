@@ -71,7 +71,7 @@ def check_targets(shapes: dict[str, tuple[int, int]], lora: LoraConfig) -> str |
         leaves.setdefault(name.rsplit(".", 1)[-1], []).append((name, dims))
     unknown = [t for t in lora.target_modules if t not in leaves]
     if unknown:
-        known = sorted(k for k in leaves if k != "lm_head")
+        known = sorted(leaves)
         return (
             f"trainer.lora.target_modules {unknown} name no Linear layer of the model; its Linear layers are "
             f"{known}: set trainer.lora.target_modules to some of those"

@@ -232,3 +232,51 @@ def test_export_writes_a_merged_model_and_a_peft_adapter_with_the_trainers_logit
     # ... and both are the trainer's weights at the checkpoint (step 1): its recomputed log-probs.
     for got, want in zip(reference_logprobs(merged, batch), _logprobs(runs[1], 1, "trained")):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_logprobs_apply_an_lm_head_adapter_exactly(tiny, batch):
+    """With lm_head among the targets, the chunked path forms W + scale * B @ A (values and
+    gradients equal the model's own full-logits forward), and W alone with the adapter disabled."""
+    from transformers import AutoModelForCausalLM
+
+    from streamrl.models.hf import causal_lm_logprobs, pack_completions
+    from streamrl.train.lora import add_adapters
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float64)
+    peft_model = add_adapters(model, LoraConfig(rank=4, target_modules=["q_proj", "lm_head"]), str(tiny))
+    torch.manual_seed(0)
+    for name, p in model.named_parameters():
+        if "lora_B" in name:
+            torch.nn.init.normal_(p, std=0.5)  # B starts at zero: make the adapter change the logits
+    inputs = pack_completions([r.prompt_ids for r in batch.rollouts], [r.completion_ids for r in batch.rollouts])
+    lora = [p for n, p in model.named_parameters() if p.requires_grad]
+    mask = torch.zeros(len(batch), max(len(r.completion_ids) for r in batch.rollouts), dtype=torch.float64)
+    for i, r in enumerate(batch.rollouts):
+        mask[i, : len(r.completion_ids)] = 1  # padding positions hold no log-prob
+    results = []
+    for chunk in (0, 4):
+        logp, _ = causal_lm_logprobs(model, inputs, TEMPERATURE, chunk)
+        grads = torch.autograd.grad((logp * mask).sum(), lora)
+        with torch.no_grad(), peft_model.disable_adapter():
+            base, _ = causal_lm_logprobs(model, inputs, TEMPERATURE, chunk)
+        results.append((logp.detach().double() * mask, [g.double() for g in grads], base.double() * mask))
+    (full, full_grads, full_base), (chunked, chunked_grads, chunked_base) = results
+    close = functools.partial(torch.testing.assert_close, rtol=1e-4, atol=1e-5)  # the full path: float32
+    close(chunked, full)
+    close(chunked_base, full_base)
+    for a, b in zip(chunked_grads, full_grads):
+        close(a, b)
+    assert (full - full_base).abs().max() > 1e-2
+
+
+def test_lm_head_adapter_dropout_is_refused_for_chunked_logprobs(tiny):
+    from transformers import AutoModelForCausalLM
+
+    from streamrl.core.errors import ConfigError
+    from streamrl.models.hf import check_plain_head
+    from streamrl.train.lora import add_adapters
+
+    model = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
+    add_adapters(model, LoraConfig(rank=4, dropout=0.1, target_modules=["lm_head"]), str(tiny))
+    with pytest.raises(ConfigError, match="trainer.lora.dropout=0"):
+        check_plain_head(model)
