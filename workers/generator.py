@@ -6,7 +6,9 @@ separate vLLM requests per group and publishes each completion to `rollouts` the
 finishes; the prompt entry is acked once all of its completions are published. A background
 task polls the weight store; a newer version is fetched while generation continues, then the
 engine is paused (running requests keep their KV cache), reloaded and resumed, and every token
-after the switch is recorded with the new version.
+after the switch is recorded with the new version. With trainer.lora each version is an adapter
+loaded next to the others without a pause; a request runs on the version newest at its start to its
+end (streamrl/generate/adapters.py).
 
     streamrl worker generator --config configs/tiny-cpu.yaml    # (through the CLI)
     worker = GeneratorWorker(cfg, broker, "generator-0", run_dir); await worker.run()
@@ -15,6 +17,7 @@ after the switch is recorded with the new version.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 import uuid
 from pathlib import Path
@@ -26,10 +29,18 @@ from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.core.worker import Worker
+from streamrl.generate.adapters import (
+    AdapterVersions,
+    LivePin,
+    kind_mismatch,
+    lora_support_problem,
+    max_loras,
+    vllm_lora_rank,
+)
 from streamrl.generate.episode_runner import EpisodeRunner
 from streamrl.generate.loop_lag import LoopLag
 from streamrl.generate.loop_profile import LoopProfiler
-from streamrl.generate.vllm_engine import VLLMEngine, sample_seed
+from streamrl.generate.vllm_engine import LoraSlots, VLLMEngine, sample_seed
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightStoreError, make_loader
 
 GROUP = "generator"
@@ -78,8 +89,19 @@ class GeneratorWorker(Worker):
             raise ConfigError("the generator needs model.path; the supervisor sets it (or pass --set model.path=DIR)")
         self.loader = loader or make_loader(cfg, broker, self.run_dir)
         """The weight store's generator side: newest version, fetch, vLLM's reload call."""
+        lora = cfg.trainer.lora
+        self.adapters = AdapterVersions(max_loras(cfg)) if lora.enabled else None
+        """trainer.lora: the adapter versions in the engine and the requests pinned to each; None: full weights."""
+        slots = LoraSlots(vllm_lora_rank(lora.rank), max_loras(cfg)) if lora.enabled else None
+        if slots is not None:  # vLLM re-reads an adapter's folder when it evicts and needs it again
+            self.loader.local_copies = slots.max_loras + 2
         self.engine = VLLMEngine(
-            cfg.model.path, cfg.generator, cfg.model.dtype, cfg.run.seed, extension=self.loader.vllm_extension
+            cfg.model.path,
+            cfg.generator,
+            cfg.model.dtype,
+            cfg.run.seed,
+            extension=None if slots else self.loader.vllm_extension,  # adapters load through vLLM's LoRA path
+            lora=slots,
         )
         self.version = 0
         """Weights version the engine generates with right now (0: the initial model)."""
@@ -112,6 +134,8 @@ class GeneratorWorker(Worker):
         from transformers import AutoConfig
 
         self.vocab_size = getattr(AutoConfig.from_pretrained(self.cfg.model.path), "vocab_size", None)
+        if self.adapters is not None and (problem := lora_support_problem()):
+            raise ConfigError(problem)  # before the engine start: it would fail there after many seconds
         t0 = time.monotonic()
         await self.engine.start()
         self.log.info(
@@ -275,14 +299,17 @@ class GeneratorWorker(Worker):
         s = _Sample()
         self._set_active(+1)
         try:
-            async for delta in self.engine.stream(prompt.prompt_ids.tolist(), params, request_id):
-                self._deliveries += 1
-                # Deltas produced before a pause are all consumed before self.version changes
-                # (see _switch), so the version current at consumption is the one that made them.
-                s.add(delta.token_ids, delta.logprobs, self.version)
-                s.text.append(delta.text)
-                if delta.finish_reason is not None:
-                    s.finish_reason = delta.finish_reason
+            with self.pinned() as pin:
+                async for delta in self.engine.stream(prompt.prompt_ids.tolist(), params, request_id, pin.request):
+                    self._deliveries += 1
+                    # Full weights: deltas produced before a pause are all consumed before self.version
+                    # changes (see _switch), so the version current at consumption is the one that made
+                    # them. LoRA: the request's own adapter made them all.
+                    s.add(delta.token_ids, delta.logprobs, pin.version)
+                    s.text.append(delta.text)
+                    if delta.finish_reason is not None:
+                        s.finish_reason = delta.finish_reason
+                version = pin.version
         finally:
             self._set_active(-1)
         rollout = Rollout(
@@ -293,7 +320,7 @@ class GeneratorWorker(Worker):
             prompt_ids=prompt.prompt_ids,
             completion_ids=s.token_ids,
             logprobs=s.logprobs,
-            version=self.version if s.version is None else s.version,
+            version=version if s.version is None else s.version,
             version_switches=s.switches,
             finish_reason=s.finish_reason,
             text="".join(s.text),
@@ -308,6 +335,14 @@ class GeneratorWorker(Worker):
         self.count("tokens_generated", len(s.token_ids))
 
     # -- weights ---------------------------------------------------------------------------
+    def pinned(self):
+        """The policy one request runs on (`with self.pinned() as pin`): pin.request goes to the
+        engine, pin.version stamps each delta. LoRA: the adapter version newest at the start, to the
+        end. Full weights: whatever is loaded when each delta arrives (pin.request is None)."""
+        if self.adapters is not None:
+            return self.adapters.pin()
+        return contextlib.nullcontext(LivePin(lambda: self.version))
+
     async def _watch_weights(self) -> None:
         poll = self.cfg.generator.weights_poll_s
         while True:
@@ -349,22 +384,19 @@ class GeneratorWorker(Worker):
         return False
 
     async def _switch(self, handle: WeightHandle, path: str, joining: bool = False, lead: dict | None = None) -> None:
-        """Pause (keep running requests), drain their delivered tokens, reload, resume."""
+        """Pause (keep running requests), drain their delivered tokens, reload, resume; with LoRA
+        only add the new adapter (running requests keep theirs)."""
         t0 = time.monotonic()
         marks: list[tuple[str, float]] = []
-        try:
-            # Inside the try: a pause that fails half-way (the engine already paused) is resumed.
-            await self.engine.pause()
-            marks.append(("pause_s", time.monotonic()))
-            await self._drain_deliveries()
-            marks.append(("drain_s", time.monotonic()))
-            await self.engine.reload(*self.loader.reload_call(path))
-            marks.append(("reload_s", time.monotonic()))
+        if handle.is_adapter != (self.adapters is not None):
+            self._fatal = kind_mismatch(handle.version, handle.is_adapter)
+            raise self._fatal
+        if self.adapters is not None:  # no pause: requests started from now on use the new adapter
+            await self.adapters.switch(self.engine, handle.version, path, marks)
             self.version = handle.version
-        finally:
-            await self.engine.resume()
+        else:
+            await self._reload_full(handle, path, marks)
         now = time.monotonic()
-        marks.append(("resume_s", now))
         paused_s = now - t0
         # Each phase's share of the pause: where a slow switch spends its time (docs/performance.md).
         phases, last = dict(lead or {}), t0
@@ -391,6 +423,20 @@ class GeneratorWorker(Worker):
         )
         async with self._version_cond:
             self._version_cond.notify_all()
+
+    async def _reload_full(self, handle: WeightHandle, path: str, marks: list) -> None:
+        try:
+            # Inside the try: a pause that fails half-way (the engine already paused) is resumed.
+            await self.engine.pause()
+            marks.append(("pause_s", time.monotonic()))
+            await self._drain_deliveries()
+            marks.append(("drain_s", time.monotonic()))
+            await self.engine.reload(*self.loader.reload_call(path))
+            marks.append(("reload_s", time.monotonic()))
+            self.version = handle.version
+        finally:
+            await self.engine.resume()
+        marks.append(("resume_s", time.monotonic()))
 
     async def _drain_deliveries(self, quiet_s: float = 0.005) -> None:
         """Let request consumers take every delta the paused engine already emitted.

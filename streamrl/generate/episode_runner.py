@@ -460,12 +460,13 @@ class EpisodeRunner:
         before = s.model_tokens
         gen._set_active(+1)
         try:
-            async for delta in gen.engine.stream(s.context, params, request_id):
-                gen._deliveries += 1
-                # Consumed before a weight switch completes (GeneratorWorker._switch drains), so the
-                # version current now is the one that produced these tokens.
-                s.add_model(delta.token_ids, delta.logprobs, gen.version)
-                text.append(delta.text)
+            with gen.pinned() as pin:  # LoRA: the turn runs on the adapter newest at its start
+                async for delta in gen.engine.stream(s.context, params, request_id, pin.request):
+                    gen._deliveries += 1
+                    # Full weights: consumed before a weight switch completes (GeneratorWorker._switch
+                    # drains), so the version current now is the one that produced these tokens.
+                    s.add_model(delta.token_ids, delta.logprobs, pin.version)
+                    text.append(delta.text)
         finally:
             gen._set_active(-1)
         gen.count("tokens_generated", s.model_tokens - before)

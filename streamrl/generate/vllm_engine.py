@@ -43,11 +43,31 @@ class Delta:
     """None while the request runs; `stop`, `length` or `abort` on its last delta."""
 
 
+@dataclass(frozen=True)
+class LoraSlots:
+    """What vLLM reserves for LoRA adapters (trainer.lora; streamrl/generate/adapters.py)."""
+
+    max_rank: int
+    """vLLM's max_lora_rank: one of the ranks it accepts, >= trainer.lora.rank."""
+    max_loras: int
+    """Adapters one batch may mix (and vLLM keeps loaded): the versions requests still run on."""
+
+
 class VLLMEngine:
-    def __init__(self, model_path: str, gen: GeneratorConfig, dtype: str, seed: int, extension: str | None = None):
+    def __init__(
+        self,
+        model_path: str,
+        gen: GeneratorConfig,
+        dtype: str,
+        seed: int,
+        extension: str | None = None,
+        lora: LoraSlots | None = None,
+    ):
         self.model_path = model_path
         self.extension = extension
         """vLLM worker_extension_cls (a WeightLoader's vllm_extension, e.g. cuda_ipc's), or None."""
+        self.lora = lora
+        """LoRA slots (trainer.lora): versions are adapters over the base model; None: full weights."""
         self.gen = gen
         self.dtype = dtype
         self.seed = seed
@@ -100,6 +120,7 @@ class VLLMEngine:
                 else {}
             ),
             **({"worker_extension_cls": self.extension} if self.extension else {}),
+            **lora_args(self.lora),
         )
         loggers = [_prefix_cache_logger(self.prefix_cache)]
         try:
@@ -140,11 +161,12 @@ class VLLMEngine:
             output_kind=RequestOutputKind.DELTA,
         )
 
-    async def stream(self, prompt_ids: list[int], params, request_id: str) -> AsyncIterator[Delta]:
-        """Yield deltas until the request finishes; closing the iterator early aborts the request."""
+    async def stream(self, prompt_ids: list[int], params, request_id: str, lora=None) -> AsyncIterator[Delta]:
+        """Yield deltas until the request finishes; closing the iterator early aborts the request.
+        `lora`: the LoRARequest (adapter version) the whole request runs on; None: the loaded weights."""
         prompt = {"prompt_token_ids": list(prompt_ids)}
         whole: list[int] | None = None if params.detokenize else []
-        async for out in self.llm.generate(prompt, params, request_id):
+        async for out in self.llm.generate(prompt, params, request_id, lora_request=lora):
             comp = out.outputs[0]
             ids = list(comp.token_ids)
             lps = _sampled_logprobs(comp.logprobs, ids)
@@ -179,6 +201,14 @@ class VLLMEngine:
     async def resume(self) -> None:
         await self.llm.resume_generation()
 
+    async def add_lora(self, request) -> None:
+        """Load an adapter (a LoRARequest) while requests keep running; requests naming it then use it."""
+        if not await self.llm.add_lora(request):
+            raise RuntimeError(f"vLLM did not load LoRA adapter {request.lora_name} from {request.lora_path}")
+
+    async def remove_lora(self, request) -> None:
+        await self.llm.remove_lora(request.lora_int_id)
+
     async def abort(self, request_ids: list[str]) -> None:
         if self.llm is not None and request_ids:
             await self.llm.abort(request_ids)
@@ -187,6 +217,20 @@ class VLLMEngine:
         if self.llm is not None:
             self.llm.shutdown()
             self.llm = None
+
+
+def lora_args(lora: LoraSlots | None) -> dict:
+    """AsyncEngineArgs that reserve LoRA slots (none without trainer.lora)."""
+    if lora is None:
+        return {}
+    # max_cpu_loras: one more than the batch slots, so adding the newest version never evicts an
+    # adapter a running request still needs from vLLM's CPU cache.
+    return {
+        "enable_lora": True,
+        "max_lora_rank": lora.max_rank,
+        "max_loras": lora.max_loras,
+        "max_cpu_loras": lora.max_loras + 1,
+    }
 
 
 def kv_cache_args(gen: GeneratorConfig, cpu: bool) -> dict:

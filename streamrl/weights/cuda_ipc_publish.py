@@ -74,11 +74,15 @@ class CudaIpcPublisher(WeightPublisher):
             source.weight_stream(), torch.device("cuda", torch.cuda.current_device()), getattr(torch, dtype)
         )
 
-    def _write(self, version: int, state) -> tuple[str, int]:
+    def _write(self, version: int, state, adapter: str = "") -> tuple[str, int]:
+        # An adapter's tensors are packed like full weights but keep their dtype (the reader writes them
+        # to a PEFT folder byte for byte; vLLM casts them itself); its config travels in the WeightHandle.
         packed = (
             state
             if isinstance(state, PackedState)
-            else pack_state_dict(state, torch.device("cuda", torch.cuda.current_device()), self.dtype)
+            else pack_state_dict(
+                state, torch.device("cuda", torch.cuda.current_device()), None if adapter else self.dtype
+            )
         )
         spec = encode_spec(packed)
         self._held[version] = packed

@@ -2,7 +2,9 @@
 copies (loader), gc.
 
 Layout under a backend's root: `v<version>/model.safetensors` (Hugging Face names, so vLLM's
-`reload_weights(weights_path=...)` loads it directly) and `.tmp-*` directories while writing.
+`reload_weights(weights_path=...)` loads it directly), or for an adapter version (trainer.lora)
+`v<version>/adapter_model.safetensors` + `adapter_config.json` (PEFT's layout, what vLLM's
+LoRARequest loads), and `.tmp-*` directories while writing.
 A reader's local copies live in `fetched-<pid>` under its cache root, so the publisher's gc can
 never delete a directory a generator is about to reload from.
 """
@@ -19,13 +21,12 @@ import torch
 from safetensors.torch import save_file
 
 from streamrl.core.broker import Broker, Keys
+from streamrl.weights.adapter import ADAPTER_CONFIG, ADAPTER_FILE, is_peft_dir, write_peft_dir
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightPublisher, WeightStoreError
 
 WEIGHTS_FILE = "model.safetensors"
 _VERSION_DIR = re.compile(r"^v(\d+)$")
 _FETCHED_DIR = re.compile(r"^fetched-(\d+)$")
-LOCAL_COPIES = 2
-"""Fetched versions a reader keeps: the one loaded and the one being prefetched."""
 
 
 def version_dirs(root: Path) -> dict[int, Path]:
@@ -34,25 +35,34 @@ def version_dirs(root: Path) -> dict[int, Path]:
     if root.is_dir():
         for child in root.iterdir():
             m = _VERSION_DIR.match(child.name)
-            if m and (child / WEIGHTS_FILE).is_file():
+            if m and ((child / WEIGHTS_FILE).is_file() or is_peft_dir(child)):
                 out[int(m.group(1))] = child
     return out
 
 
+def version_files(adapter: bool) -> tuple[str, ...]:
+    """The files of one version's folder: full weights, or an adapter's PEFT pair."""
+    return (ADAPTER_FILE, ADAPTER_CONFIG) if adapter else (WEIGHTS_FILE,)
+
+
 def write_version(
-    root: Path, version: int, state_dict: dict[str, torch.Tensor], fsync: bool = False
+    root: Path, version: int, state_dict: dict[str, torch.Tensor], fsync: bool = False, adapter: str = ""
 ) -> tuple[Path, int]:
-    """Write `v<version>/model.safetensors` via a temp directory + rename; return (dir, bytes)."""
+    """Write `v<version>/model.safetensors` (or, given an adapter config JSON, the PEFT pair) via a
+    temp directory + rename; return (dir, bytes of the tensor file)."""
     root.mkdir(parents=True, exist_ok=True)
     tmp = root / f".tmp-v{version}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     tmp.mkdir()
     try:
-        path = tmp / WEIGHTS_FILE
-        save_file(state_dict, str(path), metadata={"format": "pt"})
-        if fsync:  # a shared filesystem: make the bytes durable before the name appears
-            with open(path, "rb") as fh:
-                os.fsync(fh.fileno())
-        size = path.stat().st_size
+        if adapter:
+            size = write_peft_dir(tmp, state_dict, adapter, fsync=fsync)
+        else:
+            path = tmp / WEIGHTS_FILE
+            save_file(state_dict, str(path), metadata={"format": "pt"})
+            if fsync:  # a shared filesystem: make the bytes durable before the name appears
+                with open(path, "rb") as fh:
+                    os.fsync(fh.fileno())
+            size = path.stat().st_size
         final = root / f"v{version}"
         if final.exists():  # the same version republished (trainer restarted from a checkpoint)
             shutil.rmtree(final)
@@ -84,8 +94,8 @@ class FilePublisher(WeightPublisher):
         self.root = Path(root)
         self.cache_root = Path(cache_root)
 
-    def _write(self, version: int, state_dict: dict[str, torch.Tensor]) -> tuple[str, int]:
-        final, size = write_version(self.root, version, state_dict, fsync=self.fsync)
+    def _write(self, version: int, state_dict: dict[str, torch.Tensor], adapter: str = "") -> tuple[str, int]:
+        final, size = write_version(self.root, version, state_dict, fsync=self.fsync, adapter=adapter)
         return str(final), size
 
     def _versions(self) -> list[int]:
@@ -125,14 +135,16 @@ class FileLoader(WeightLoader):
 
     def _fetch(self, handle: WeightHandle) -> str:
         dst = self.cache_dir / f"v{handle.version}"
-        if (dst / WEIGHTS_FILE).is_file():
+        files = version_files(handle.is_adapter)
+        if all((dst / f).is_file() for f in files):
             return str(dst)
-        src = Path(handle.handle) / WEIGHTS_FILE
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         tmp = self.cache_dir / f".tmp-v{handle.version}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir()
         try:
-            self._materialise(src, tmp / WEIGHTS_FILE)
+            for name in files:
+                self._materialise(Path(handle.handle) / name, tmp / name)
+            shutil.rmtree(dst, ignore_errors=True)  # a partial copy of an earlier, interrupted fetch
             os.rename(tmp, dst)
         except FileNotFoundError:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -148,7 +160,7 @@ class FileLoader(WeightLoader):
 
     def _trim_cache(self, keep_version: int) -> None:
         local = version_dirs(self.cache_dir)
-        newest = sorted(v for v in local if v <= keep_version)[-LOCAL_COPIES:]
+        newest = sorted(v for v in local if v <= keep_version)[-self.local_copies :]
         for v, path in local.items():
             if v not in newest and v != keep_version:
                 shutil.rmtree(path, ignore_errors=True)

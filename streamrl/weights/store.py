@@ -37,6 +37,7 @@ import torch
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
 from streamrl.core.errors import ConfigError, StreamRLError
+from streamrl.weights.adapter import adapter_json
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "shm": ("streamrl.weights.shm:ShmPublisher", "streamrl.weights.shm:ShmLoader"),
@@ -71,6 +72,13 @@ class WeightHandle:
     bytes: int
     created_at: float = field(default_factory=time.time)
     """Wall-clock time the publish started (switch latency is measured from here)."""
+    adapter: str = ""
+    """The version is a LoRA adapter (trainer.lora): its PEFT adapter config as JSON; "" for full
+    weights. A loader's fetch then gives a PEFT folder (streamrl.weights.adapter)."""
+
+    @property
+    def is_adapter(self) -> bool:
+        return bool(self.adapter)
 
     def to_mapping(self) -> dict[str, str | int | float]:
         return asdict(self)
@@ -88,6 +96,7 @@ class WeightHandle:
                 handle=s("handle"),
                 bytes=int(s("bytes")),
                 created_at=float(s("created_at")),
+                adapter=s("adapter") if "adapter" in raw else "",  # absent: written before adapters existed
             )
         except (KeyError, ValueError) as exc:
             raise WeightStoreError(
@@ -194,8 +203,9 @@ class WeightPublisher(_VersionReader, ABC):
 
     # -- backend hooks (blocking; called via asyncio.to_thread when hooks_in_thread) ------------
     @abstractmethod
-    def _write(self, version: int, state) -> tuple[str, int]:
-        """Persist one version (what snapshot returned) atomically; return (handle, bytes)."""
+    def _write(self, version: int, state, adapter: str = "") -> tuple[str, int]:
+        """Persist one version (what snapshot returned) atomically; return (handle, bytes).
+        `adapter`: the PEFT config JSON when `state` is an adapter's tensors (else "")."""
 
     @abstractmethod
     def _collect(self, keep_versions: set[int]) -> list[int]:
@@ -208,16 +218,19 @@ class WeightPublisher(_VersionReader, ABC):
     # -- public API ----------------------------------------------------------------------------
     async def publish(self, version: int, state, adapter: dict | None = None) -> WeightHandle:
         """Write atomically, advance `weights:latest` (never backwards), gc. `adapter`: the PEFT
-        adapter_config of a LoRA state (TrainerEngine.adapter_config); not stored yet (issue 30, item 2)."""
+        LoraConfig.to_dict() when `state` holds only the adapter's tensors (trainer.lora)."""
         if version < 0:
             raise WeightStoreError(f"weight version must be >= 0, got {version}")
+        config = adapter_json(state, adapter) if adapter is not None else ""
         created = time.time()
         handle, size = (
-            await asyncio.to_thread(self._write, version, state)
+            await asyncio.to_thread(self._write, version, state, config)
             if self.hooks_in_thread
-            else self._write(version, state)
+            else self._write(version, state, config)
         )
-        wh = WeightHandle(version=version, transport=self.transport, handle=handle, bytes=size, created_at=created)
+        wh = WeightHandle(
+            version=version, transport=self.transport, handle=handle, bytes=size, created_at=created, adapter=config
+        )
         await self._advance(wh)
         self.log.info("weights_published", policy_version=version, bytes=size, seconds=round(time.time() - created, 4))
         await self.gc()
@@ -254,6 +267,9 @@ class WeightLoader(_VersionReader, ABC):
     """vLLM `worker_extension_cls` a generator needs to load this backend's versions (None: none)."""
     hooks_in_thread: bool = True
     """Run _fetch in a worker thread (it copies bytes); False where it is a few cheap calls."""
+    local_copies: int = 2
+    """Fetched versions kept on this host (backends that copy): the loaded one and the prefetched one,
+    or with LoRA every adapter vLLM may still re-read (the generator raises it to max_loras + 1)."""
 
     @abstractmethod
     def _fetch(self, handle: WeightHandle) -> str:
@@ -261,7 +277,8 @@ class WeightLoader(_VersionReader, ABC):
 
     async def fetch(self, handle: WeightHandle) -> str:
         """Make `handle.version` readable here; returns the locator reload_call takes: a local
-        directory holding `model.safetensors` (file backends, torchstore) or the buffer handle (cuda_ipc)."""
+        directory holding `model.safetensors` (file backends, torchstore) or the buffer handle (cuda_ipc).
+        An adapter version (handle.is_adapter) gives a local PEFT folder on every backend."""
         if handle.transport != self.transport:
             raise WeightStoreError(
                 f"version {handle.version} was published with transport {handle.transport!r} but this "

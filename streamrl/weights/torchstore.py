@@ -33,7 +33,8 @@ from safetensors.torch import save_file
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
 from streamrl.core.errors import ConfigError
-from streamrl.weights.files import WEIGHTS_FILE, version_dirs
+from streamrl.weights.adapter import adapter_json, write_peft_dir
+from streamrl.weights.files import WEIGHTS_FILE, version_dirs, version_files
 from streamrl.weights.shm import shm_root
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightPublisher, WeightStoreError
 
@@ -138,7 +139,7 @@ class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
         return cls(broker, Keys(cfg.run.name), cfg.weights.keep)
 
     # torchstore's API is async, so the public methods are overridden instead of the blocking hooks.
-    def _write(self, version, state_dict):  # pragma: no cover - not used (publish is async here)
+    def _write(self, version, state_dict, adapter=""):  # pragma: no cover - not used (publish is async here)
         raise NotImplementedError
 
     def _collect(self, keep_versions):  # pragma: no cover
@@ -147,13 +148,19 @@ class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
     def _versions(self):  # pragma: no cover
         raise NotImplementedError
 
-    async def publish(self, version: int, state_dict: dict[str, torch.Tensor]) -> WeightHandle:
+    async def publish(
+        self, version: int, state_dict: dict[str, torch.Tensor], adapter: dict | None = None
+    ) -> WeightHandle:
+        config = adapter_json(state_dict, adapter) if adapter is not None else ""
         await self._store()
         key = f"{self.prefix}{version}"
         created = time.time()
         await self.ts.put_state_dict(state_dict, key, store_name=STORE_NAME)
         size = sum(t.numel() * t.element_size() for t in state_dict.values())
-        wh = WeightHandle(version=version, transport=self.transport, handle=key, bytes=size, created_at=created)
+        # An adapter's config travels in the handle; the reader writes the PEFT folder from it.
+        wh = WeightHandle(
+            version=version, transport=self.transport, handle=key, bytes=size, created_at=created, adapter=config
+        )
         await self._advance(wh)
         self.log.info("weights_published", policy_version=version, bytes=size)
         await self.gc()
@@ -192,7 +199,7 @@ class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
                 f"set weights.backend={handle.transport} for every role"
             )
         dst = self.cache_dir / f"v{handle.version}"
-        if (dst / WEIGHTS_FILE).is_file():
+        if all((dst / f).is_file() for f in version_files(handle.is_adapter)):
             return str(dst)
         await self._store()
         try:
@@ -202,17 +209,23 @@ class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
                 f"torchstore has no {handle.handle} ({exc!r}): collected before it was "
                 "fetched; fetch the newest one instead, or raise weights.keep"
             ) from None
-        await asyncio.to_thread(self._save_local, handle.version, sd, dst)
+        await asyncio.to_thread(self._save_local, handle, sd, dst)
         return str(dst)
 
-    def _save_local(self, version: int, sd: dict, dst: Path) -> None:
-        tmp = self.cache_dir / f".tmp-v{version}"
+    def _save_local(self, handle: WeightHandle, sd: dict, dst: Path) -> None:
+        tmp = self.cache_dir / f".tmp-v{handle.version}"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-        save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        if handle.is_adapter:
+            write_peft_dir(tmp, sd, handle.adapter)
+        else:
+            save_file({k: v.contiguous() for k, v in sd.items()}, str(tmp / WEIGHTS_FILE), metadata={"format": "pt"})
+        shutil.rmtree(dst, ignore_errors=True)
         os.rename(tmp, dst)
-        for v, path in version_dirs(self.cache_dir).items():  # keep this copy and the one before
-            if v < version - 1:
+        local = version_dirs(self.cache_dir)
+        keep = set(sorted(v for v in local if v <= handle.version)[-self.local_copies :]) | {handle.version}
+        for v, path in local.items():  # this copy and the ones before it that vLLM may still read
+            if v not in keep:
                 shutil.rmtree(path, ignore_errors=True)
 
     async def close(self) -> None:

@@ -12,6 +12,7 @@ import asyncio
 import pytest
 
 from streamrl.config.schema import ModelConfig
+from streamrl.core.errors import ConfigError
 from streamrl.weights.store import WeightHandle
 from workers.generator import GeneratorWorker
 
@@ -57,3 +58,19 @@ async def test_a_hung_switch_marks_the_engine_broken(config, broker):
     assert isinstance(w._fatal, RuntimeError) and "generator.switch_timeout_s" in str(w._fatal)
     with pytest.raises(RuntimeError, match="did not finish in 0.3s"):
         await w.step()  # the run loop ends with the error; `streamrl up` restarts the generator
+
+
+@pytest.mark.parametrize("lora_rank", [0, 4])
+async def test_a_version_of_the_other_kind_stops_the_generator_with_the_fix(config, broker, lora_rank):
+    """An adapter published to a full-weight generator (or the reverse): the roles' configs differ."""
+    from streamrl.config.trainer import LoraConfig
+
+    cfg = config.model_copy(update={"trainer": config.trainer.model_copy(update={"lora": LoraConfig(rank=lora_rank)})})
+    w = generator(cfg, broker, FaultyEngine("raise"))
+    kind = "" if lora_rank else '{"peft_type": "LORA", "r": 4}'  # the other kind than this generator's
+    handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0, adapter=kind)
+    with pytest.raises(ConfigError, match="give every role the same trainer.lora"):
+        await w._switch_within(handle, "/nowhere", timeout=5)
+    assert w.engine.calls == [] and w.version == 0  # nothing was paused or loaded
+    with pytest.raises(ConfigError):
+        await w.step()  # fatal: the worker exits with the message instead of retrying every poll

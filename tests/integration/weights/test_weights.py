@@ -57,7 +57,7 @@ async def test_publish_latest_fetch(store_cfg: Config, broker, tmp_path: Path):
     assert h.bytes == (Path(h.handle) / WEIGHTS_FILE).stat().st_size > 64 * 16 * 4
     assert await store.latest() == h == await loader.latest()  # round-trips through the broker hash
     raw = await broker.hgetall(store.keys.weights_latest)
-    assert set(raw) == {"version", "transport", "handle", "bytes", "created_at"}
+    assert set(raw) == {"version", "transport", "handle", "bytes", "created_at", "adapter"}
     local = await loader.fetch(h)
     assert loader.reload_call(local) == ("reload_weights", {"weights_path": local})
     _assert_same(local, sd)
