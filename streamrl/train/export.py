@@ -122,7 +122,7 @@ def merge_adapter(adapter: dict[str, torch.Tensor], cfg, out: Path) -> dict[str,
             f"the checkpoint's adapter does not fit trainer.lora of the run's config.yaml (unexpected "
             f"{keys.unexpected_keys[:3]}, missing {missing[:3]}); export with the config the run trained with"
         )
-    peft_model.save_pretrained(out)
+    peft_model.save_pretrained(out, save_embedding_layers=False)  # an adapted lm_head's base is the base model's
     return {k: v.detach() for k, v in peft_model.merge_and_unload().state_dict().items()}
 
 

@@ -93,7 +93,8 @@ def adapter_state(peft_model, inner_state: dict[str, torch.Tensor]) -> dict[str,
     from peft import get_peft_model_state_dict
 
     prefixed = {PEFT_PREFIX + k: v for k, v in inner_state.items()}
-    return get_peft_model_state_dict(peft_model, state_dict=prefixed)
+    # save_embedding_layers=False: an adapted lm_head's frozen base weight is the base model's, not the adapter's
+    return get_peft_model_state_dict(peft_model, state_dict=prefixed, save_embedding_layers=False)
 
 
 def adapter_config(peft_model) -> dict:

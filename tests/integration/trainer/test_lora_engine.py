@@ -30,7 +30,7 @@ from streamrl.train.export import ADAPTER_DIR, export_checkpoint
 from streamrl.train.hf_engine import HFEngine
 from tests.integration.trainer.test_train_engine import TEMPERATURE, make_batch, reference_logprobs
 
-LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj"])
+LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "lm_head"])
 
 
 def lora_config(model_path: str, world: int) -> Config:
@@ -146,8 +146,8 @@ def _record(out: Path, rank: int = 0) -> dict:
 def test_only_the_adapter_trains_and_has_optimizer_state(runs, world):
     rec = _record(runs[world])
     assert rec["trainable"] and all(".lora_A." in n or ".lora_B." in n for n in rec["trainable"])
-    # two layers x four targets x (A, B); the rest of the model is frozen and stays bit-identical
-    assert len(rec["trainable"]) == 2 * 4 * 2 == rec["optimized"] == rec["optim_state"]
+    # (two layers x four targets + lm_head) x (A, B); the rest of the model is frozen and stays bit-identical
+    assert len(rec["trainable"]) == (2 * 4 + 1) * 2 == rec["optimized"] == rec["optim_state"]
     assert rec["base_unchanged"]
 
 
@@ -159,9 +159,11 @@ def test_published_state_is_the_adapter_under_peft_names_on_rank_0(runs, tiny, h
 
     rec, state = _record(runs[world]), torch.load(runs[world] / "published.pt")
     assert all(_record(runs[world], r)["none_off_rank0"] for r in range(1, world))
-    want = get_peft_model_state_dict(get_peft_model(copy.deepcopy(hf_model), peft_lora_config(LORA, str(tiny))))
+    peft_model = get_peft_model(copy.deepcopy(hf_model), peft_lora_config(LORA, str(tiny)))
+    want = get_peft_model_state_dict(peft_model, save_embedding_layers=False)
     assert {k: tuple(v.shape) for k, v in state["published"].items()} == {k: tuple(v.shape) for k, v in want.items()}
     assert "base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight" in state["published"]
+    assert "base_model.model.lm_head.lora_B.weight" in state["published"]  # and not the frozen head itself
     assert all(v.device.type == "cpu" for v in state["published"].values())
     changed = [k for k in want if not torch.equal(state["initial"][k], state["published"][k])]
     assert changed  # the step moved the adapter (B starts at zero, so at least every B)
@@ -223,6 +225,10 @@ def test_export_writes_a_merged_model_and_a_peft_adapter_with_the_trainers_logit
     adapter = out / ADAPTER_DIR
     assert (out / "config.json").is_file() and not (out / "adapter_config.json").exists()
     assert (adapter / "adapter_model.safetensors").is_file() and (adapter / "adapter_config.json").is_file()
+    from safetensors import safe_open
+
+    with safe_open(str(adapter / "adapter_model.safetensors"), "pt") as f:
+        assert f.keys() and all(".lora_A." in k or ".lora_B." in k for k in f.keys())  # the adapter alone
     merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
     base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
     with_adapter = PeftModel.from_pretrained(base, adapter).eval()
