@@ -4,7 +4,7 @@ random weights and synthetic prompt/completion documents of mixed lengths.
 Each backend runs in its own process: workers.sft.SFTRun (the engine, data, packing and loss of
 `streamrl sft`) takes `--warmup` + `--steps` optimizer steps on one rank; the numbers are the
 medians over the timed steps of what the run writes to metrics.jsonl: tokens/s counts every token
-of the step (all packed, no padding) and MFU uses workers.sft.flops_per_token (bench/trainer_mfu's
+of the step (all packed, no padding) and MFU uses streamrl.train.flops (bench/trainer_mfu's
 convention, attention per document).
 
     python -m bench.sft_mfu --config configs/qwen3-1.7b-sft-gpu.yaml --variants hf,torchtitan     # GPU

@@ -47,9 +47,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from streamrl.train.flops import PEAK_BF16_TFLOPS, flops_per_token
+
 HELP = "trainer step tokens/s and MFU for the hf and torchtitan backends"
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
-"""Datasheet dense bf16 peaks, matched against torch.cuda.get_device_name()."""
 
 
 def add_arguments(p) -> None:
@@ -99,17 +99,6 @@ def add_arguments(p) -> None:
         help="also time packing the weights on the trainer's device (a cuda_ipc publish), from the engine's "
         "weight stream and from the whole-state default",
     )
-
-
-def flops_per_token(hf: dict, seq_len: int) -> float:
-    """Training FLOPs per token (forward + backward) of a dense decoder with config.json `hf`."""
-    d, layers, heads = hf["hidden_size"], hf["num_hidden_layers"], hf["num_attention_heads"]
-    hd = hf.get("head_dim") or d // heads
-    kv = hf.get("num_key_value_heads") or heads
-    attn = d * hd * (2 * heads + 2 * kv)  # q, o: heads*hd; k, v: kv*hd
-    mlp = 3 * d * hf["intermediate_size"]
-    matmul_params = layers * (attn + mlp) + d * hf["vocab_size"]  # lm_head is a matmul even when tied
-    return 6.0 * matmul_params + 12.0 * layers * heads * hd * seq_len
 
 
 def make_batch(

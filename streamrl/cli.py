@@ -22,6 +22,7 @@ COMMANDS = [
     "config",
     "scale",
     "status",
+    "account",
     "producer",
     "envuser",
     "reward",

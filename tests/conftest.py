@@ -65,13 +65,18 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
     )
 
 
-# The e2e modules in two halves of about equal time (`--durations` of a full run on main, s per module:
-# up 285, faults 214, titan 141, sft_then_rl 85, env_adapters 82, eval 73, bench_e2e 50 | multiturn 243,
-# elastic 223, run_dirs 125, reward_failures 94, tools 72, bench_env 69, ctrl_c 34). A new module joins the
-# second half; move it when the halves drift apart.
+# The e2e modules in two halves of about equal time. CI's `--durations` (clean clone, 2 cores, `make test`
+# at 22:40; s per module, ~ where some of its tests were not among the 25 shown): up ~165, faults 354,
+# titan 89, sft_then_rl 73, env_adapters ~85, eval 92, bench_e2e 44, config_errors ~70 (~970) | multiturn
+# 373, elastic 301, run_dirs ~80, reward_failures ~130, tools 45, bench_env 78, ctrl_c 47 (~1050). Since
+# then faults lost a job (two-rank resume joined the role kills), elastic one (both producer keys in one
+# job), multiturn one (the kills joined the learning run), and every job its tiny-model build: about
+# 860 | 850. The halves need only differ by less than the unit and integration files (~700 s), which
+# fill whichever worker is free. Added since: multihost (second half; 211 s here under load), judge (first half).
+# A new module joins the lighter half; move one when they drift apart (the run's "test time per worker" says).
 E2E_FIRST_HALF = frozenset(
     f"tests/e2e/test_{name}.py"
-    for name in ("up", "faults", "titan", "sft_then_rl", "env_adapters", "eval", "bench_e2e", "config_errors")
+    for name in ("up", "faults", "titan", "sft_then_rl", "env_adapters", "eval", "bench_e2e", "config_errors", "judge")
 )
 
 
@@ -101,4 +106,35 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             path = nodeid.split("::", 1)[0]
             return e2e_unit(path) or path
 
+        def _assign_work_unit(self, node) -> None:
+            # The two e2e units first, one per worker: xdist orders units by test count, which put them
+            # 11th and 17th, behind unit-test files; a late start of either is wall time added at the end,
+            # while the unit and integration files, handed out after them, fill whichever worker is free.
+            for scope in [s for s in self.workqueue if s.startswith("tests/e2e[")]:
+                self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
+
     return E2EInTwoUnits(config, log)
+
+
+_seconds: dict[str, dict[str, float]] = {}
+"""Test time (setup + call + teardown) per xdist worker and per unit, as the reports come in."""
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    node = getattr(report, "node", None)  # under xdist: the worker that ran it (the controller's view)
+    worker = node.gateway.id if node is not None else "main"
+    unit = e2e_unit(report.nodeid.split("::", 1)[0]) or "unit+integration"
+    per = _seconds.setdefault(worker, {})
+    per[unit] = per.get(unit, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """One line per worker: its summed test time and the e2e unit in it. The wall time is the busier
+    worker's; when the e2e halves drift apart (or one outgrows 20 min), move a module in E2E_FIRST_HALF."""
+    if not any(u.startswith("tests/e2e[") for per in _seconds.values() for u in per):
+        return
+    terminalreporter.section("test time per worker (s)")
+    for worker, per in sorted(_seconds.items()):
+        parts = ", ".join(f"{u} {s:.0f}" for u, s in sorted(per.items()))
+        terminalreporter.write_line(f"{worker}: {sum(per.values()):.0f} ({parts})")

@@ -16,13 +16,34 @@ import random
 
 from transformers import AutoTokenizer
 
+from streamrl.config.schema import Config, TaskConfig
 from streamrl.core.accounting import admit
 from streamrl.core.messages import Prompt, encode
 from streamrl.core.staleness import admission_budget
 from streamrl.core.worker import Worker
+from streamrl.envs import adapters as env_adapters
+from streamrl.envs.tools import load_tools
 from streamrl.eval.rounds import EvalIssuer
-from streamrl.feed.tasks import load_task
-from streamrl.generate.chat import task_items
+from streamrl.feed.sources import load_task
+from streamrl.generate.chat import ChatBridge, chat_items
+
+
+def load_items(task: TaskConfig, seed: int, job: Config, tokenizer=None) -> list[dict]:
+    """The items of `task` (the training task or eval.task): task.name=env takes the env's first
+    observations from its adapter, every other task comes from streamrl.feed.sources."""
+    if task.name == "env":
+        return env_adapters.prompts(job.env.fn, task.num_prompts, seed)
+    return load_task(task, seed, tokenizer, job.generator.max_tokens, job)
+
+
+def task_items(items: list[dict], tokenizer, cfg: Config) -> list[dict]:
+    """The feeder's items under the job's config `cfg`: rendered as chat prompts (with the schemas of
+    tools.names) when tools.chat is set, unchanged otherwise or when the task already rendered its
+    own chat messages (task.fields.messages)."""
+    if not cfg.tools.chat or cfg.task.fields.messages is not None:
+        return items
+    schemas = [t.schema() for t in load_tools(cfg.tools.names, cfg.tools.sandbox).values()]
+    return chat_items(items, ChatBridge(tokenizer, cfg.tools, schemas))
 
 
 class FeederWorker(Worker):
@@ -31,9 +52,7 @@ class FeederWorker(Worker):
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
         # The tokenizer renders chat tasks; tools.chat renders with the model's chat template.
-        self.items = load_task(
-            self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens, self.cfg
-        )
+        self.items = load_items(self.cfg.task, self.cfg.run.seed, self.cfg, self.tokenizer)
         self.items = task_items(self.items, self.tokenizer, self.cfg)
         random.Random(self.cfg.run.seed).shuffle(self.items)
         r = self.cfg.rollout
@@ -41,9 +60,7 @@ class FeederWorker(Worker):
         self.evals = None
         if self.cfg.eval.every_steps:  # eval rounds (streamrl/eval/rounds.py): outside admission and the ledger
             ev = self.cfg.eval
-            items = load_task(
-                ev.task or self.cfg.task, self.cfg.run.seed, self.tokenizer, self.cfg.generator.max_tokens, self.cfg
-            )
+            items = load_items(ev.task or self.cfg.task, self.cfg.run.seed, self.cfg, self.tokenizer)
             items = task_items(items, self.tokenizer, self.cfg)
             self.evals = EvalIssuer(self.cfg, self.keys, items, self._eval_prompt)
         self.log.info(

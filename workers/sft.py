@@ -36,23 +36,10 @@ from streamrl.train.checkpoint import (
 )
 from streamrl.train.dist import broadcast_object, launch
 from streamrl.train.engines import make_engine
+from streamrl.train.flops import flops_coefficients, peak_flops
 from streamrl.train.metrics import MetricsWriter
 
 log = structlog.get_logger("streamrl").bind(role="sft")
-
-PEAK_FLOPS = {"H200": 989e12, "H100": 989e12, "A100": 312e12}
-"""Dense bf16 peak FLOP/s per GPU by device-name fragment, for MFU (unknown devices: no MFU)."""
-
-
-def flops_per_token(hf: dict) -> tuple[float, float]:
-    """(a, b): training FLOPs of a token in a document of length n are a + b * n, with a = 6 * matmul
-    parameters (lm_head included, also when tied) and b = 12 * layers * heads * head_dim (attention
-    counted without the causal half); the same convention as bench/trainer_mfu.py."""
-    d, layers, heads = hf["hidden_size"], hf["num_hidden_layers"], hf["num_attention_heads"]
-    hd = hf.get("head_dim") or d // heads
-    kv = hf.get("num_key_value_heads") or heads
-    matmul = layers * (d * hd * (2 * heads + 2 * kv) + 3 * d * hf["intermediate_size"]) + d * hf["vocab_size"]
-    return 6.0 * matmul, 12.0 * layers * heads * hd
 
 
 class SFTRun:
@@ -70,7 +57,7 @@ class SFTRun:
         self.first_error: str | None = None
         eval_idx = list(range(min(len(eval_rows), cfg.sft.eval_max_samples)))
         self.eval_samples = self._samples(eval_rows, eval_idx[self.engine.dp_rank :: self.engine.dp_size])
-        self.flops = flops_per_token(AutoConfig.from_pretrained(cfg.model.path).to_dict())
+        self.flops = flops_coefficients(AutoConfig.from_pretrained(cfg.model.path).to_dict())
 
     def _samples(self, rows, indices: list[int]):
         out = []
@@ -94,8 +81,7 @@ class SFTRun:
         a, b = self.flops
         flops = a * m["seq_tokens"] + b * m["attn_sq_tokens"]
         m["tokens_per_s"] = m["seq_tokens"] / max(1e-9, m["train_s"])
-        name = torch.cuda.get_device_name(e.device) if e.device.type == "cuda" else ""
-        peak = next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+        peak = peak_flops(torch.cuda.get_device_name(e.device) if e.device.type == "cuda" else "")
         if peak:
             m["mfu"] = flops / m["train_s"] / (e.world_size * peak)
         return m

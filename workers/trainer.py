@@ -23,6 +23,7 @@ from functools import partial
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from streamrl.assemble.advantages import zero_variance_frac
 from streamrl.assemble.assembler import Assembler
@@ -44,6 +45,8 @@ from streamrl.train.checkpoint import (
 from streamrl.train.dist import broadcast_object, launch
 from streamrl.train.engine_interface import TrainerEngine
 from streamrl.train.engines import make_engine
+from streamrl.train.flops import model_coefficients, peak_flops, row_flops
+from streamrl.train.generator_rates import GeneratorRates
 from streamrl.train.metrics import MetricsWriter
 from streamrl.train.rank_step import RankStep, StepOrder, follow
 from streamrl.weights.store import make_publisher, publisher_class
@@ -86,6 +89,10 @@ class TrainerWorker(Worker):
         await self._resume()
         self.assembler.start_intake()  # after _resume: closed groups are known before any entry is filed
         self.t_start = time.time()
+        self._flops = model_coefficients(self.cfg.model.path)
+        device = getattr(self.engine, "device", None)
+        self._peak = peak_flops(torch.cuda.get_device_name(device) if getattr(device, "type", "") == "cuda" else "")
+        self._gen_rates = GeneratorRates(self.broker, self.keys)
         self._trimmer = asyncio.create_task(
             trim_periodically(self.broker, self.cfg, lambda n: self.count("trimmed", n), self.log)
         )
@@ -225,6 +232,10 @@ class TrainerWorker(Worker):
         if self.committing is not None and self.committing.done():
             await self._committed()  # surfaces a failed background write at the next step
         ckpt_s = meta_s + await self._after_save(result.pending) if save else None
+        try:  # the generators' decode rate beside this step's wait (metrics.jsonl gen_tokens_per_s, gen_busy)
+            batch.stats.update(await self._gen_rates.sample())
+        except Exception as exc:  # a broker hiccup costs the row these two keys, never the step
+            self.log.warning("generator_rates_unread", error=repr(exc))
         # The row is written before the checkpoint can become visible (_commit runs after this
         # coroutine's next await), so a resume from it never lacks the row of its own step.
         self._record(batch, m, overlap, train_s=t1 - t0, stall_s=result.snapshot_s, checkpoint_s=ckpt_s)
@@ -291,6 +302,11 @@ class TrainerWorker(Worker):
             **episode_metrics(batch.rollouts),
             **engine,
         }
+        if self._flops is not None and train_s > 0:  # model FLOPs of the step's rows (streamrl/train/flops.py)
+            flops = row_flops(*self._flops, [len(r.prompt_ids) + len(r.completion_ids) for r in batch.rollouts])
+            rec["train_tflops"] = round(flops / train_s / self.engine.world_size / 1e12, 4)  # per rank
+            if self._peak:
+                rec["mfu"] = round(flops / train_s / (self.engine.world_size * self._peak), 4)
         if checkpoint_s is not None:  # steps that saved: how long the save blocked training
             rec["checkpoint_stall_s"] = round(checkpoint_s, 4)
         evals = self.assembler.evals  # finished eval rounds (streamrl/eval/collector.py)

@@ -10,6 +10,10 @@
 // request's item and actions, so a step taken over from a dead worker needs no replay at all.
 // Raw Redis commands, one per protocol line: group `env` on env_steps, own pending first,
 // XAUTOCLAIM of a dead worker's steps, observation XADD before XACK, dead-letters, heartbeat.
+// Sticky ("Sticky routing"): the heartbeat says `sticky: 1`, so generators send an episode's later
+// steps to this worker's own stream env_steps:<id>, read here before the shared one; the own streams
+// of workers whose heartbeat is gone are taken over. Stateless, it gains no cache from that, but it
+// is what a caching env in another language does.
 // Steps take well under claim_idle_ms, so it sends no XCLAIM keepalive for steps in progress.
 import os from "node:os";
 import { parseArgs } from "node:util";
@@ -35,7 +39,9 @@ const consumer = opt.id ?? `env-node-${os.hostname()}-${process.pid}`;
 const claimIdleMs = Number(opt["claim-idle-ms"]);
 const [latLow, latHigh] = opt["latency-ms"].split(",").map(Number);
 const k = (suffix) => `streamrl:${opt.run}:${suffix}`;
-const STEPS = k("env_steps"), DEADLETTER = k("deadletter"), HEARTBEAT = k(`workers:env:${consumer}`);
+const STEPS = k("env_steps"), OWN = k(`env_steps:${consumer}`), DEADLETTER = k("deadletter");
+const HEARTBEAT = k(`workers:env:${consumer}`);
+const REQUIRED = ["episode_id", "group_id", "sample", "turn", "item", "actions", "reply_to"];
 
 const log = (event, fields = {}) => console.log(JSON.stringify({ ts: new Date().toISOString(), event, consumer, ...fields }));
 const client = createClient({ url, disableOfflineQueue: true });
@@ -52,6 +58,8 @@ function decodeStep(fields) {
   if (typeof msg !== "object" || msg === null) throw new Error("payload must be a msgpack map");
   if (msg.schema !== SCHEMA) throw new Error(`unknown schema version ${msg.schema} (this env reads ${SCHEMA})`);
   if (msg.kind !== "step_request") throw new Error(`a ${msg.kind} message does not belong on env_steps`);
+  const missing = REQUIRED.filter((f) => !(f in msg));
+  if (missing.length) throw new Error(`step_request is missing required field(s) ${missing.join(", ")}`);
   if (!Array.isArray(msg.actions) || msg.turn !== msg.actions.length - 1) throw new Error("step_request: turn must equal len(actions) - 1");
   if (typeof msg.reply_to !== "string" || typeof msg.episode_id !== "string") throw new Error("step_request: bad ids");
   return msg;
@@ -68,21 +76,21 @@ function step(item, actions) {
   return ["", hits / length, true];
 }
 
-async function deadLetter(id, payload, reason) {
-  const record = JSON.stringify({ stream: STEPS, entry_id: id, reason, worker: consumer, ts: Date.now() / 1000 });
+async function deadLetter(stream, id, payload, reason) {
+  const record = JSON.stringify({ stream, entry_id: id, reason, worker: consumer, ts: Date.now() / 1000 });
   await cmd(["XADD", DEADLETTER, "MAXLEN", "~", "100000", "*", "d",
              Buffer.concat([Buffer.from(record + "\n"), payload ?? Buffer.alloc(0)])]);
   log("dead_letter", { entry_id: id, reason });
 }
 
 let steps = 0;
-async function handle(id, fields) {
+async function handle(stream, id, fields) {
   let req;
   try {
     req = decodeStep(fields);
   } catch (err) {
-    await deadLetter(id, fields?.[1], String(err.message ?? err));
-    await cmd(["XACK", STEPS, GROUP, id]);
+    await deadLetter(stream, id, fields?.[1], String(err.message ?? err));
+    await cmd(["XACK", stream, GROUP, id]);
     return;
   }
   const t0 = performance.now();
@@ -93,25 +101,25 @@ async function handle(id, fields) {
     obs = { text, reward, done, error: "" };
   } catch (err) {
     obs = { text: "", reward: 0.0, done: false, error: `env raised: ${err.message ?? err}` };
-    await deadLetter(id, fields[1], `episode ${req.episode_id} turn ${req.turn}: ${obs.error}`);
+    await deadLetter(stream, id, fields[1], `episode ${req.episode_id} turn ${req.turn}: ${obs.error}`);
   }
   const message = { schema: SCHEMA, kind: "observation", episode_id: req.episode_id, turn: req.turn, text: obs.text,
                     reward: obs.reward, done: obs.done, error: obs.error, error_kind: "", env_worker: consumer,
                     step_s: (performance.now() - t0) / 1000 };
   await cmd(["XADD", k(`observations:${req.reply_to}`), "MAXLEN", "~", "100000", "*", "d",
              Buffer.from(encode(message))]);
-  await cmd(["XACK", STEPS, GROUP, id]);  // only after the observation is written
+  await cmd(["XACK", stream, GROUP, id]);  // only after the observation is written
   steps += 1;
 }
 
 const inflight = new Set();
-function launch(entries) {
+function launch(stream, entries) {
   for (const entry of entries) {
     if (!entry) continue;  // Redis 6.2 XAUTOCLAIM: an entry deleted meanwhile comes back as nil
     const [rawId, fields] = entry;
     const id = str(rawId);
     if (!fields) continue;
-    const p = handle(id, fields).catch((err) => log("step_failed", { entry_id: id, error: String(err.message ?? err) }));
+    const p = handle(stream, id, fields).catch((err) => log("step_failed", { entry_id: id, error: String(err.message ?? err) }));
     inflight.add(p);
     p.finally(() => inflight.delete(p));
   }
@@ -121,36 +129,67 @@ let stopping = false;
 for (const sig of ["SIGINT", "SIGTERM"]) process.on(sig, () => { stopping = true; log("stopping", { signal: sig }); });
 
 await client.connect();
-try {
-  await cmd(["XGROUP", "CREATE", STEPS, GROUP, "0", "MKSTREAM"]);
-} catch (err) {
-  if (!String(err.message ?? err).includes("BUSYGROUP")) throw err;
+for (const stream of [STEPS, OWN]) {
+  try {
+    await cmd(["XGROUP", "CREATE", stream, GROUP, "0", "MKSTREAM"]);
+  } catch (err) {
+    if (!String(err.message ?? err).includes("BUSYGROUP")) throw err;
+  }
 }
+
+// [[stream, entries], ...] from an XREADGROUP reply over one or more streams.
+const byStream = (reply) => (reply ?? []).map(([name, entries]) => [str(name), entries ?? []]);
+
+// Steps routed to env workers whose heartbeat is gone: their own pending (XAUTOCLAIM) and the
+// steps sent there before the generators saw the heartbeat go (XREADGROUP >).
+async function orphaned(free) {
+  const out = [];
+  let cursor = "0";
+  do {
+    const [next, names] = await cmd(["SCAN", cursor, "MATCH", `${STEPS}:*`, "COUNT", "100"]);
+    cursor = str(next);
+    for (const raw of names) {
+      const stream = str(raw), owner = stream.slice(STEPS.length + 1);
+      if (owner === consumer || (await cmd(["GET", k(`workers:env:${owner}`)])) !== null) continue;
+      const claimed = await cmd(["XAUTOCLAIM", stream, GROUP, consumer, String(claimIdleMs), "0-0", "COUNT", free]);
+      out.push([stream, claimed[1] ?? []]);
+      try {
+        const reply = await cmd(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", free, "STREAMS", stream, ">"]);
+        out.push(...byStream(reply));
+      } catch (err) {  // its group is gone (the stream was deleted meanwhile): nothing to take
+        if (!String(err.message ?? err).includes("NOGROUP")) throw err;
+      }
+    }
+  } while (cursor !== "0");
+  return out;
+}
+
 let pendingDone = false, lastClaim = 0, lastBeat = 0;
-log("started", { run: opt.run });
+log("started", { run: opt.run, own: OWN });
 while (!stopping) {
   try {
     if (Date.now() - lastBeat > 5000) {
       lastBeat = Date.now();
-      await cmd(["SET", HEARTBEAT, JSON.stringify({ pid: process.pid, host: os.hostname(), ts: Date.now() / 1000, steps }), "PX", "15000"]);
+      const beat = { pid: process.pid, host: os.hostname(), ts: Date.now() / 1000, steps, sticky: 1 };
+      await cmd(["SET", HEARTBEAT, JSON.stringify(beat), "PX", "15000"]);
     }
     const free = String(Math.max(1, 64 - inflight.size));
-    let entries = [];
-    if (!pendingDone) {
-      const reply = await cmd(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", free, "STREAMS", STEPS, "0"]);
-      entries = reply?.[0]?.[1] ?? [];
-      pendingDone = true;  // read once at start: later pending entries are our own steps in flight
+    let got = [];
+    if (!pendingDone) {  // read once at start: later pending entries are our own steps in flight
+      got = byStream(await cmd(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", free, "STREAMS", OWN, STEPS, "0", "0"]));
+      pendingDone = true;
     }
-    if (!entries.length && Date.now() - lastClaim > claimIdleMs / 4) {
+    if (!got.some(([, e]) => e.length) && Date.now() - lastClaim > claimIdleMs / 4) {
       lastClaim = Date.now();
       const reply = await cmd(["XAUTOCLAIM", STEPS, GROUP, consumer, String(claimIdleMs), "0-0", "COUNT", free]);
-      entries = reply[1] ?? [];
+      got = [[STEPS, reply[1] ?? []], ...(await orphaned(free))];
     }
-    if (!entries.length) {
-      const reply = await cmd(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", free, "BLOCK", "200", "STREAMS", STEPS, ">"]);
-      entries = reply?.[0]?.[1] ?? [];
+    if (!got.some(([, e]) => e.length)) {  // the own stream first: those episodes were answered here
+      const reply = await cmd(["XREADGROUP", "GROUP", GROUP, consumer, "COUNT", free, "BLOCK", "200",
+                               "STREAMS", OWN, STEPS, ">", ">"]);
+      got = byStream(reply);
     }
-    launch(entries);
+    for (const [stream, entries] of got) launch(stream, entries);
     if (inflight.size >= 64) await Promise.race(inflight);
   } catch (err) {
     log("broker_error", { error: String(err.message ?? err) });

@@ -16,25 +16,16 @@ import math
 import re
 from typing import Callable
 
-from streamrl.annotate.rewards_math import math_verify_reward, think_format_reward
 from streamrl.core.errors import ConfigError
-from streamrl.feed.reasoning_gym import reasoning_gym_reward
+from streamrl.tasks.charclass import charclass_reward
+from streamrl.tasks.math_answers import math_verify_reward, think_format_reward
+from streamrl.tasks.reasoning_gym import reasoning_gym_reward
 
 RewardFn = Callable[[str, str, dict], float]
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?|-?\.\d+")
 _BOXED = re.compile(r"\\boxed\{([^{}]*)\}")
 _HASHES = re.compile(r"####\s*\$?\s*(-?[\d,]*\.?\d+)")
-
-
-def charclass_reward(prompt: str, completion: str, meta: dict) -> float:
-    """Fraction of the first meta["length"] characters that are in meta["chars"].
-
-    Missing characters count as misses, so stopping early scores low.
-    """
-    length = int(meta["length"])
-    chars = set(meta["chars"])
-    return sum(c in chars for c in completion[:length]) / length
 
 
 def _to_float(text: str) -> float | None:

@@ -28,6 +28,7 @@ import time
 import numpy as np
 
 from streamrl.assemble.advantages import batch_advantages, overlong_penalty
+from streamrl.assemble.failure_streak import FailureStreak
 from streamrl.assemble.join_policy import JoinPolicy
 from streamrl.assemble.pending_group import PendingGroup, rollout_problem
 from streamrl.config.schema import Config
@@ -38,7 +39,6 @@ from streamrl.core.consumer import StreamConsumer
 from streamrl.core.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
 from streamrl.core.staleness import is_stale
 from streamrl.eval.collector import EvalCollector
-from streamrl.launch.failures import FailureStreak
 from streamrl.losses import resolve_loss
 
 GROUP = "trainer"

@@ -5,15 +5,16 @@ happens when an external key times out or reports an error, and how the reward c
     policy.verdict({"judge"}, waited_s=31.0)                   # -> "default" | "drop" | "wait" | "ready"
     total, parts = policy.combine({"reward": r, "judge": j})   # weighted sum + each part, for metrics
 
-Built-in keys (`reward`, `ref_logprobs`) never time out: their workers are part of the job and
+Built-in keys (`reward`, `ref_logprobs`, the judge's judge.key) never time out: their workers are part of the job and
 their pending work is taken over if one dies. External keys (annotations.external) each carry a
 weight, a timeout counted from the moment all of a group's rollouts are in, and an on_timeout
 policy: `default` substitutes the configured value, `drop` drops the group. An `error`
 annotation on an external key applies the same policy at once (the producer gave up on it); on a
-built-in key it fails the group, except `reward` under reward.on_error=score (reward.error_value).
+built-in key it fails the group, except `reward` under reward.on_error=score (reward.error_value)
+and the judge's key under judge.on_error=score (judge.error_value).
 Pure functions of their inputs, so unit tests need no broker.
 
-Shapes (`shape`): `reward` and every external key are scalars (they are weighted into the reward);
+Shapes (`shape`): `reward`, the judge's key and every external key are scalars (they are weighted into the reward);
 `ref_logprobs` is a vector of one float32 per completion token. A value of the wrong shape makes
 the annotation invalid (`invalid`, `mismatch`): the assembler dead-letters it with the key and the
 producer, so it never reaches the train step. A key the job does not use is never read: it is
@@ -42,14 +43,20 @@ class JoinPolicy:
         """reward.on_error=score: the value of an errored `reward` annotation (None: it fails the group)."""
         self.external: dict[str, ExternalAnnotation] = {e.key: e for e in cfg.annotations.external}
         self.reward_weight = cfg.annotations.reward_weight
-        self.reward_keys = ["reward"] + list(self.external)
+        self.judge = cfg.judge
+        """The judge section (judge workers write judge.key, weighted by judge.weight), or None."""
+        self.weights = {"reward": self.reward_weight}
+        if self.judge is not None:
+            self.weights[self.judge.key] = self.judge.weight
+        self.weights.update({k: e.weight for k, e in self.external.items()})
+        self.reward_keys = list(self.weights)
         """Scalar keys that make up the trained reward, in the order they are logged."""
         self.part_keys = [f"reward/{c.label()}" for c in cfg.reward.components]
         """reward.components: logged (from the `reward` annotation's parts), already inside `reward`."""
 
     def shape(self, key: str) -> Shape | None:
         """What a value of `key` must be; None: a key this job does not use."""
-        if key == "reward" or key in self.external:
+        if key in self.weights:
             return "scalar"
         return "tokens" if key == "ref_logprobs" else None
 
@@ -97,6 +104,8 @@ class JoinPolicy:
         takes reward.error_value); an external one applies its policy."""
         if key == "reward" and self.reward_error_value is not None:
             return "default"
+        if self.judge is not None and key == self.judge.key:
+            return "default" if self.judge.on_error == "score" else "fail"
         spec = self.external.get(key)
         return "fail" if spec is None else spec.on_timeout
 
@@ -117,6 +126,8 @@ class JoinPolicy:
             return float(self.external[a.key].default)
         if a.error and a.key == "reward" and self.reward_error_value is not None:
             return float(self.reward_error_value)
+        if a.error and self.judge is not None and a.key == self.judge.key and self.judge.on_error == "score":
+            return float(self.judge.error_value)
         return float(a.value)
 
     def components(self, annotations: list[dict[str, Annotation]]) -> dict[str, np.ndarray]:
@@ -131,8 +142,8 @@ class JoinPolicy:
         return out
 
     def combine(self, parts: dict[str, np.ndarray]) -> np.ndarray:
-        """reward_weight * reward + sum(weight * value) over the external keys (float32)."""
-        total = self.reward_weight * parts["reward"].astype(np.float64)
-        for key, spec in self.external.items():
-            total = total + spec.weight * parts[key].astype(np.float64)
+        """reward_weight * reward + judge.weight * judge + sum(weight * value) over the external keys (float32)."""
+        total = np.zeros_like(parts["reward"], dtype=np.float64)
+        for key, weight in self.weights.items():
+            total = total + weight * parts[key].astype(np.float64)
         return total.astype(np.float32)

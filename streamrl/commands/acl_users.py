@@ -1,11 +1,33 @@
 """What `streamrl producer` and `streamrl envuser` share: a run's restricted broker users (Redis ACL),
-created with their consumer group, listed and removed through the admin URL."""
+created with their consumer group, listed and removed through the admin URL, and the arguments that say which."""
 
 from __future__ import annotations
 
+import re
 import secrets
 from typing import Callable
 from urllib.parse import quote, urlsplit, urlunsplit
+
+from streamrl.core.errors import ConfigError
+
+
+def add_arguments(p, name_help: str) -> None:
+    """The action, the user's NAME and where the run's broker is: the same for every kind of user."""
+    p.add_argument("action", choices=["add", "remove", "list"])
+    p.add_argument("name", nargs="?", help=name_help)
+    p.add_argument("--run", required=True, help="run name (run.name of the job)")
+    p.add_argument("--broker", help="admin redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL)")
+
+
+def admin_url(args, who: str, example: str) -> str:
+    """The admin URL of `args`, once NAME is checked (add and remove need one; `who` and `example` name
+    the kind of user in the error)."""
+    from streamrl.commands.common import broker_url
+
+    if args.action != "list" and not (args.name and re.fullmatch(r"[A-Za-z0-9_-]+", args.name)):
+        raise ConfigError(f"give {who} a NAME of letters, digits, '_' or '-', e.g. `{example}`")
+    return broker_url(args)
 
 
 def user_url(admin_url: str, user: str, password: str) -> str:

@@ -16,12 +16,11 @@ are not granted (no heartbeat).
 from __future__ import annotations
 
 import asyncio
-import re
 
+from streamrl.commands import acl_users
 from streamrl.commands.acl_users import delete_user, set_user, users_starting
 from streamrl.commands.producer import ACL_COMMANDS, HEARTBEAT_COMMANDS, WRITE_COMMANDS
 from streamrl.core.broker import Keys
-from streamrl.core.errors import ConfigError
 
 NAME = "envuser"
 HELP = "create or remove a restricted broker user for an external env worker"
@@ -65,19 +64,11 @@ async def add(admin_url: str, run: str, name: str) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=["add", "remove", "list"])
-    p.add_argument("name", nargs="?", help="env user name; its workers' ids start with NAME-")
-    p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    p.add_argument("--broker", help="admin redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
-    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL)")
+    acl_users.add_arguments(p, "env user name; its workers' ids start with NAME-")
 
 
 def run(args) -> int:
-    from streamrl.commands.common import broker_url
-
-    if args.action != "list" and not (args.name and re.fullmatch(r"[A-Za-z0-9_-]+", args.name)):
-        raise ConfigError("give the env user a NAME of letters, digits, '_' or '-', e.g. `streamrl envuser add node`")
-    url = broker_url(args)
+    url = acl_users.admin_url(args, "the env user", "streamrl envuser add node")
     if args.action == "add":
         eurl = asyncio.run(add(url, args.run, args.name))
         print(eurl)

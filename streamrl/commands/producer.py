@@ -14,11 +14,10 @@ key patterns are granted independently; on Redis >= 7 selectors pair XADD with
 from __future__ import annotations
 
 import asyncio
-import re
 
+from streamrl.commands import acl_users
 from streamrl.commands.acl_users import delete_user, set_user, users_starting
 from streamrl.core.broker import Keys
-from streamrl.core.errors import ConfigError
 from streamrl.core.run_end import user_name
 
 NAME = "producer"
@@ -76,24 +75,16 @@ async def add(admin_url: str, run: str, name: str) -> str:
 
 
 def add_arguments(p) -> None:
-    p.add_argument("action", choices=["add", "remove", "list"])
-    p.add_argument("name", nargs="?", help="producer name: its consumer group on `rollouts` and its user")
+    acl_users.add_arguments(p, "producer name: its consumer group on `rollouts` and its user")
     p.add_argument(
         "--key",
         help="annotation key it will write (shown in the printed commands; the broker cannot check message contents)",
     )
-    p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    p.add_argument("--broker", help="admin redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
-    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL)")
     p.add_argument("--drop-group", action="store_true", help="remove: also destroy the consumer group")
 
 
 def run(args) -> int:
-    from streamrl.commands.common import broker_url
-
-    if args.action != "list" and not (args.name and re.fullmatch(r"[A-Za-z0-9_-]+", args.name)):
-        raise ConfigError("give the producer a NAME of letters, digits, '_' or '-', e.g. `streamrl producer add judge`")
-    url = broker_url(args)
+    url = acl_users.admin_url(args, "the producer", "streamrl producer add judge")
     if args.action == "add":
         purl = asyncio.run(add(url, args.run, args.name))
         key = args.key or args.name

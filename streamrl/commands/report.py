@@ -106,10 +106,19 @@ def summarize(run_dir: Path, skip: int = 1) -> dict:
         "reward_last": rows[-1].get("reward_mean"),
         "wait_s_mean": round(float(np.mean([m.get("wait_s", 0.0) for m in steady])), 4),
         "train_s_mean": round(float(np.mean([m.get("train_s", 0.0) for m in steady])), 4),
+        **{
+            f"{k}_mean": round(float(np.nanmean(_column(steady, k))), 4)
+            for k in STEP_RATES
+            if any(k in m for m in steady)
+        },
         **loss_summary(rows),
         **eval_summary(rows),
         **mismatch_summary(steady),
     }
+
+
+STEP_RATES = ("mfu", "train_tflops", "gen_tokens_per_s", "gen_busy")
+"""Per-step rates metrics.jsonl has where they are known (mfu: on a GPU of known peak); the summary gives their means."""
 
 
 def mismatch_summary(rows: list[dict]) -> dict:

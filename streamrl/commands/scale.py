@@ -20,12 +20,14 @@ from streamrl.launch.rundir import describe_finished, finished_summary, is_live
 
 NAME = "scale"
 HELP = "change the number of supervised processes of a role in a running `streamrl up`"
-DESCRIPTION = "Set ROLE=N for generator, reward, reference or env workers of the `streamrl up` running in --run-dir."
+DESCRIPTION = (
+    "Set ROLE=N for generator, reward, reference, judge or env workers of the `streamrl up` running in --run-dir."
+)
 
 
 def add_arguments(p) -> None:
     p.add_argument(
-        "counts", nargs="+", metavar="ROLE=N", help="e.g. generator=2 (roles: generator, reward, reference, env)"
+        "counts", nargs="+", metavar="ROLE=N", help="e.g. generator=2 (roles: generator, reward, reference, judge, env)"
     )
     p.add_argument("--run-dir", required=True, help="run directory of the running `streamrl up`")
 

@@ -33,6 +33,7 @@ MAIN_COUNTER = {
     "generator": "rollouts",
     "reward": "scored",
     "reference": "scored",
+    "judge": "scored",
     "producer": "scored",
     "feeder": "admitted",
     "env": "steps",

@@ -14,7 +14,7 @@ DESCRIPTION = (
     "Run one role. Joins a running job: the same command on any host that reaches the broker "
     "adds a worker of that role."
 )
-ROLES = ["feeder", "generator", "reward", "reference", "env", "trainer"]
+ROLES = ["feeder", "generator", "reward", "reference", "judge", "env", "trainer"]
 
 
 def add_arguments(p) -> None:

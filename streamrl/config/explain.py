@@ -45,6 +45,9 @@ def explain(data: dict, cfg: BaseModel, loss: BaseModel | None = None) -> str:
     for key, value in data.items():
         section = loss if key == "loss" and loss is not None else getattr(cfg, key)
         doc = " ".join((type(cfg).model_fields[key].description or "").split())
+        if not isinstance(section, BaseModel):  # an optional section left out (judge: null)
+            lines.append(f"{key}: {_value(value)}" + (f"  # {doc}" if doc else ""))
+            continue
         lines.append(f"{key}:" + (f"  # {doc}" if doc else ""))
         lines.extend(_lines(section, value, 1))
     return "\n".join(lines) + "\n"

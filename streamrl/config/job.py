@@ -47,7 +47,7 @@ class SupervisorConfig(Section):
     """How `streamrl up` handles a role process that dies."""
 
     restart: bool = True
-    """Restart a crashed feeder/generator/reward/reference process (its un-acked work is resumed)."""
+    """Restart a crashed feeder/generator/reward/reference/judge process (its un-acked work is resumed)."""
     restart_trainer: bool = False
     """Also restart a crashed trainer; it resumes from its newest checkpoint. Off: a trainer death ends the run."""
     restart_broker: bool = True
@@ -61,7 +61,7 @@ class SupervisorConfig(Section):
     grace_s: float = Field(45.0, gt=0)
     """On stop, time each role gets to finish or hand back its work before it is killed (longer than
     generator.drain_timeout_s, so a generator can finish its in-flight groups)."""
-    devices: dict[Literal["trainer", "feeder", "generator", "reward", "reference", "env"], list[str]] = {}
+    devices: dict[Literal["trainer", "feeder", "generator", "reward", "reference", "judge", "env"], list[str]] = {}
     """CUDA_VISIBLE_DEVICES of each role's processes, in turn (process i of a role gets entry i mod
     len): {generator: ["0", "1"], trainer: ["2,3"]} puts two generators on GPUs 0 and 1 and the
     trainer's ranks on GPUs 2 and 3. A role not listed sees every GPU."""

@@ -16,6 +16,7 @@ from pydantic import model_validator
 from streamrl.config.base import Section
 from streamrl.config.eval import EvalConfig
 from streamrl.config.job import BrokerConfig, MetricsConfig, RunConfig, SupervisorConfig, WeightsConfig
+from streamrl.config.judge import JudgeConfig, JudgeModelConfig, JudgeScore
 from streamrl.config.loss import Advantage, Aggregation, LossConfig
 from streamrl.config.model import ModelConfig, TinyModelConfig
 from streamrl.config.reasoning_gym import ReasoningGymConfig, check_task_source
@@ -44,6 +45,9 @@ __all__ = [
     "EvalConfig",
     "ExternalAnnotation",
     "GeneratorConfig",
+    "JudgeConfig",
+    "JudgeModelConfig",
+    "JudgeScore",
     "LossConfig",
     "MetricsConfig",
     "ModelConfig",
@@ -74,6 +78,8 @@ class Config(Section):
     generator: GeneratorConfig = GeneratorConfig()
     reward: RewardConfig = RewardConfig()
     reference: ReferenceConfig = ReferenceConfig()
+    judge: JudgeConfig | None = None
+    """LLM-judge workers (streamrl/config/judge.py); absent: none, and no rollout waits for a judge."""
     env: EnvConfig = EnvConfig()
     tools: ToolsConfig = ToolsConfig()  # chat templates and tools of episodes (streamrl/config/tools.py)
     loss: LossConfig = LossConfig()
@@ -93,10 +99,14 @@ class Config(Section):
     @model_validator(mode="after")
     def _cross(self) -> "Config":
         check_task_source(self)
-        if self.rollout.group_size < 2 and self.loss.advantage != "group_mean":
+        if self.rollout.group_size < 2:
+            # Every advantage (group_norm, group_mean, loo; whichever loss.name fixes, e.g. dr_grpo's
+            # group_mean) compares a sample with the rest of its group: alone, it is 0 (or undefined).
+            # Named without loss.advantage, which an objective may override.
             raise ValueError(
-                f"rollout.group_size={self.rollout.group_size} leaves no group baseline for "
-                f"loss.advantage={self.loss.advantage}; set rollout.group_size>=2"
+                f"rollout.group_size={self.rollout.group_size} leaves no group baseline: every advantage "
+                "compares a sample with the others of its group, so a lone sample never learns; set "
+                "rollout.group_size>=2"
             )
         devices = self.supervisor.devices
         if self.weights.backend == "cuda_ipc" and devices.get("trainer") != devices.get("generator"):
@@ -123,6 +133,13 @@ class Config(Section):
                 f"loss.overlong_buffer={self.loss.overlong_buffer} exceeds generator.max_tokens="
                 f"{self.generator.max_tokens}; set loss.overlong_buffer to about max_tokens/5"
             )
+        if self.judge is not None:
+            taken = ["reward", "ref_logprobs"] + [e.key for e in self.annotations.external]
+            if self.judge.key in taken:
+                raise ValueError(
+                    f"judge.key={self.judge.key!r} is already used (built-in keys and annotations.external: "
+                    f"{taken}); give the judge its own key, e.g. judge.key=judge"
+                )
         return self
 
     def required_annotations(self) -> list[str]:
@@ -130,4 +147,6 @@ class Config(Section):
         keys = ["reward"]
         if self.loss.kl_beta > 0:
             keys.append("ref_logprobs")
+        if self.judge is not None:
+            keys.append(self.judge.key)
         return keys + [e.key for e in self.annotations.external]

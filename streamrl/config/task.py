@@ -50,7 +50,7 @@ class TaskConfig(Section):
     `dataset`: records from task.dataset mapped by task.fields.
     `gsm8k`: `dataset` preset for GSM8K-style records {question, answer "... #### 42"}.
     `env`: the prompts are env.fn's own first observations (an adapter, docs/environments.md).
-    `reasoning_gym`: procedural items of the `reasoning_gym` section (streamrl/feed/reasoning_gym.py)."""
+    `reasoning_gym`: procedural items of the `reasoning_gym` section (streamrl/tasks/reasoning_gym.py)."""
     path: str | None = None
     """Shorthand for task.dataset.path (a jsonl/parquet file, a folder or a dataset id)."""
     dataset: DatasetConfig = DatasetConfig()

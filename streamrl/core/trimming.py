@@ -54,6 +54,7 @@ def stream_groups(cfg: Config) -> dict[str, list[str]]:
     """Stream -> the consumer groups that must exist (and have consumed) before it is trimmed."""
     keys = Keys(cfg.run.name)
     rollout_groups = ["reward", "trainer"] + (["reference"] if cfg.loss.kl_beta > 0 else [])
+    rollout_groups += ["judge"] if cfg.judge is not None else []
     out = {keys.prompts: ["generator"], keys.rollouts: rollout_groups, keys.annotations: ["trainer"]}
     if cfg.env.fn:
         out[keys.env_steps] = ["env"]

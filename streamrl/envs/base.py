@@ -25,7 +25,7 @@ import random
 import time
 from typing import Any
 
-from streamrl.annotate.rewards import charclass_reward
+from streamrl.tasks.charclass import charclass_reward
 
 
 class Env:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from streamrl.core.messages import Annotation, Rollout
-from streamrl.eval.rounds import answer_key, eval_group_of, parse_eval_group, round_metrics
+from streamrl.core.messages import Annotation, Rollout, eval_group_of, parse_eval_group
+from streamrl.eval.rounds import answer_key, round_metrics
 
 GROUP = "trainer"
 

@@ -19,15 +19,12 @@ feeder's half.
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from math import comb
 
 import numpy as np
 
-from streamrl.core.messages import EVAL_PREFIX
-
-_EVAL_ID = re.compile(r"^eval-(\d+)-(\d+)-(\d+)$")
+from streamrl.core.messages import eval_group_id
 
 # KEYS: prompts stream, last-issued key. ARGV: version, payloads... Appends the round and records its
 # version atomically, once: a feeder restarted (or retrying a lost reply) never issues a round twice.
@@ -38,24 +35,6 @@ for i = 2, #ARGV do redis.call('XADD', KEYS[1], '*', 'd', ARGV[i]) end
 redis.call('SET', KEYS[2], ARGV[1])
 return #ARGV - 1
 """
-
-
-def eval_group_id(version: int, n: int, i: int) -> str:
-    return f"{EVAL_PREFIX}{version}-{n}-{i}"
-
-
-def parse_eval_group(group_id: str) -> tuple[int, int, int] | None:
-    """(version, prompts in the round, index) of an eval group id; None for a training group."""
-    m = _EVAL_ID.match(group_id)
-    return (int(m[1]), int(m[2]), int(m[3])) if m else None
-
-
-def eval_group_of(rollout_id: str) -> str | None:
-    """The eval group id a rollout id belongs to (rollout ids start with '<group_id>:'), else None."""
-    if not rollout_id.startswith(EVAL_PREFIX):
-        return None
-    group = rollout_id.split(":", 1)[0]
-    return group if _EVAL_ID.match(group) else None
 
 
 def due_version(version: int, last_issued: int, every: int, at_start: bool, steps: int, at_end: bool = False) -> bool:
@@ -113,7 +92,7 @@ def round_metrics(rewards: np.ndarray, answers: list[list[str]], threshold: floa
 def answer_key(completion: str, meta: dict) -> str:
     """What majority voting compares: for charclass the scored characters; otherwise the answer part
     (after </think> and '####', as the math reward reads it), whitespace-normalised."""
-    from streamrl.annotate.rewards_math import answer_part
+    from streamrl.tasks.math_answers import answer_part
 
     if "length" in meta and "chars" in meta:
         return completion[: int(meta["length"])]

@@ -87,15 +87,3 @@ def chat_items(items: list[dict], bridge: ChatBridge) -> list[dict]:
         meta: dict[str, Any] = {"question": item["text"], **item["meta"]}
         out.append({"text": bridge.prompt_text(item["text"]), "meta": meta})
     return out
-
-
-def task_items(items: list[dict], tokenizer, cfg) -> list[dict]:
-    """The feeder's items under the job's config `cfg`: rendered as chat prompts (with the schemas of
-    tools.names) when tools.chat is set, unchanged otherwise or when the task already rendered its
-    own chat messages (task.fields.messages)."""
-    if not cfg.tools.chat or cfg.task.fields.messages is not None:
-        return items
-    from streamrl.envs.tools import load_tools
-
-    schemas = [t.schema() for t in load_tools(cfg.tools.names, cfg.tools.sandbox).values()]
-    return chat_items(items, ChatBridge(tokenizer, cfg.tools, schemas))

@@ -128,6 +128,25 @@ def check_lora(cfg: Config) -> str | None:
     return check_targets(linear_shapes(model), cfg.trainer.lora)
 
 
+def check_judge_model(cfg: Config) -> str | None:
+    """judge.model.path, unless `policy`, is a Hugging Face model folder (or a hub id), as model.path."""
+    from streamrl.config.judge import POLICY
+    from streamrl.config.schema import ModelConfig
+    from streamrl.models.tiny import resolve_model_path
+
+    if cfg.judge is None or cfg.judge.model.path == POLICY:
+        return None
+    try:
+        resolve_model_path(ModelConfig(path=cfg.judge.model.path), Path("unused"), cfg.run.seed)
+    except ConfigError as exc:
+        why = "is not a directory" if "not a directory" in str(exc) else "has no config.json"
+        return (
+            f"judge.model.path={cfg.judge.model.path!r} {why}, so it is not a Hugging Face model folder; point "
+            "it at the folder that holds the judge's config.json and weights, or set judge.model.path=policy"
+        )
+    return None
+
+
 def check_cuda(cfg: Config) -> str | None:
     """A GPU is visible when the config asks for CUDA (trainer.device=cuda, weights.backend=cuda_ipc)."""
     asks = {
@@ -255,6 +274,7 @@ CHEAP = (
     check_loss_fn,
     check_task,
     check_model_path,
+    check_judge_model,
     check_lora,
     check_cuda,
     check_broker,

@@ -37,7 +37,11 @@ def step_line(m: dict, total_steps: int) -> str:
         + (f" | {optim}" if optim else "")
         + (f" | no signal {frac:.0%} of groups" if frac else "")
         + f" | staleness max {m['staleness_max']} | {m['samples']} samples, {m['tokens']} tokens "
-        f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s | t={m['time_s']:.0f}s"
+        f"({tps:,.0f} tok/s) | wait {m['wait_s']:.2f}s train {m['train_s']:.2f}s"
+        + (f" mfu {m['mfu']:.1%}" if isinstance(m.get("mfu"), (int, float)) else "")
+        + (f" | gen {m['gen_tokens_per_s']:,.0f} tok/s" if isinstance(m.get("gen_tokens_per_s"), (int, float)) else "")
+        + (f" busy {m['gen_busy']:.0%}" if isinstance(m.get("gen_busy"), (int, float)) else "")
+        + f" | t={m['time_s']:.0f}s"
         + (
             f" | turns {m['turns_mean']:.2f}, env p50 {m['env_step_s_p50'] * 1000:.0f}ms, "
             f"failed episodes {m.get('episodes_failed', 0):.0f}"

@@ -29,6 +29,7 @@ ROLES: dict[str, str] = {
     "generator": "workers.generator:GeneratorWorker",
     "reward": "workers.reward:RewardWorker",
     "reference": "workers.reference:ReferenceWorker",
+    "judge": "workers.judge:JudgeWorker",
     "env": "workers.env:EnvWorker",
     "trainer": "workers.trainer:main",
 }

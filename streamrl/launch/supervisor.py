@@ -23,6 +23,7 @@ from streamrl.config.files import dump_config
 from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.errors import EXIT_NO_RESTART, WorkerDied
+from streamrl.launch.env_watch import EnvWatch, NoEnvWatch
 from streamrl.launch.failures import DeadLetterWatch
 from streamrl.launch.leftovers import ProcessTree, describe_removed
 from streamrl.launch.log_noise import strip_leak_report
@@ -33,7 +34,7 @@ from streamrl.train.metrics import read_metrics
 
 SCALE_FILE = "scale.json"
 """Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
-SCALABLE_ROLES = ("generator", "reward", "reference", "env")
+SCALABLE_ROLES = ("generator", "reward", "reference", "judge", "env")
 
 
 @dataclass
@@ -84,6 +85,7 @@ def role_counts(cfg: Config) -> dict[str, int]:
         "generator": cfg.generator.count,
         "reward": cfg.reward.count,
         "reference": cfg.reference.count if cfg.loss.kl_beta > 0 else 0,
+        "judge": cfg.judge.count if cfg.judge is not None else 0,
         "env": cfg.env.count if cfg.env.fn and cfg.env.fn != EXTERNAL else 0,
     }
 
@@ -107,6 +109,8 @@ class Supervisor:
         self.progress = Progress(cfg.trainer.steps, say, after_step=resumed_at or 0)
         self.failures = DeadLetterWatch(broker_url, cfg.run.name)
         """Dead-lettered entries per cause, printed while the job runs (streamrl/launch/failures.py)."""
+        self.env_watch = EnvWatch(broker_url, cfg.run.name) if cfg.env.fn == EXTERNAL else NoEnvWatch()
+        """env.fn=external: a warning on the console while no env worker has joined."""
         self.retiring: list[Child] = []
         """Children asked to leave by `streamrl scale` (SIGTERM sent), until they exit."""
         self.oom = OomWatch()
@@ -240,6 +244,7 @@ class Supervisor:
         if line := self.failures.poll(force=True):  # what the last quiet interval held back
             self.say(line)
         self.failures.close()
+        self.env_watch.close()
         try:
             per_group = self.cfg.rollout.group_size if self.cfg.env.fn else 0
             self.summary = s = write_summary(self.broker_url, self.cfg.run.name, self.run_dir, per_group)
@@ -269,6 +274,8 @@ class Supervisor:
         while True:
             self._progress()
             if line := self.failures.poll():
+                self.say(line)
+            if line := self.env_watch.poll():
                 self.say(line)
             self._record_trees()
             self.apply_scale()

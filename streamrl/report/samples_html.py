@@ -8,6 +8,8 @@ from __future__ import annotations
 from html import escape
 from pathlib import Path
 
+from streamrl.train.samples import header_parts
+
 STYLE = """body{font-family:sans-serif;max-width:70em;margin:1em auto;padding:0 1em}
 .s{border:1px solid #ccc;border-radius:4px;margin:.6em 0;padding:.4em .8em}
 .h{color:#444;font-size:90%}pre{white-space:pre-wrap;background:#f6f6f6;padding:.4em;margin:.3em 0}
@@ -19,13 +21,7 @@ def _block(label: str, text: str, cls: str) -> str:
 
 
 def sample_html(row: dict) -> str:
-    parts = ", ".join(f"{escape(k)}={v:.3g}" for k, v in row.get("reward_components", {}).items() if v is not None)
-    head = (
-        f"group {escape(str(row['group_id']))} #{row['sample']} &middot; reward {row['reward']}"
-        + (f" ({parts})" if parts else "")
-        + f" &middot; version {row['version']} &middot; staleness {row['staleness']}"
-        + f" &middot; {row['tokens']} tokens ({escape(str(row['finish_reason']))})"
-    )
+    head = " &middot; ".join(escape(part) for part in header_parts(row))
     body = [_block("prompt", row["prompt"], "prompt")]
     if row.get("turns"):
         body += [_block(t["role"], t["text"], t["role"]) for t in row["turns"]]

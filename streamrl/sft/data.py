@@ -26,7 +26,7 @@ import numpy as np
 
 from streamrl.config.schema import SFTConfig, TaskConfig
 from streamrl.core.errors import ConfigError, StreamRLError
-from streamrl.feed.tasks import CHAR_CLASSES, charclass_items
+from streamrl.tasks.charclass import CHAR_CLASSES, charclass_items
 
 
 class SampleError(StreamRLError, ValueError):

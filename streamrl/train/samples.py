@@ -84,14 +84,22 @@ def read_samples(run_dir: Path, step: int | None = None) -> list[dict]:
     return [r for r in rows if step is None or r.get("step") == step]
 
 
+def header_parts(row: dict) -> list[str]:
+    """What a sample's header says, in order: the console's (`format_sample`) and the HTML page's
+    (streamrl/report/samples_html.py)."""
+    parts = ", ".join(f"{k}={v:.3g}" for k, v in row.get("reward_components", {}).items() if v is not None)
+    return [
+        f"group {row['group_id']} #{row['sample']}",
+        f"reward {row['reward']}" + (f" ({parts})" if parts else ""),
+        f"version {row['version']}",
+        f"staleness {row['staleness']}",
+        f"{row['tokens']} tokens ({row['finish_reason']})",
+    ]
+
+
 def format_sample(row: dict) -> str:
     """One sample as readable console text (`streamrl samples`)."""
-    parts = ", ".join(f"{k}={v:.3g}" for k, v in row.get("reward_components", {}).items() if v is not None)
-    head = (
-        f"step {row['step']}  group {row['group_id']} #{row['sample']}  reward {row['reward']}"
-        + (f" ({parts})" if parts else "")
-        + f"  version {row['version']}  staleness {row['staleness']}  {row['tokens']} tokens ({row['finish_reason']})"
-    )
+    head = "  ".join([f"step {row['step']}", *header_parts(row)])
     lines = [head, "  prompt: " + row["prompt"].strip().replace("\n", "\n          ")]
     if row.get("turns"):
         for t in row["turns"]:

@@ -53,11 +53,10 @@ def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
         "--set",
         "trainer.steps=60",
     ]
-    env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
     out_path = tmp_path / "up.out"
     with open(out_path, "wb") as out:
         # Its own session: `up` leads a process group, as a shell's foreground job does.
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.time() + 400
         while not _steps(run_dir) or _steps(run_dir)[-1] < 2:

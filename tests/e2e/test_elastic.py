@@ -1,8 +1,8 @@
-"""Elastic jobs end to end: `streamrl up` on the tiny config with an external reward key served by the
-Node.js producer (scores reach the trainer; a killed producer's key times out to its default), and
-workers joining and leaving a running job through `streamrl worker` and `streamrl scale`.
+"""Elastic jobs end to end: `streamrl up` on the tiny config with external reward keys served by
+Node.js producers (scores reach the trainer; a killed producer's key times out to its default, in the
+same job), and workers joining and leaving a running job through `streamrl worker` and `streamrl scale`.
 
-    pytest tests/e2e/test_elastic.py        # ~6 runs of `streamrl up`, several minutes on 2 cores
+    pytest tests/e2e/test_elastic.py        # 3 runs of `streamrl up`, several minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ pytestmark = pytest.mark.slow
 
 
 def env(run_dir: Path) -> dict:
-    return {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache"), "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
 def cli(run_dir: Path, *args: str, log: str | None = None, **kw) -> subprocess.Popen:
@@ -127,14 +127,21 @@ def assert_nothing_lost(run_dir: Path) -> None:
     assert summary["failed"] == 0 and summary["dead_lettered"] == 0, summary
 
 
-JUDGE = "annotations.external=[{key: judge, weight: 0.5, timeout_s: %s, on_timeout: default, default: -1.0}]"
+# Two external keys, each scored by its own Node.js producer (completion tokens / 16): `judge` is served
+# to the end; `lost`'s producer is SIGKILLed after step 2, so its key times out (3 s) to its default.
+# One job shows both: scores reach the trainer, and a dead producer's key falls back without
+# holding up the other key or failing a group.
+JUDGES = (
+    "annotations.external=[{key: judge, weight: 0.5, timeout_s: 60, on_timeout: default, default: -1.0}, "
+    "{key: lost, weight: 0.5, timeout_s: 3, on_timeout: default, default: -1.0}]"
+)
 
 
-def attach_node_judge(up, run_dir: Path) -> subprocess.Popen:
-    """`streamrl producer add` (a restricted broker user), then the Node.js producer under it."""
+def attach_node_producer(up, run_dir: Path, key: str) -> subprocess.Popen:
+    """`streamrl producer add KEY` (a restricted broker user), then the Node.js producer of KEY under it."""
     wait_for("the broker", lambda: (run_dir / "broker" / "url").exists(), up, run_dir, timeout=120)
     res = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "producer", "add", "judge", "--run", "tiny", "--run-dir", str(run_dir)],
+        [sys.executable, "-m", "streamrl.cli", "producer", "add", key, "--run", "tiny", "--run-dir", str(run_dir)],
         cwd=ROOT,
         env=env(run_dir),
         capture_output=True,
@@ -145,8 +152,8 @@ def attach_node_judge(up, run_dir: Path) -> subprocess.Popen:
     return start_node_producer(
         res.stdout.splitlines()[0],
         "tiny",
-        "judge",
-        run_dir.parent / "node.log",
+        key,
+        run_dir.parent / f"node-{key}.log",
         "--max-tokens",
         "16",
         "--claim-idle-ms",
@@ -155,46 +162,37 @@ def attach_node_judge(up, run_dir: Path) -> subprocess.Popen:
 
 
 @pytest.mark.timeout(900)
-def test_node_producer_scores_reach_the_trainer(tmp_path):
+def test_node_producer_scores_reach_the_trainer_and_a_killed_ones_key_times_out(tmp_path):
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, JUDGE % 60)
-    node = attach_node_judge(up, run_dir)
+    up = start_up(run_dir, JUDGES)
+    judge = attach_node_producer(up, run_dir, "judge")
+    lost = attach_node_producer(up, run_dir, "lost")
     try:
+        wait_for("step 2", lambda: len(metrics(run_dir)) >= 2, up, run_dir)
+        assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
         rows = finish(up, run_dir)
-        code = node.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
+        code = judge.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
     finally:
-        if node.poll() is None:
-            stop(node)
+        for node in (judge, lost):
+            if node.poll() is None:
+                stop(node)
     for r in rows:
         parts = r["reward_components"]
-        assert set(parts) == {"reward", "judge"}
+        assert set(parts) == {"reward", "judge", "lost"}
         # The toy judge scores completion tokens / 16: its mean is the batch's mean length / 16.
         assert parts["judge"] == pytest.approx(r["completion_len_mean"] / 16, abs=1e-5)
-        assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"], abs=1e-5)
-        assert r["annotation_timeouts"] == 0 and r["failed"] == 0
-    log = (tmp_path / "node.log").read_text()
+        assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"] + 0.5 * parts["lost"], abs=1e-5)
+        assert r["failed"] == 0
+    assert rows[0]["reward_components"]["lost"] == pytest.approx(rows[0]["completion_len_mean"] / 16, abs=1e-5)
+    assert rows[0]["annotation_timeouts"] == 0
+    last = rows[-1]
+    assert last["reward_components"]["lost"] == -1.0  # every rollout of the last batch got the default
+    assert last["annotation_timeouts"] >= 64  # of `lost` only: `judge` was served in time (its score above)
+    log = (tmp_path / "node-judge.log").read_text()
     assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[
         -2000:
     ]
     assert '"event":"broker_error"' not in log, log[-2000:]
-
-
-@pytest.mark.timeout(900)
-def test_killed_producer_times_out_to_the_default(tmp_path):
-    run_dir = tmp_path / "run"
-    up = start_up(run_dir, JUDGE % 3)
-    node = attach_node_judge(up, run_dir)
-    try:
-        wait_for("step 2", lambda: len(metrics(run_dir)) >= 2, up, run_dir)
-    finally:
-        assert stop(node, signal.SIGKILL) == -signal.SIGKILL
-    rows = finish(up, run_dir)
-    assert rows[0]["reward_components"]["judge"] == pytest.approx(rows[0]["completion_len_mean"] / 16, abs=1e-5)
-    assert rows[0]["annotation_timeouts"] == 0
-    last = rows[-1]
-    assert last["reward_components"]["judge"] == -1.0  # every rollout of the last batch got the default
-    assert last["reward_mean"] == pytest.approx(last["reward_components"]["reward"] - 0.5, abs=1e-5)
-    assert last["annotation_timeouts"] >= 64 and last["failed"] == 0
 
 
 @pytest.mark.timeout(900)

@@ -44,7 +44,7 @@ def up(tmp_path, config: str, run_dir: Path, pythonpath: str | None = None) -> s
         "--set",
         "trainer.steps=2",
     ]
-    env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
+    env = dict(os.environ)
     if pythonpath:
         env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)

@@ -62,7 +62,6 @@ def test_eval_rises_and_an_external_loss_trains(tmp_path):
     ] + [a for s in sets for a in ("--set", s)]
     env = {
         **os.environ,
-        "STREAMRL_CACHE": str(tmp_path / "cache"),
         "PYTHONPATH": os.pathsep.join([str(ROOT), str(ext)]),
     }
     res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540, env=env)

@@ -34,21 +34,20 @@ SMALL = [
 class Up:
     """One `streamrl up` subprocess and the run directory it writes."""
 
-    def __init__(self, run_dir: Path, *sets: str, resume: bool = False):
+    def __init__(self, run_dir: Path, *sets: str, resume: bool = False, config: str = "tiny-cpu.yaml"):
         self.run_dir = run_dir
         run_dir.mkdir(parents=True, exist_ok=True)
         cmd = [sys.executable, "-m", "streamrl.cli", "up"]
         cmd += (
             ["--resume", str(run_dir)]
             if resume
-            else ["--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "--run-dir", str(run_dir)]
+            else ["--config", str(ROOT / "configs" / config), "--run-dir", str(run_dir)]
         )
         for s in sets:
             cmd += ["--set", s]
-        env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
         self.out_path = run_dir.parent / f"{run_dir.name}-up-{time.time_ns()}.out"
         self.out = open(self.out_path, "wb")
-        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self.out, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, stdout=self.out, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self.out_path.read_text(errors="replace")
@@ -116,11 +115,31 @@ def assert_metrics(up: Up, steps: int, max_staleness: int = 1, checkpoint_every:
     assert all(r["checkpoint_stall_s"] >= 0 for r in rows if "checkpoint_stall_s" in r)
 
 
-@pytest.mark.timeout(1200)
-def test_every_worker_role_sigkilled_and_broker_restarted(tmp_path):
-    """generator, reward, reference and feeder each SIGKILLed, then redis-server: nothing lost."""
+def resume_to_the_end(run_dir: Path, steps: int) -> None:
+    """`up --resume` to the last step: every step logged once, nothing in flight, every group trained once."""
+    up = Up(run_dir, resume=True)
+    assert up.wait() == 0, up.output()[-4000:]
+    assert_metrics(up, steps)
+    s = up.summary()
+    assert_exact(s, in_flight_ok=False)
+    assert s["trained"] == steps * 8 and s["trained_rollouts"] == steps * 64 and s["double_trained"] == 0
+
+
+@pytest.mark.timeout(1500)
+def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resumed(tmp_path):
+    """generator, reward, reference and feeder each SIGKILLed, then redis-server, under a trainer of
+    FSDP2 over two gloo ranks; then the trainer itself: the sharded checkpoint (DCP) is written by both
+    ranks and read back by both; the resumed run replays from it and finishes exactly, nothing lost.
+    (One job, not two: each `up` costs its start-up, about a third of such a test on 2 cores.)"""
     run, steps = "faults-a", 10
-    up = Up(tmp_path / "a", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3", *SMALL)
+    up = Up(
+        tmp_path / "a",
+        f"run.name={run}",
+        f"trainer.steps={steps}",
+        "trainer.checkpoint_every=3",
+        "trainer.world_size=2",
+        *SMALL,
+    )
     up.wait_step(2)
     up.kill_role(run, "generator")
     up.wait_step(4)
@@ -128,22 +147,24 @@ def test_every_worker_role_sigkilled_and_broker_restarted(tmp_path):
         up.kill_role(run, role)
     up.wait_step(6)
     up.kill_broker()
-    code = up.wait()
-    out = up.output()
-    assert code == 0, out[-4000:]
+    up.wait_step(7)  # trained again after the broker came back
+    up.wait_checkpointed(run, 6)
+    up.kill_role(run, "trainer")
+    out = (up.wait(), up.output())[1]
     for role in ("generator", "reward", "reference", "feeder"):
         assert f"{role}-0 ({role}) killed by SIGKILL; restarting in" in out  # kill -9 is not "out of memory"
     assert out.count("restarting in") >= 4
     assert "broker (redis-server) killed by SIGKILL" in out and "broker back after" in out
-    assert_metrics(up, steps)
-    s = up.summary()
-    assert_exact(s)
-    assert s["trained"] == steps * 8 and s["trained_rollouts"] == steps * 64
-    trimmed = [
-        json.loads(ln).get("trimmed", 0)
-        for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
-        if '"stopped"' in ln
-    ]
+    # The heartbeat's pid is rank 0's: the trainer process names the rank and exits, the run ends.
+    assert up.proc.returncode == 1 and "trainer rank 0 failed: killed by SIGKILL" in out, out[-4000:]
+    assert up.summary()["checkpointed_version"] == 6
+
+    resume_to_the_end(up.run_dir, steps)
+    log = [json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()]
+    resumed = [r for r in log if r["event"] == "resumed"]
+    assert resumed and resumed[0]["policy_version"] == 6 and resumed[0]["replay_steps"][0] == 7, resumed
+    assert [r["world_size"] for r in log if r["event"] == "trainer_ready"] == [2, 2]
+    trimmed = [r.get("trimmed", 0) for r in log if r["event"] == "stopped"]
     assert trimmed and trimmed[-1] > 0, "the trainer trims consumed stream entries"
 
 
@@ -179,42 +200,4 @@ def test_trainer_sigkilled_then_resumed_and_gracefully_stopped(tmp_path):
     ]
     assert resumed and resumed[0]["policy_version"] == 3 and resumed[0]["replay_steps"][0] == 4
 
-    up3 = Up(up.run_dir, resume=True)
-    assert up3.wait() == 0, up3.output()[-4000:]
-    assert_metrics(up3, steps)
-    s = up3.summary()
-    assert_exact(s, in_flight_ok=False)
-    assert s["trained"] == steps * 8 and s["trained_rollouts"] == steps * 64 and s["double_trained"] == 0
-
-
-@pytest.mark.timeout(1200)
-def test_two_rank_trainer_sigkilled_then_resumed(tmp_path):
-    """The same recovery with FSDP2 over two gloo ranks: the sharded checkpoint (DCP) is written by
-    both ranks and read back by both; the resumed run replays from it and finishes exactly."""
-    run, steps = "faults-c", 6
-    up = Up(
-        tmp_path / "c",
-        f"run.name={run}",
-        f"trainer.steps={steps}",
-        "trainer.checkpoint_every=3",
-        "trainer.world_size=2",
-        *SMALL,
-    )
-    up.wait_step(4)
-    up.wait_checkpointed(run, 3)
-    up.kill_role(run, "trainer")
-    out = (up.wait(), up.output())[1]
-    # The heartbeat's pid is rank 0's: the trainer process names the rank and exits, the run ends.
-    assert up.proc.returncode == 1 and "trainer rank 0 failed: killed by SIGKILL" in out, out[-4000:]
-    assert up.summary()["checkpointed_version"] == 3
-
-    up2 = Up(up.run_dir, resume=True)
-    assert up2.wait() == 0, up2.output()[-4000:]
-    assert_metrics(up2, steps)
-    s = up2.summary()
-    assert_exact(s, in_flight_ok=False)
-    assert s["trained"] == steps * 8 and s["double_trained"] == 0
-    log = [json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()]
-    resumed = [r for r in log if r["event"] == "resumed"]
-    assert resumed and resumed[0]["policy_version"] == 3 and resumed[0]["replay_steps"][0] == 4, resumed
-    assert [r["world_size"] for r in log if r["event"] == "trainer_ready"] == [2, 2]
+    resume_to_the_end(up.run_dir, steps)

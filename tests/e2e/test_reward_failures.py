@@ -6,7 +6,6 @@ with reward.on_error=score trains instead of discarding its groups.
 """
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -36,9 +35,8 @@ def up(run_dir: Path, *sets: str, timeout: int = 300) -> tuple[subprocess.Comple
     ]
     for s in sets:
         cmd += ["--set", s]
-    env = {**os.environ, "STREAMRL_CACHE": str(run_dir.parent / "cache")}
     t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
     return res, time.monotonic() - t0
 
 

@@ -10,7 +10,6 @@ finished run directories, so they start no vLLM of their own.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -27,12 +26,10 @@ STEPS = 3
 pytestmark = pytest.mark.slow
 
 
-def _cli(*args: str, cache: Path, timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "STREAMRL_CACHE": str(cache)}
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "streamrl.cli", *args],
         cwd=ROOT,
-        env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -56,8 +53,6 @@ def _weights_handle(run_dir: Path) -> str | None:
 def two_runs(tmp_path_factory):
     """Two `streamrl up` of the default config (run.name tiny) at once, in two run directories."""
     base = tmp_path_factory.mktemp("two")
-    cache = base / "cache"
-    env = {**os.environ, "STREAMRL_CACHE": str(cache)}
     jobs = {}
     for name in ("a", "b"):
         out = open(base / f"{name}.out", "wb")
@@ -71,7 +66,7 @@ def two_runs(tmp_path_factory):
             "--set",
             f"trainer.steps={STEPS}",
         ]
-        jobs[name] = (subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT), out)
+        jobs[name] = (subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT), out)
     handles: dict[str, str] = {}
     try:
         deadline = time.time() + 500
@@ -88,7 +83,7 @@ def two_runs(tmp_path_factory):
                 proc.wait(timeout=120)
             out.close()
     outputs = {name: (base / f"{name}.out").read_text(errors="replace") for name in jobs}
-    return {"base": base, "cache": cache, "codes": codes, "outputs": outputs, "handles": handles}
+    return {"base": base, "codes": codes, "outputs": outputs, "handles": handles}
 
 
 @pytest.mark.timeout(600)
@@ -112,7 +107,7 @@ def test_two_default_jobs_of_one_name_both_finish_exactly(two_runs):
 def test_reusing_a_run_dir_without_resume_is_refused(two_runs):
     run_dir = two_runs["base"] / "a"
     before = {f: (run_dir / f).read_bytes() for f in ("config.yaml", "metrics.jsonl", "summary.json")}
-    res = _cli("up", "--run-dir", str(run_dir), "--set", "trainer.steps=5", cache=two_runs["cache"], timeout=400)
+    res = _cli("up", "--run-dir", str(run_dir), "--set", "trainer.steps=5", timeout=400)
     assert res.returncode == 2, res.stdout[-3000:] + res.stderr[-3000:]
     assert f"--resume {run_dir}" in res.stderr and "another --run-dir" in res.stderr, res.stderr
     assert {f: (run_dir / f).read_bytes() for f in before} == before, "the refused `up` changed the run dir"
@@ -121,7 +116,7 @@ def test_reusing_a_run_dir_without_resume_is_refused(two_runs):
 @pytest.mark.timeout(120)
 def test_scale_on_a_finished_run_shows_its_summary_and_writes_nothing(two_runs):
     run_dir = two_runs["base"] / "a"
-    res = _cli("scale", "generator=2", "--run-dir", str(run_dir), cache=two_runs["cache"])
+    res = _cli("scale", "generator=2", "--run-dir", str(run_dir))
     assert res.returncode == 1, res.stdout + res.stderr
     s = json.loads((run_dir / "summary.json").read_text())
     assert "has finished" in res.stderr and str(run_dir / "summary.json") in res.stderr, res.stderr
@@ -133,7 +128,7 @@ def test_scale_on_a_finished_run_shows_its_summary_and_writes_nothing(two_runs):
 def test_status_on_a_finished_run_shows_its_summary(two_runs):
     run_dir = two_runs["base"] / "b"
     t0 = time.time()
-    res = _cli("status", "--run-dir", str(run_dir), "--once", cache=two_runs["cache"])
+    res = _cli("status", "--run-dir", str(run_dir), "--once")
     assert res.returncode == 0, res.stdout + res.stderr
     s = json.loads((run_dir / "summary.json").read_text())
     assert "has finished" in res.stdout and f"{STEPS} steps trained" in res.stdout, res.stdout

@@ -5,7 +5,6 @@ after SFT on the offline demonstrations the first 10 RL steps must already avera
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -17,15 +16,13 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-def cli(*args: str, cache: Path, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "STREAMRL_CACHE": str(cache)}
+def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "streamrl.cli", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env=env,
     )
 
 
@@ -35,8 +32,8 @@ def rows(run_dir: Path) -> list[dict]:
 
 @pytest.mark.timeout(400)
 def test_rl_from_sft_starts_where_rl_from_scratch_ends(tmp_path):
-    sft_dir, rl_dir, cache = tmp_path / "sft", tmp_path / "rl", tmp_path / "cache"
-    res = cli("sft", "--config", str(ROOT / "configs" / "tiny-sft-cpu.yaml"), "--run-dir", str(sft_dir), cache=cache)
+    sft_dir, rl_dir = tmp_path / "sft", tmp_path / "rl"
+    res = cli("sft", "--config", str(ROOT / "configs" / "tiny-sft-cpu.yaml"), "--run-dir", str(sft_dir))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     sft = rows(sft_dir)
     assert [r["step"] for r in sft] == list(range(1, 41)) and "sft step   40/40" in res.stdout
@@ -58,7 +55,6 @@ def test_rl_from_sft_starts_where_rl_from_scratch_ends(tmp_path):
         "trainer.steps=10",
         "--set",
         "loss.kl_beta=0",
-        cache=cache,
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rl = rows(rl_dir)

@@ -7,7 +7,6 @@ that show real python-tool calls executed by the env worker and counted in metri
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,6 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_tiny_tools_job_executes_tool_calls(tmp_path):
     run_dir = tmp_path / "tools"
-    env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
     res = subprocess.run(
         [
             sys.executable,
@@ -37,7 +35,6 @@ def test_tiny_tools_job_executes_tool_calls(tmp_path):
             "trainer.steps=2",
         ],
         cwd=ROOT,
-        env=env,
         capture_output=True,
         text=True,
         timeout=280,

@@ -25,7 +25,7 @@ def fail_one_in_five(prompt: str, completion: str, meta: dict) -> float:
     """Raises on ~20% of completions (deterministically, by a hash of the text), else charclass."""
     import zlib
 
-    from streamrl.annotate.rewards import charclass_reward
+    from streamrl.tasks.charclass import charclass_reward
 
     if zlib.crc32(completion.encode()) % 5 == 0:
         raise RuntimeError("flaky grader")

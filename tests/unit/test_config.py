@@ -62,6 +62,11 @@ def test_bad_broker_url_says_what_to_set():
 def test_cross_field_rule_names_fix():
     with pytest.raises(ConfigError, match="rollout.group_size>=2"):
         load_config(None, ["rollout.group_size=1"])
+    # dr_grpo fixes advantage=group_mean (zero for a lone sample too): refused, without naming the
+    # loss.advantage default it does not use (issue 26's note)
+    with pytest.raises(ConfigError, match="rollout.group_size>=2") as exc:
+        load_config(None, ["rollout.group_size=1", "loss.name=dr_grpo"])
+    assert "loss.advantage" not in str(exc.value)
     with pytest.raises(ConfigError, match="task.path"):
         load_config(None, ["task.name=gsm8k"])
 

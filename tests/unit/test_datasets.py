@@ -16,7 +16,7 @@ import pytest
 
 from streamrl.config.schema import Config, TaskConfig
 from streamrl.core.errors import ConfigError
-from streamrl.feed.tasks import load_task
+from streamrl.feed.sources import load_task
 from streamrl.launch.preflight import check_task
 from streamrl.models.tiny import build_tokenizer
 

@@ -14,7 +14,7 @@ from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError
 from streamrl.envs import adapters as env_adapters
 from streamrl.envs.resolve import resolve_env
-from streamrl.feed.tasks import load_task
+from workers.feeder import load_items
 
 pytest.importorskip("verifiers", reason="pip install -e '.[envs]'")
 pytest.importorskip("textarena", reason="pip install -e '.[envs]'")
@@ -31,7 +31,7 @@ def taskset_on_path(monkeypatch):
 
 def items(spec: str, n: int, seed: int) -> list[dict]:
     cfg = Config.model_validate({"task": {"name": "env", "num_prompts": n}, "env": {"fn": spec}})
-    return load_task(cfg.task, seed, job=cfg)
+    return load_items(cfg.task, seed, cfg)
 
 
 def play(spec: str, item: dict, moves: list[str]):

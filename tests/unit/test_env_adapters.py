@@ -9,7 +9,7 @@ from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError
 from streamrl.envs import adapters as env_adapters
 from streamrl.envs.resolve import resolve_env
-from streamrl.feed.tasks import load_task
+from workers.feeder import load_items
 
 pytest.importorskip("textarena", reason="pip install -e '.[envs]'")
 
@@ -51,7 +51,7 @@ def play(factory, item, moves):
 
 def test_prompts_are_the_games_first_observations_and_steps_return_only_new_text():
     cfg = Config.model_validate({"task": {"name": "env", "num_prompts": 3}, "env": {"fn": GAME}})
-    items = load_task(cfg.task, 7, job=cfg)
+    items = load_items(cfg.task, 7, cfg)
     assert [i["meta"]["seed"] for i in items] == [7, 8, 9]
     assert all("Guess The Number" in i["text"] for i in items)
     ((obs, _, done),) = play(resolve_env(GAME), items[0], ["[10]"])

@@ -9,14 +9,11 @@ import pytest
 from pydantic import ValidationError
 
 from streamrl.config.schema import Config, EvalConfig
-from streamrl.core.messages import is_eval_group
+from streamrl.core.messages import eval_group_id, eval_group_of, is_eval_group, parse_eval_group
 from streamrl.eval.rounds import (
     answer_key,
     due_version,
-    eval_group_id,
-    eval_group_of,
     majority_correct,
-    parse_eval_group,
     pass_at_k,
     round_metrics,
 )

@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
+from streamrl.assemble.failure_streak import FailureStreak
 from streamrl.assemble.join_policy import JoinPolicy
 from streamrl.config.files import load_config
 from streamrl.core.errors import FatalError
 from streamrl.core.messages import Annotation
-from streamrl.launch.failures import FailureCounts, FailureStreak, cause, parse_record
+from streamrl.launch.failures import FailureCounts, cause, parse_record
 
 
 def test_streak_raises_at_the_bound_with_the_first_error_and_resets():

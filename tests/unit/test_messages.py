@@ -1,4 +1,4 @@
-"""The wire codec (streamrl/core/messages.py): round trips, the packed-array format, and rejections.
+"""The wire codec (streamrl/core/messages/): round trips, the packed-array format, and rejections.
 
 pytest tests/unit/test_messages.py
 """

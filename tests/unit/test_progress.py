@@ -36,6 +36,12 @@ def test_step_line_shows_loss_kl_entropy_and_grad_norm():
     assert "kl" not in step_line(_row(2, loss=0.1), 10)  # only what the objective logged
 
 
+def test_step_line_shows_mfu_and_the_generators_rate_where_known():
+    line = step_line(_row(3, mfu=0.2834, gen_tokens_per_s=12345.6, gen_busy=0.91), 10)
+    assert "train 0.50s mfu 28.3% | gen 12,346 tok/s busy 91% | t=3s" in line
+    assert "mfu" not in step_line(_row(3), 10) and "gen " not in step_line(_row(3), 10)
+
+
 def test_zero_variance_frac_is_the_share_of_groups_with_equal_rewards():
     rewards = np.array([1, 0, 0.5, 0.5, 0, 0])
     assert zero_variance_frac(rewards, np.array([0, 0, 1, 1, 2, 2])) == 2 / 3

@@ -7,15 +7,14 @@ from pydantic import ValidationError
 
 from streamrl.annotate.rewards import (
     BUILTIN_REWARDS,
-    charclass_reward,
     extract_final_number,
     math_reward,
     resolve_reward,
 )
-from streamrl.annotate.rewards_math import math_verify_reward
 from streamrl.config.schema import RewardConfig
 from streamrl.core.errors import ConfigError
-from streamrl.feed.tasks import CHAR_CLASSES
+from streamrl.tasks.charclass import CHAR_CLASSES, charclass_reward
+from streamrl.tasks.math_answers import math_verify_reward
 
 DIGITS = {"task": "charclass", "cls": "digits", "chars": CHAR_CLASSES["digits"], "length": 16}
 UPPER = {"task": "charclass", "cls": "upper", "chars": CHAR_CLASSES["upper"], "length": 16}

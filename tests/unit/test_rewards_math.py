@@ -8,9 +8,9 @@ import pytest
 from pydantic import ValidationError
 
 from streamrl.annotate.rewards import BUILTIN_REWARDS, Scored, make_reward
-from streamrl.annotate.rewards_math import math_verify_reward, think_format_reward
 from streamrl.config.schema import REWARD_BUILTINS, RewardConfig
 from streamrl.core.messages import Annotation, decode, encode
+from streamrl.tasks.math_answers import math_verify_reward, think_format_reward
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_components_sum_with_weights_and_keep_each_part():
         components=[
             {"fn": "math", "weight": 1.0},
             {"fn": "think_format", "weight": 0.2},
-            {"fn": "streamrl.annotate.rewards_math:think_format_reward", "name": "fmt2", "weight": -1},
+            {"fn": "streamrl.tasks.math_answers:think_format_reward", "name": "fmt2", "weight": -1},
         ]
     )
     fn = make_reward(cfg)

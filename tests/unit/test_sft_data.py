@@ -137,8 +137,7 @@ def test_truncation_and_bad_rows(tok):
 
 
 def test_charclass_demos_score_one():
-    from streamrl.annotate.rewards import charclass_reward
-    from streamrl.feed.tasks import charclass_items
+    from streamrl.tasks.charclass import charclass_items, charclass_reward
 
     demos = charclass_demos(40, 16, seed=0)
     metas = {i["text"]: i["meta"] for i in charclass_items(4, 16, 0)}

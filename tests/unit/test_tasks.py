@@ -10,8 +10,9 @@ import pytest
 
 from streamrl.config.schema import Config, TaskConfig, TinyModelConfig
 from streamrl.core.errors import ConfigError
-from streamrl.feed.tasks import CHAR_CLASSES, GSM8K_TEMPLATE, load_task, parse_gsm8k_answer
+from streamrl.feed.sources import GSM8K_TEMPLATE, load_task, parse_gsm8k_answer
 from streamrl.models.tiny import CHARS, build_tokenizer, fingerprint, vocab
+from streamrl.tasks.charclass import CHAR_CLASSES
 
 
 def test_tokenizer_round_trips_every_task_character():

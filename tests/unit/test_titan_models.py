@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import pytest
 
-from bench.trainer_mfu import flops_per_token
 from streamrl.config.files import load_config
 from streamrl.config.schema import Config, ParallelismConfig, TrainerConfig
 from streamrl.core.errors import ConfigError
 from streamrl.models.titan import rope_settings, spec_from_hf
+from streamrl.train.flops import flops_per_token
 
 LLAMA = {
     "model_type": "llama",

@@ -8,9 +8,9 @@ import pytest
 
 from streamrl.config.schema import Config
 from streamrl.core.messages import StepRequest, encode
-from streamrl.feed.tasks import load_task
 from tests.integration.envs.test_env_worker import burst, env_config, observations
 from workers.env import EnvWorker
+from workers.feeder import load_items
 
 pytest.importorskip("textarena", reason="pip install -e '.[envs]'")
 pytestmark = pytest.mark.anyio
@@ -32,7 +32,7 @@ def request(item: dict, actions: list[str], episode: str = "g0:0:a") -> StepRequ
 async def test_game_steps_through_workers_and_replays_on_another(config, broker):
     cfg = env_config(config, GAME)
     task_cfg = Config.model_validate({"task": {"name": "env", "num_prompts": 1}, "env": {"fn": GAME}})
-    (item,) = load_task(task_cfg.task, 5, job=task_cfg)
+    (item,) = load_items(task_cfg.task, 5, task_cfg)
     assert "2048" in item["text"] and item["meta"]["seed"] == 5
     moves = ["[w]", "[a]", "[s]"]
     a, b, c = (EnvWorker(cfg, broker, f"env-{n}") for n in "abc")
@@ -62,7 +62,7 @@ async def test_verifiers_env_steps_through_a_worker_and_another_worker_restarts_
     spec = "verifiers:vf_textarena_offline?game=Secretary-v0"
     cfg = env_config(config, spec)
     task_cfg = Config.model_validate({"task": {"name": "env", "num_prompts": 1}, "env": {"fn": spec}})
-    (item,) = load_task(task_cfg.task, 3, job=task_cfg)
+    (item,) = load_items(task_cfg.task, 3, task_cfg)
     a, b = EnvWorker(cfg, broker, "env-a"), EnvWorker(cfg, broker, "env-b")
     for w in (a, b):
         await w.start()

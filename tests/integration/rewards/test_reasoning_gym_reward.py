@@ -7,7 +7,7 @@ import pytest
 
 from streamrl.config.schema import Config
 from streamrl.core.messages import Rollout, decode, encode
-from streamrl.feed.tasks import load_task
+from streamrl.feed.sources import load_task
 from workers.reward import RewardWorker
 
 pytest.importorskip("reasoning_gym", reason="pip install -e '.[envs]'")

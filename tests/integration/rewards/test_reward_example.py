@@ -20,7 +20,7 @@ import pytest
 from streamrl.annotate.rewards import resolve_reward
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout, decode, encode
-from streamrl.feed.tasks import charclass_items
+from streamrl.tasks.charclass import charclass_items
 from workers.reward import RewardWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]

@@ -1,0 +1,68 @@
+"""The judge job end to end (`streamrl up` on configs/tiny-judge-cpu.yaml, real processes, a real
+redis-server, real vLLM CPU engines): a second judge joins with `streamrl scale judge=2`, `streamrl
+status` shows the judge group's lag, judge-0 is SIGKILLed mid-run (restarted; its pending rollouts are
+taken over), and the run ends with the accounting exact and the judges' scores as the trained reward.
+
+    pytest tests/e2e/test_judge.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.e2e.test_faults import ROOT, SMALL, Up, assert_exact
+
+pytestmark = pytest.mark.slow
+RUN, STEPS = "judge-e2e", 8
+
+
+def cli(up: Up, *args: str) -> str:
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args, "--run-dir", str(up.run_dir)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+
+
+@pytest.mark.timeout(900)
+def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path):
+    up = Up(tmp_path / "run", f"run.name={RUN}", f"trainer.steps={STEPS}", *SMALL, config="tiny-judge-cpu.yaml")
+    deadline = time.time() + 120
+    while not (up.run_dir / "broker" / "url").exists():  # `up` is live: its scale file is read
+        assert time.time() < deadline and up.proc.poll() is None, up.output()[-4000:]
+        time.sleep(0.2)
+    cli(up, "scale", "judge=2")  # at once, so judge-1's engine starts while judge-0's does
+    up.wait_step(2)
+    status = cli(up, "status", "--once")
+    # The `judge` consumer group's consumers, pending and lag (a row of the streams table), and a judge's
+    # heartbeat with its scoring rate (the workers table).
+    assert re.search(r"│ judge\s+│\s+\d+ │\s+\d+ │\s+\d+ │", status), status
+    assert re.search(r"│ judge\s+│ judge-[01]\s+│.*scored/s", status), status
+    up.kill_role(RUN, "judge")
+    code = up.wait()
+    out = up.output()
+    assert code == 0, out[-4000:]
+    assert "judge-0 (judge) killed by SIGKILL; restarting in" in out, out[-4000:]
+    s = up.summary()
+    assert_exact(s)
+    assert s["failed"] == 0 and s["dead_lettered"] == 0, s  # every judge output parsed; the kill lost nothing
+
+    rows = [json.loads(ln) for ln in (up.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    for r in rows:  # the trained reward is the judge's digit / 9 (annotations.reward_weight: 0)
+        parts = r["reward_components"]
+        assert set(parts) == {"reward", "judge"}
+        assert 0 <= parts["judge"] <= 9
+        assert r["reward_mean"] == pytest.approx(parts["judge"] / 9, abs=1e-4)
+    lines = (up.run_dir / "logs" / "judge-1.jsonl").read_text().splitlines()
+    stopped = [json.loads(ln) for ln in lines if '"event": "stopped"' in ln]
+    assert stopped and stopped[-1].get("scored", 0) > 0, "judge-1 (from `streamrl scale judge=2`) scored rollouts"
