@@ -5,7 +5,6 @@ holds the merged model and the PEFT adapter.
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -23,8 +22,8 @@ def test_up_learns_with_lora_publishing_only_the_adapter(tmp_path):
     run_dir = tmp_path / "lora"
     cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-lora-cpu.yaml")]
     cmd += ["--run-dir", str(run_dir), "--set", "trainer.steps=40"]
-    env = {**os.environ, "STREAMRL_CACHE": str(tmp_path / "cache")}
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=880, env=env)
+    # STREAMRL_CACHE is the session's (tests/e2e/conftest.py), inherited
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 41))
