@@ -115,7 +115,7 @@ class TrainerWorker(Worker):
         truncate_metrics(self.run_dir, self.version)  # replayed steps write their rows again
         if self.version > 0:  # the weights of this version may be gone (shm is cleared on exit)
             result = await self._call(self.ranks, StepOrder(self.version, snapshot=True))
-            await self.publisher.publish(self.version, result.state)
+            await self.publisher.publish(self.version, result.state, adapter=self.engine.adapter_config())
         if self.resumed or self.replay:
             self.log.info(
                 "resumed",
@@ -215,7 +215,9 @@ class TrainerWorker(Worker):
         meta_s = time.perf_counter() - t_meta
         if self.publishing is not None:
             await self.publishing  # one publish in flight at a time
-        self.publishing = asyncio.create_task(self.publisher.publish(self.version, result.state))
+        self.publishing = asyncio.create_task(
+            self.publisher.publish(self.version, result.state, adapter=self.engine.adapter_config())
+        )
         if self.version > self.broker_version:  # replayed steps are already announced
             self.broker_version = self.version
             await self.broker.set(self.keys.trainer_version, self.version)

@@ -121,6 +121,13 @@ class Config(Section):
                 f"trainer.world_size={self.trainer.world_size} needs that many GPUs, but supervisor.devices."
                 f'trainer gives {trainer_gpus[0]!r}; list one GPU per rank (e.g. "0,1") or lower world_size'
             )
+        loras, keep = self.generator.max_loras, self.rollout.max_staleness + 1
+        if self.trainer.lora.enabled and loras is not None and loras < keep:
+            raise ValueError(
+                f"generator.max_loras={loras} cannot hold the {keep} adapter versions a request may still "
+                f"use with rollout.max_staleness={self.rollout.max_staleness}; set generator.max_loras>={keep} "
+                "(or leave it unset: max_staleness + 1)"
+            )
         if self.loss.overlong_buffer > self.generator.max_tokens:
             raise ValueError(
                 f"loss.overlong_buffer={self.loss.overlong_buffer} exceeds generator.max_tokens="

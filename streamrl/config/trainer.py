@@ -140,6 +140,11 @@ class TrainerConfig(Section):
                 "trainer.parallelism dp_replicate/tp/compile need trainer.backend=torchtitan; the hf backend "
                 "shards with plain FSDP2 over all ranks (set them back to 1/false or switch the backend)"
             )
+        if self.backend == "torchtitan" and self.lora.enabled:
+            raise ValueError(
+                "trainer.lora needs trainer.backend=hf (the torchtitan backend trains full weights only); "
+                "set trainer.backend=hf, or trainer.lora.rank=0 to train the full model on torchtitan"
+            )
         if self.backend == "hf" and self.pack_rows:
             raise ValueError(
                 "trainer.pack_rows needs trainer.backend=torchtitan (the hf backend trains right-padded rows); "

@@ -105,6 +105,30 @@ def check_model_path(cfg: Config) -> str | None:
     return None
 
 
+def check_lora(cfg: Config) -> str | None:
+    """trainer.lora's target modules exist in the model and its rank fits each (streamrl.train.lora
+    .check_targets), read from the model's config on the meta device: no weights are loaded."""
+    if not cfg.trainer.lora.enabled:
+        return None
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from streamrl.models.tiny import resolve_model_path, tiny_hf_config
+    from streamrl.train.lora import check_targets, linear_shapes
+
+    try:
+        config = (
+            AutoConfig.from_pretrained(resolve_model_path(cfg.model, Path("unused"), cfg.run.seed))
+            if cfg.model.path
+            else tiny_hf_config(cfg.model.tiny)
+        )
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # check_model_path reports a bad model.path; nothing more to say here
+        return None if cfg.model.path else f"trainer.lora: the tiny model could not be shaped ({exc})"
+    return check_targets(linear_shapes(model), cfg.trainer.lora)
+
+
 def check_judge_model(cfg: Config) -> str | None:
     """judge.model.path, unless `policy`, is a Hugging Face model folder (or a hub id), as model.path."""
     from streamrl.config.judge import POLICY
@@ -275,6 +299,7 @@ CHEAP = (
     check_task,
     check_model_path,
     check_judge_model,
+    check_lora,
     check_cuda,
     check_broker,
     check_tools,

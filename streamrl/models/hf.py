@@ -77,9 +77,16 @@ def pack_completions(prompts: list, completions: list, pad_id: int = 0) -> dict[
 
 
 def check_plain_head(model) -> torch.nn.Module:
-    """The model's LM head, checked to be the last op before the logits (a Linear); else ConfigError."""
+    """The model's LM head, checked to be the last op before the logits (a Linear, or a Linear with a
+    peft LoRA adapter: see head_weights); else ConfigError."""
     head = model.get_output_embeddings()
-    if not isinstance(head, torch.nn.Linear):
+    if hasattr(head, "lora_A") and any(not isinstance(d, torch.nn.Identity) for d in head.lora_dropout.values()):
+        raise ConfigError(
+            "trainer.lora.dropout > 0 on lm_head is not reproduced by chunked log-probs (they form the head's "
+            "weight once); set trainer.lora.dropout=0, drop lm_head from trainer.lora.target_modules, or set "
+            "trainer.logprob_chunk_tokens=0"
+        )
+    if not isinstance(getattr(head, "base_layer", head), torch.nn.Linear):
         raise ConfigError(
             f"{type(model).__name__}'s output embedding is {type(head).__name__}, not a Linear; "
             "chunked log-probs need a plain LM head: set trainer.logprob_chunk_tokens=0"
@@ -124,6 +131,22 @@ def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str 
     return weight.full_tensor() if isinstance(weight, DTensor) else weight
 
 
+def head_weights(owner: torch.nn.Module, head: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
+    """The LM head's (weight, bias) as unsharded_weight gathers them. A head with a peft LoRA adapter
+    (trainer.lora.target_modules with lm_head) gives W + scale * B @ A of its active adapters,
+    differentiably, or W alone inside peft's disable_adapter(): the weight its forward applies."""
+    base = getattr(head, "base_layer", head)
+    weight = unsharded_weight(owner, base)
+    bias = None if base.bias is None else unsharded_weight(owner, base, "bias")
+    if base is head or head.disable_adapters or head.merged:
+        return weight, bias
+    for name in head.active_adapters:
+        if name in head.lora_A:
+            a, b = unsharded_weight(owner, head.lora_A[name]), unsharded_weight(owner, head.lora_B[name])
+            weight = weight + head.scaling[name] * (b @ a).to(weight.dtype)
+    return weight, bias
+
+
 def causal_lm_logprobs(
     model,
     inputs: dict[str, Tensor],
@@ -146,8 +169,7 @@ def causal_lm_logprobs(
         return token_logprobs(logits, inputs["positions"], inputs["targets"], temperature, with_entropy)
     head = check_plain_head(model)
     hidden = decoder_hidden_states(model, inputs["input_ids"], inputs["attention_mask"])
-    weight = unsharded_weight(model, head)
-    bias = None if head.bias is None else unsharded_weight(model, head, "bias")
+    weight, bias = head_weights(model, head)
     return gathered_logprobs(
         hidden,
         weight,

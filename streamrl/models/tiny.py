@@ -108,6 +108,11 @@ def _llama_config(cfg: TinyModelConfig):
     )
 
 
+def tiny_hf_config(cfg: TinyModelConfig):
+    """The transformers config the tiny build writes (shapes known without building it)."""
+    return _llama_config(cfg)
+
+
 def _write_build(cfg: TinyModelConfig, seed: int, dest: Path, fp: str) -> None:
     import torch
     from safetensors.torch import save_file

@@ -70,6 +70,21 @@ def _rank() -> int:
     return dist.get_rank() if dist.is_initialized() else 0
 
 
+def _options(engine, **extra):
+    """The engine's StateDictOptions for checkpoints (a LoRA engine leaves its frozen base out)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    opts = engine.checkpoint_options() if hasattr(engine, "checkpoint_options") else {}
+    return StateDictOptions(**opts, **extra)
+
+
+def _state_dicts(engine) -> tuple[dict, dict]:
+    """(model, optimizer) state dicts as every save and load sees them."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    return get_state_dict(engine.model, engine.optimizer, options=_options(engine))
+
+
 def _rng_state() -> dict:
     state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
     if torch.cuda.is_available():
@@ -203,8 +218,10 @@ class Checkpointer:
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
         self._setup()
-        model_sd = get_model_state_dict(engine.model)  # references: only shapes and dtypes are read
-        params, slots = list(engine.model.parameters()), optimizer_slots(engine.optimizer)
+        # references: only shapes and dtypes are read
+        model_sd = get_model_state_dict(engine.model, options=_options(engine))
+        params = [p for p in engine.model.parameters() if p.requires_grad]  # those with optimizer state
+        slots = optimizer_slots(engine.optimizer)
         future: Future = Future()
 
         def allocate() -> None:
@@ -222,10 +239,8 @@ class Checkpointer:
 
     def _assemble(self, engine) -> None:
         """The staging buffers from the pool (waits for it), in the shape of the current state."""
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
         pool = self._preparing.result()
-        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+        model_sd, optim_sd = _state_dicts(engine)
         self._stager.state_dict_cache = pool.staging_buffers({"model": model_sd, "optim": optim_sd})
         self._preparing = None
 
@@ -254,7 +269,6 @@ class Checkpointer:
     def start(self, engine, version: int, meta: dict) -> PendingCheckpoint:
         """Stage checkpoint `version` and start writing it (collective); see the class docstring."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
         t0 = time.perf_counter()
         self.wait()
@@ -265,7 +279,7 @@ class Checkpointer:
             shutil.rmtree(tmp, ignore_errors=True)
             tmp.mkdir(parents=True)
         _barrier()
-        model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+        model_sd, optim_sd = _state_dicts(engine)
         # Small per-rank state, written before the DCP write starts: its completion (a collective)
         # then implies every rank's extra file is on disk.
         extra = {
@@ -323,15 +337,31 @@ def save_checkpoint(engine, run_dir: Path, version: int, meta: dict, keep: int =
 def load_checkpoint(engine, path: Path) -> dict:
     """Restore model, optimizer, scheduler and RNG from `path` (collective); return its meta."""
     import torch.distributed.checkpoint as dcp
-    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    from torch.distributed.checkpoint.state_dict import set_state_dict
 
     path = Path(path)
     meta = json.loads((path / "meta.json").read_text())
     world = dist.get_world_size() if dist.is_initialized() else 1
-    model_sd, optim_sd = get_state_dict(engine.model, engine.optimizer)
+    model_sd, optim_sd = _state_dicts(engine)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path))  # resharded to this world size if it changed
-    set_state_dict(engine.model, engine.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    # Without the frozen base in the file, its keys are missing by design: load non-strict, then
+    # check that exactly those (and nothing trained) were missing.
+    partial_model = _options(engine).ignore_frozen_params
+    keys = set_state_dict(
+        engine.model,
+        engine.optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_options(engine, strict=not partial_model),
+    )
+    if partial_model:
+        trained = {n for n, p in engine.model.named_parameters() if p.requires_grad}
+        if lost := sorted(set(keys.missing_keys) & trained) + sorted(keys.unexpected_keys):
+            raise StreamRLError(
+                f"checkpoint {path} does not match the trainer's adapter ({lost[:4]} missing or unexpected); "
+                "resume with the trainer.lora settings the run was saved with"
+            )
     rank = _rank()
     extra_path = path / f"extra-rank{rank if meta.get('world_size') == world else 0}.pt"
     extra = torch.load(extra_path, weights_only=False)

@@ -52,6 +52,16 @@ class TrainerEngine(ABC):
     def full_state_dict(self) -> dict[str, Tensor] | None:
         """Full Hugging Face-named weights as detached CPU copies on rank 0, None elsewhere; collective."""
 
+    def adapter_config(self) -> dict | None:
+        """The PEFT adapter_config.json content when the engine trains a LoRA adapter (then
+        full_state_dict holds only the adapter's tensors, under peft's names); None otherwise."""
+        return None
+
+    def checkpoint_options(self) -> dict:
+        """Keyword arguments of torch.distributed.checkpoint's StateDictOptions for checkpoints
+        (e.g. ignore_frozen_params: a frozen base is not saved); {} = the whole model."""
+        return {}
+
     def weight_stream(self) -> WeightStream:
         """Full Hugging Face-named tensors one at a time, for a publisher that places them itself
         (streamrl.weights.store.WeightStream); collective. This default gathers the whole state first."""

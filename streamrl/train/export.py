@@ -12,6 +12,12 @@ base model's config (dtype = model.dtype), the weights as safetensors (sharded p
 tokenizer (with its chat template) and the generation config; it is written to a temporary
 folder and renamed, so a half-written export never looks complete. Both `up` and `sft` call
 this at the end of a run to write RUN_DIR/hf.
+
+With trainer.lora the checkpoint holds only the adapter: it is applied to the base (model.path) and
+the folder gets the merged model (what transformers and vLLM load as a plain model) and, under
+DIR/adapter, the adapter in PEFT layout (adapter_model.safetensors + adapter_config.json), which
+peft's PeftModel.from_pretrained and vLLM's LoRARequest load on top of the base model. It is a
+sub-folder: an adapter_config.json beside config.json would make transformers apply it again.
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ from streamrl.core.errors import ConfigError
 from streamrl.train.checkpoint import list_checkpoints
 
 MAX_SHARD = "5GB"
+ADAPTER_DIR = "adapter"
+"""Sub-folder of a LoRA run's export holding the adapter in PEFT layout."""
 
 
 def checkpoint_model_state(path: Path) -> dict[str, torch.Tensor]:
@@ -98,6 +106,26 @@ def save_hf_folder(state: dict[str, torch.Tensor], model_path: str, dtype: str, 
     AutoTokenizer.from_pretrained(model_path).save_pretrained(out)
 
 
+def merge_adapter(adapter: dict[str, torch.Tensor], cfg, out: Path) -> dict[str, torch.Tensor]:
+    """Apply a LoRA checkpoint's adapter (the trainer's own names) to the base model: write the adapter
+    in PEFT layout to `out`, return the merged model's HF state dict."""
+    from transformers import AutoModelForCausalLM
+
+    from streamrl.train.lora import add_adapters
+
+    base = AutoModelForCausalLM.from_pretrained(cfg.model.path, dtype=torch.float32)
+    peft_model = add_adapters(base, cfg.trainer.lora, cfg.model.path)
+    keys = base.load_state_dict(adapter, strict=False)  # `base` now holds the adapter layers in place
+    missing = [k for k in keys.missing_keys if "lora_" in k]
+    if keys.unexpected_keys or missing:
+        raise ConfigError(
+            f"the checkpoint's adapter does not fit trainer.lora of the run's config.yaml (unexpected "
+            f"{keys.unexpected_keys[:3]}, missing {missing[:3]}); export with the config the run trained with"
+        )
+    peft_model.save_pretrained(out, save_embedding_layers=False)  # an adapted lm_head's base is the base model's
+    return {k: v.detach() for k, v in peft_model.merge_and_unload().state_dict().items()}
+
+
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     """Write checkpoint `step` (default: the newest) of `run_dir` as a HF folder at `out_dir`."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -126,7 +154,11 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
+        if cfg.trainer.lora.enabled:
+            state = merge_adapter(state, cfg, tmp / ADAPTER_DIR)
         save_hf_folder(state, cfg.model.path, cfg.model.dtype, tmp / "hf")
+        if cfg.trainer.lora.enabled:
+            (tmp / ADAPTER_DIR).rename(tmp / "hf" / ADAPTER_DIR)
         if out_dir.exists():
             shutil.rmtree(out_dir)
         (tmp / "hf").rename(out_dir)

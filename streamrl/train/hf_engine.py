@@ -10,6 +10,11 @@ Runs inside every torch.distributed rank of the trainer (see streamrl/train/dist
         state = engine.full_state_dict()            # HF names on rank 0, None elsewhere
     launch(cfg.trainer.world_size, rank_main)
 
+LoRA (trainer.lora, streamrl/train/lora.py): peft injects the adapters before sharding and freezes the
+base; `model` stays the inner transformers model (the FSDP root), so log-probs and checkpoints take
+the full-weight paths, and `peft` keeps the wrapper for its names and `disable_adapter()`. The state
+published and checkpointed is then the adapter only (plus its optimizer state in checkpoints).
+
 Sharding: each decoder layer (the model's `_no_split_modules` classes) is one FSDP2 unit, then the
 root (embeddings, final norm, lm_head). FSDP2 averages gradients over ranks; the loss library
 pre-scales by dp_world_size and divides by the whole batch's token/sequence counts, so summing
@@ -23,6 +28,7 @@ from torch import Tensor
 
 from streamrl.core.errors import ConfigError
 from streamrl.models.hf import causal_lm_logprobs, check_plain_head
+from streamrl.train.lora import adapter_config, adapter_state, add_adapters
 from streamrl.train.step_engine import StepEngine
 from streamrl.weights.store import WeightStream, module_weight_stream
 
@@ -72,6 +78,7 @@ class HFEngine(StepEngine):
         self.vocab_size = getattr(model.config, "vocab_size", None)
         if tc.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.peft = add_adapters(model, tc.lora, model_path) if tc.lora.enabled else None
         model.to(self.device)
         model.train()
         if tc.logprob_chunk_tokens:
@@ -95,13 +102,17 @@ class HFEngine(StepEngine):
         )
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
-        """Full HF-named weights on rank 0 (detached CPU copies), None elsewhere; collective."""
+        """Full HF-named weights on rank 0 (detached CPU copies), None elsewhere; collective. With
+        trainer.lora only the adapter's tensors, under peft's names (`base_model.model.<...>.lora_A.weight`)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         # cpu_offload gathers one tensor at a time to rank 0's CPU: no full copy on other ranks.
-        state = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=self.peft is not None)
+        state = get_model_state_dict(self.model, options=options)
         if self.rank != 0:
             return None
+        if self.peft is not None:
+            state = adapter_state(self.peft, state)
         # With one CPU rank the "gathered" tensor IS the live parameter; the caller publishes this
         # dict while training continues, so copy exactly those (other ranks' gathers are fresh).
         live = {p.to_local().untyped_storage().data_ptr() for p in self.model.parameters()}
@@ -113,5 +124,16 @@ class HFEngine(StepEngine):
         return out
 
     def weight_stream(self) -> WeightStream:
-        """One parameter all-gathered at a time; transformers modules already carry HF names."""
+        """One parameter all-gathered at a time; transformers modules already carry HF names. With
+        trainer.lora the adapter's tensors (megabytes: gathered whole, TrainerEngine's default)."""
+        if self.peft is not None:
+            return super().weight_stream()
         return module_weight_stream(self.model, receiver=self.rank == 0)
+
+    def adapter_config(self) -> dict | None:
+        """The PEFT adapter_config.json content of the published adapter; None without trainer.lora."""
+        return adapter_config(self.peft) if self.peft is not None else None
+
+    def checkpoint_options(self) -> dict:
+        """With trainer.lora the frozen base stays out of checkpoints (it is model.path's, unchanged)."""
+        return {"ignore_frozen_params": True} if self.peft is not None else {}

@@ -87,7 +87,9 @@ class StepEngine(TrainerEngine):
     def _init_optimizer(self) -> None:
         """AdamW over self.model, the lr schedule, the loss's inputs; shared by every backend."""
         tc = self.cfg.trainer
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay)
+        # Trainable parameters only: with trainer.lora the frozen base gets no optimizer state.
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, tc))
         self.loss = resolve_loss(self.cfg)
         self.requirements = loss_requirements(self.loss)
