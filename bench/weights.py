@@ -65,6 +65,13 @@ def add_arguments(p) -> None:
         default=None,
         help="generator.max_num_seqs (default: vLLM's, 128 on a GPU; the GPU configs run 256)",
     )
+    p.add_argument(
+        "--lora-rank",
+        type=int,
+        default=0,
+        help="trainer.lora.rank: publish a LoRA adapter of this rank on q/k/v/o_proj, served by vLLM as a LoRA "
+        "(0: full weights). Run once with and once without to compare bytes, ready and tok/s",
+    )
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
     p.add_argument("--cache", default=None, help="where built models go (default: the temp dir)")
 
@@ -74,6 +81,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
         BrokerConfig,
         Config,
         GeneratorConfig,
+        LoraConfig,
         ModelConfig,
         RolloutConfig,
         RunConfig,
@@ -99,7 +107,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
             max_num_seqs=args.max_num_seqs,
             max_model_len=args.prompt_len + args.max_tokens + 16,
         ),
-        trainer=TrainerConfig(lr=1e-6),
+        trainer=TrainerConfig(lr=1e-6, lora=LoraConfig(rank=args.lora_rank)),
         weights=WeightsConfig(backend=backend, keep=3),
     )
 
@@ -214,6 +222,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
                 "stall_s": stall,
                 "stall_gpu_done_s": stall_sync,
                 "publish_s": published,
+                "bytes": report.get("bytes"),
                 "ready_s": t_ready - t_pub,
                 "first_token_s": first_token,
                 "paused_s": worker.stats.get("last_switch_paused_s"),
@@ -373,6 +382,10 @@ def run(args) -> int:
         f"plain vLLM {result['plain_tok_s']:.0f} tok/s | streamrl {result['streamrl_tok_s']:.0f} tok/s | "
         f"ratio {result['throughput_ratio']:.3f} (target >= {TARGETS['throughput_ratio']})"
     )
+    sizes = [p["bytes"] for p in result["publishes"] if p.get("bytes")]
+    if sizes:
+        kind = f"LoRA rank {args.lora_rank} adapter" if args.lora_rank else "full weights"
+        print(f"bytes per publish ({kind}): median {statistics.median(sizes):,.0f}")
     print(
         f"stall median {result['stall_s_median'] * 1e3:.1f} ms (target <= 50) | ready median "
         f"{result['ready_s_median']:.3f} s, max {result['ready_s_max']:.3f} s (target <= 0.5)"

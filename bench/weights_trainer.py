@@ -26,11 +26,14 @@ REPORTS = "bench:weights:reports"
 
 
 def perturb(engine, scale: float = 1e-3) -> None:
-    """Stands in for an optimizer step: every local shard changes in place."""
+    """Stands in for an optimizer step: every local shard of a trained parameter (the adapter's only,
+    with trainer.lora) changes in place."""
     import torch
 
     with torch.no_grad():
         for p in engine.model.parameters():
+            if not p.requires_grad:
+                continue  # trainer.lora: the frozen base is never published, an adapter step leaves it
             local = p.to_local() if hasattr(p, "to_local") else p
             local.add_(torch.randn_like(local), alpha=scale)
 
@@ -84,8 +87,9 @@ async def serve(spec: dict) -> None:
             torch.cuda.synchronize()
         stall_sync = time.perf_counter() - t0
         t_pub = time.time()
-        await writer.publish(v, state)
+        handle = await writer.publish(v, state, adapter=engine.adapter_config())  # None: full weights
         report = {
+            "bytes": handle.bytes,
             "version": v,
             "stall_s": stall,
             "stall_gpu_done_s": stall_sync,

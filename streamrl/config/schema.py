@@ -32,7 +32,7 @@ from streamrl.config.rollout import EnvConfig, GeneratorConfig, RolloutConfig
 from streamrl.config.sft import SFTConfig
 from streamrl.config.task import DatasetConfig, TaskConfig, TaskFields
 from streamrl.config.tools import ToolsConfig
-from streamrl.config.trainer import ParallelismConfig, TrainerConfig
+from streamrl.config.trainer import LoraConfig, ParallelismConfig, TrainerConfig
 
 __all__ = [
     "Advantage",
@@ -65,6 +65,7 @@ __all__ = [
     "TaskFields",
     "TinyModelConfig",
     "TrainerConfig",
+    "LoraConfig",
     "WeightsConfig",
 ]
 
