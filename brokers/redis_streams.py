@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from brokers.redis_scripts import ACK_MANY, ADD_AND_ACK, ADD_MANY, LAG_SCRIPT
+from brokers.replica_wait import ReplicaWait
 from brokers.urls import UNIX_FORM, client_options
 from streamrl.core.broker import Entry
 from streamrl.core.errors import BrokerError
@@ -129,8 +130,10 @@ def _stream_pairs(resp: Any) -> list[tuple[Any, list]]:
 class RedisBroker:
     """The Broker protocol over one redis-py asyncio client (a connection pool)."""
 
-    def __init__(self, client: aioredis.Redis, url: str = "redis://"):
+    def __init__(self, client: aioredis.Redis, url: str = "redis://", durable: ReplicaWait | None = None):
         self.client = client
+        self.durable = durable or ReplicaWait()
+        """Entries, scripts (ledger, admission) and untimed keys wait for a replica (broker.wait_replicas)."""
         self.url = redact(url)
         for command in ("XREAD", "XREADGROUP"):  # per client instance: other clients are unaffected
             client.set_response_callback(command, _raw_xread)
@@ -140,7 +143,12 @@ class RedisBroker:
 
     # -- streams ---------------------------------------------------------------------------
     async def add(self, stream: str, data: bytes, maxlen: int | None = None) -> str:
-        return _s(await self.client.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True))
+        if self.durable.replicas <= 0:
+            return _s(await self.client.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True))
+        [entry_id] = await self.durable.write(
+            self.client, lambda pipe: pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
+        )
+        return _s(entry_id)
 
     async def add_many(self, stream: str, items: list[bytes], maxlen: int | None = None) -> list[str]:
         if not items:
@@ -150,10 +158,11 @@ class RedisBroker:
                 return [_s(i) for i in await self.script(ADD_MANY, [stream], [FIELD, maxlen or "", *items])]
             except NoPermissionError:  # a restricted broker user (an external producer) may not run scripts
                 self._batch_script = False
-        pipe = self.client.pipeline(transaction=False)
-        for data in items:
-            pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
-        return [_s(i) for i in await pipe.execute()]
+        def queue(pipe) -> None:
+            for data in items:
+                pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
+
+        return [_s(i) for i in await self.durable.write(self.client, queue)]
 
     async def ensure_group(self, stream: str, group: str, start: str = "0") -> None:
         try:
@@ -337,7 +346,10 @@ class RedisBroker:
         return await self.client.get(key)
 
     async def set(self, key: str, value: bytes | str | int, ttl_s: float | None = None) -> None:
-        await self.client.set(key, value, px=None if ttl_s is None else max(1, int(ttl_s * 1000)))
+        if ttl_s is not None or self.durable.replicas <= 0:  # a key with a TTL (a heartbeat) is soon rewritten
+            await self.client.set(key, value, px=None if ttl_s is None else max(1, int(ttl_s * 1000)))
+            return
+        await self.durable.write(self.client, lambda pipe: pipe.set(key, value))
 
     async def incr(self, key: str, by: int = 1) -> int:
         return int(await self.client.incrby(key, by))
@@ -360,7 +372,13 @@ class RedisBroker:
         # is handled by redis-py re-sending the source.
         if source not in self._scripts:
             self._scripts[source] = self.client.register_script(source)
-        return await self._scripts[source](keys=keys, args=args)
+        if self.durable.replicas <= 0:
+            return await self._scripts[source](keys=keys, args=args)
+        # Every script writes (batches of XADD/XACK, the ledger, admission): its reply is acted on.
+        [reply] = await self.durable.write(
+            self.client, lambda pipe: self._scripts[source](keys=keys, args=args, client=pipe)
+        )
+        return reply
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Disconnect every connection; give up after `timeout_s` (a shutdown path must not hang on it)."""
@@ -377,9 +395,15 @@ class RedisBroker:
 
 
 async def connect(
-    url: str, retries: int = 20, backoff_base_s: float = 0.05, backoff_cap_s: float = 2.0, **client_kwargs: Any
+    url: str,
+    retries: int = 20,
+    backoff_base_s: float = 0.05,
+    backoff_cap_s: float = 2.0,
+    durable: ReplicaWait | None = None,
+    **client_kwargs: Any,
 ) -> RedisBroker:
     """Connect and ping, retrying with exponential back-off; raise BrokerError when it gives up.
+    `durable`: wait for replicas after the writes that matter (ReplicaWait; default off).
 
     The client itself retries dropped connections (same back-off, `retries` times per command),
     so a broker that restarts under a running worker costs a pause, not a crash.
@@ -417,7 +441,7 @@ async def connect(
         raise
     finally:
         await probe.aclose()
-    return RedisBroker(client, url)
+    return RedisBroker(client, url, durable)
 
 
 async def _ping_until_up(probe: aioredis.Redis, shown: str, retries: int, base_s: float, cap_s: float) -> None:
