@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from brokers.embedded import EmbeddedRedis
+from brokers.local_cluster import LocalCluster
 from brokers.redis_streams import RedisBroker, connect
 from streamrl.config.schema import BrokerConfig, Config, RunConfig
 from tests import watchdog
@@ -39,6 +40,18 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory):
     yield server
     watchdog.servers.remove(server)
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory):
+    """A local Redis Cluster, 3 masters + 3 replicas on loopback (brokers/local_cluster.py); stopped after
+    the session. Tests that kill nodes start their own LocalCluster instead of breaking this shared one."""
+    cluster = LocalCluster(Path(tmp_path_factory.mktemp("cluster")))
+    cluster.start()
+    watchdog.servers.append(cluster)
+    yield cluster
+    watchdog.servers.remove(cluster)
+    cluster.stop()
 
 
 @pytest.fixture
