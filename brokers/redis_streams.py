@@ -158,6 +158,7 @@ class RedisBroker:
                 return [_s(i) for i in await self.script(ADD_MANY, [stream], [FIELD, maxlen or "", *items])]
             except NoPermissionError:  # a restricted broker user (an external producer) may not run scripts
                 self._batch_script = False
+
         def queue(pipe) -> None:
             for data in items:
                 pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
