@@ -35,9 +35,13 @@ class LinkProxy:
         self._open.set()
         self._server: asyncio.Server | None = None
         self._writers: list[asyncio.StreamWriter] = []
+        self._links: set[asyncio.Task] = set()
 
     async def start(self) -> None:
-        self._server = await asyncio.start_server(self._link, "127.0.0.1", 0)
+        def link(r_in: asyncio.StreamReader, w_in: asyncio.StreamWriter) -> None:
+            self._links.add(asyncio.get_running_loop().create_task(self._link(r_in, w_in)))
+
+        self._server = await asyncio.start_server(link, "127.0.0.1", 0)
         self.port = self._server.sockets[0].getsockname()[1]
 
     def freeze(self) -> None:
@@ -62,13 +66,18 @@ class LinkProxy:
             self._server.close()
         for w in self._writers:  # drop what a frozen link holds: the master is gone
             w.transport.abort()
+        for task in self._links:
+            task.cancel()
+        await asyncio.gather(*self._links, return_exceptions=True)
 
 
 class ReplicaPair:
     """Start a master (no persistence: what the replica has is all that survives) and a replica."""
 
-    def __init__(self, data_dir: Path):
+    def __init__(self, data_dir: Path, proxy: bool = True):
         self.dir = data_dir
+        self.via_proxy = proxy
+        """False: the replica connects to the master directly (no freeze; for measuring WAIT's cost)."""
         self.master_port, self.replica_port = _free_ports("127.0.0.1", 2)
         self.procs: dict[int, subprocess.Popen] = {}
         self.proxy = LinkProxy(self.master_port)
@@ -87,7 +96,8 @@ class ReplicaPair:
     async def __aenter__(self) -> "ReplicaPair":
         self._start(self.master_port)
         await self.proxy.start()
-        self._start(self.replica_port, "--replicaof", "127.0.0.1", str(self.proxy.port))
+        upstream = self.proxy.port if self.via_proxy else self.master_port
+        self._start(self.replica_port, "--replicaof", "127.0.0.1", str(upstream))
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
