@@ -27,6 +27,7 @@ from brokers.redis_scripts import ACK_MANY, ADD_AND_ACK, ADD_MANY, LAG_SCRIPT
 from brokers.replica_wait import ReplicaWait
 from brokers.urls import UNIX_FORM, client_options
 from streamrl.core.broker import Entry
+from streamrl.core.broker_url import is_cluster_url, redact_cluster
 from streamrl.core.errors import BrokerError
 
 FIELD = b"d"
@@ -40,6 +41,8 @@ CLOSE_TIMEOUT_S = 10.0
 
 def redact(url: str) -> str:
     """The URL with its password replaced by `***` (for logs and error messages)."""
+    if is_cluster_url(url):
+        return redact_cluster(url)
     parts = urlsplit(url)
     if parts.password is None:
         return url
@@ -409,6 +412,10 @@ async def connect(
     The client itself retries dropped connections (same back-off, `retries` times per command),
     so a broker that restarts under a running worker costs a pause, not a crash.
     """
+    if is_cluster_url(url):  # redis+cluster://...: the same protocol over Redis Cluster
+        from brokers.cluster import connect_cluster
+
+        return await connect_cluster(url, retries, backoff_base_s, backoff_cap_s, **client_kwargs)
     shown = redact(url)
     retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
     options = {

