@@ -29,7 +29,7 @@ from redis.exceptions import AuthenticationError, RedisClusterException, RedisEr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from brokers.redis_streams import RedisBroker, _TransientRetry, log
+from brokers.redis_streams import RedisBroker, ReplicaWait, _TransientRetry, log
 from streamrl.core.broker import Entry
 from streamrl.core.broker_url import CLUSTER_FORM, parse_cluster_url, redact_cluster
 from streamrl.core.errors import BrokerError
@@ -102,7 +102,12 @@ class ClusterBroker(RedisBroker):
 
 
 async def connect_cluster(
-    url: str, retries: int = 20, backoff_base_s: float = 0.05, backoff_cap_s: float = 2.0, **client_kwargs: Any
+    url: str,
+    retries: int = 20,
+    backoff_base_s: float = 0.05,
+    backoff_cap_s: float = 2.0,
+    durable: ReplicaWait | None = None,
+    **client_kwargs: Any,
 ) -> ClusterBroker:
     """Connect to the cluster named by `url` and check it is whole; raise BrokerError naming the fix."""
     shown = redact_cluster(url)
@@ -125,7 +130,7 @@ async def connect_cluster(
         )
         try:
             await _check_whole(client, seeds, shown)
-            return ClusterBroker(client, url)
+            return ClusterBroker(client, url, durable)
         except AuthenticationError as exc:
             await client.aclose()
             raise BrokerError(

@@ -149,7 +149,7 @@ class RedisBroker:
         if self.durable.replicas <= 0:
             return _s(await self.client.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True))
         [entry_id] = await self.durable.write(
-            self.client, lambda pipe: pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
+            self.client, stream, lambda pipe: pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
         )
         return _s(entry_id)
 
@@ -166,7 +166,7 @@ class RedisBroker:
             for data in items:
                 pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
 
-        return [_s(i) for i in await self.durable.write(self.client, queue)]
+        return [_s(i) for i in await self.durable.write(self.client, stream, queue)]
 
     async def ensure_group(self, stream: str, group: str, start: str = "0") -> None:
         try:
@@ -353,7 +353,7 @@ class RedisBroker:
         if ttl_s is not None or self.durable.replicas <= 0:  # a key with a TTL (a heartbeat) is soon rewritten
             await self.client.set(key, value, px=None if ttl_s is None else max(1, int(ttl_s * 1000)))
             return
-        await self.durable.write(self.client, lambda pipe: pipe.set(key, value))
+        await self.durable.write(self.client, key, lambda pipe: pipe.set(key, value))
 
     async def incr(self, key: str, by: int = 1) -> int:
         return int(await self.client.incrby(key, by))
@@ -380,7 +380,7 @@ class RedisBroker:
             return await self._scripts[source](keys=keys, args=args)
         # Every script writes (batches of XADD/XACK, the ledger, admission): its reply is acted on.
         [reply] = await self.durable.write(
-            self.client, lambda pipe: self._scripts[source](keys=keys, args=args, client=pipe)
+            self.client, keys[0] if keys else "", lambda pipe: self._scripts[source](keys=keys, args=args, client=pipe)
         )
         return reply
 
@@ -415,7 +415,7 @@ async def connect(
     if is_cluster_url(url):  # redis+cluster://...: the same protocol over Redis Cluster
         from brokers.cluster import connect_cluster
 
-        return await connect_cluster(url, retries, backoff_base_s, backoff_cap_s, **client_kwargs)
+        return await connect_cluster(url, retries, backoff_base_s, backoff_cap_s, durable=durable, **client_kwargs)
     shown = redact(url)
     retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
     options = {
