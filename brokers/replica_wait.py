@@ -33,6 +33,9 @@ RETRIES = 8
 """Attempts of a durable write through a failover (back-off 0.1 s doubling to 2 s: ~10 s, past a
 cluster's failover at cluster-node-timeout plus an election)."""
 RETRY_BASE_S, RETRY_CAP_S = 0.1, 2.0
+ALONE_RECHECK_S = 0.5
+"""A node that had no replica online is asked again (INFO, no WAIT) this often: writes to it meanwhile
+do not wait (a WAIT there would only time out)."""
 
 
 def online_replicas(info: dict[str, Any]) -> int:
@@ -63,6 +66,8 @@ class ReplicaWait:
         """Writes whose first WAIT came back short (then waited for, or returned with no replica online)."""
         self.unreplicated = 0
         """Writes returned with fewer replicas than asked because none was online."""
+        self._alone: dict[str, float] = {}
+        """Node name ('' for a single server) -> when to ask again whether a replica is online."""
 
     async def write(self, client: Any, key: str, queue: Callable[[Any], Awaitable[Any] | Any]) -> list:
         """Run the command(s) `queue(pipe)` puts in a pipeline on `client` (all on `key`'s node) and return
@@ -86,7 +91,7 @@ class ReplicaWait:
         queued = queue(pipe)
         if asyncio.iscoroutine(queued):  # a redis-py Script called with client=pipe queues via a coroutine
             await queued
-        if self.replicas <= 0:
+        if self.replicas <= 0 or await self._alone_now(client, node):
             return await pipe.execute()
         pipe.execute_command("WAIT", self.replicas, self.timeout_ms, **_target(node))
         *replies, acked = await pipe.execute()
@@ -106,6 +111,8 @@ class ReplicaWait:
         marker = touch_key(key, cluster)
         while True:
             node = _node(client, marker)
+            if await self._alone_now(client, node, ask=True):
+                return
             pipe = client.pipeline(transaction=False)
             pipe.set(marker, 1, px=60_000)
             pipe.execute_command("WAIT", self.replicas, self.timeout_ms, **_target(node))
@@ -114,13 +121,7 @@ class ReplicaWait:
                 return
             online = online_replicas(await client.info("replication", **_target(node)))
             if online == 0:
-                self.unreplicated += 1
-                log.warning(
-                    "write_unreplicated",
-                    wanted=self.replicas,
-                    reason="no replica online: no failover can lose this write until one syncs",
-                )
-                return
+                continue  # it went away meanwhile: the next round returns as alone
             if int(acked) >= min(self.replicas, online):
                 return  # every online replica has it (fewer are up than broker.wait_replicas asks)
             log.warning(
@@ -130,6 +131,28 @@ class ReplicaWait:
                 waited_s=round(time.monotonic() - started, 3),
                 reason="the write's reply waits until a replica has it (broker.wait_replicas)",
             )
+
+    async def _alone_now(self, client: Any, node: Any, ask: bool = False) -> bool:
+        """True (and the write counted as unreplicated) when `node` has no replica online: known from a
+        recent answer, or asked now (`ask`, or the last answer is older than ALONE_RECHECK_S)."""
+        name = "" if node is None else node.name
+        due = self._alone.get(name)
+        if due is None and not ask:
+            return False
+        if due is None or time.monotonic() >= due:
+            if online_replicas(await client.info("replication", **_target(node))) > 0:
+                self._alone.pop(name, None)
+                return False
+            if due is None:
+                log.warning(
+                    "write_unreplicated",
+                    node=name or "server",
+                    wanted=self.replicas,
+                    reason="no replica online: no failover can lose these writes until one syncs",
+                )
+            self._alone[name] = time.monotonic() + ALONE_RECHECK_S
+        self.unreplicated += 1
+        return True
 
 
 def _node(client: Any, key: str) -> Any:

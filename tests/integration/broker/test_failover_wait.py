@@ -82,4 +82,9 @@ async def test_no_replica_online_the_write_returns(tmp_path) -> None:
         await broker.add("s", b"x")
         assert time.monotonic() - t0 < 2.0
         assert (wait.short, wait.unreplicated) == (1, 1)
+        t0 = time.monotonic()
+        for _ in range(5):  # known alone: no WAIT that could only time out
+            await broker.add("s", b"x")
+        assert time.monotonic() - t0 < 0.2 * 5, "writes to a master without a replica each waited out a WAIT"
+        assert (wait.short, wait.unreplicated) == (1, 6)
         await broker.close(timeout_s=2)
