@@ -34,11 +34,14 @@ class Servers:
 
     urls: tuple[str, ...]
     placement: dict = field(default_factory=dict)
+    wait_replicas: int = 0
+    """broker.wait_replicas of every role (brokers/replica_wait.py)."""
 
     async def connect(self):
+        from brokers.redis_streams import ReplicaWait
         from brokers.sharded import connect_sharded
 
-        return await connect_sharded(list(self.urls), self.placement or None)
+        return await connect_sharded(list(self.urls), self.placement or None, durable=ReplicaWait(self.wait_replicas))
 
 
 @contextlib.contextmanager
