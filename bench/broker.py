@@ -122,7 +122,8 @@ def add_arguments(p) -> None:
         "--wait-replicas",
         type=int,
         default=0,
-        help="broker.wait_replicas of the roles in the cluster runs (1: every durable write waits for a replica)",
+        help="broker.wait_replicas of the roles (1: every durable write waits for a replica; for --cluster or a "
+        "--url whose server has a replica)",
     )
     p.add_argument("--gpus", type=int, default=1000, help="job size of the sizing projection (default 1000)")
     p.add_argument(
@@ -427,7 +428,8 @@ def run(args) -> int:
         return _run_cluster(args, info)
     rows = []
     with scratch_servers(args.url, args.shards, "broker", local=not args.tcp) as urls:
-        servers = Servers(tuple(urls), parse_placement(args.placement) if len(urls) > 1 else {})
+        placement = parse_placement(args.placement) if len(urls) > 1 else {}
+        servers = Servers(tuple(urls), placement, wait_replicas=args.wait_replicas)
         if not args.no_baseline:
             rows.append(run_path(servers, args, "plain", 0.0))
         rows.append(run_path(servers, args, "full", 0.0))

@@ -232,7 +232,7 @@ class RedisBroker:
             for s in streams:
                 args += [len(ids[s]), *ids[s]]
             try:
-                return int(await self.script(ACK_MANY, streams, args))
+                return int(await self._script(ACK_MANY, streams, args, durable=False))  # an ack's loss is a redelivery
             except NoPermissionError:
                 self._batch_script = False
         return sum([await self.ack(s, group, ids[s]) for s in streams])
@@ -245,7 +245,8 @@ class RedisBroker:
         if self._batch_script:
             try:
                 args = [FIELD, maxlen or "", group, len(ids), *ids, *items]
-                return [_s(i) for i in await self.script(ADD_AND_ACK, [stream, ack_stream], args)]
+                # One script on one server: a failover keeps both or neither, so nothing to wait for.
+                return [_s(i) for i in await self._script(ADD_AND_ACK, [stream, ack_stream], args, durable=False)]
             except NoPermissionError:
                 self._batch_script = False
         added = await self.add_many(stream, items, maxlen)
@@ -372,13 +373,16 @@ class RedisBroker:
         return [_s(k) async for k in self.client.scan_iter(match=pattern, count=1000)]
 
     async def script(self, source: str, keys: list[str], args: list) -> Any:
+        # Every caller's script writes what is acted on (the ledger, admission): it waits for a replica.
+        return await self._script(source, keys, args, durable=True)
+
+    async def _script(self, source: str, keys: list[str], args: list, durable: bool) -> Any:
         # EVALSHA after the first call (redis-py caches the sha); NOSCRIPT after a server restart
         # is handled by redis-py re-sending the source.
         if source not in self._scripts:
             self._scripts[source] = self.client.register_script(source)
-        if self.durable.replicas <= 0:
+        if not durable or self.durable.replicas <= 0:
             return await self._scripts[source](keys=keys, args=args)
-        # Every script writes (batches of XADD/XACK, the ledger, admission): its reply is acted on.
         [reply] = await self.durable.write(
             self.client, keys[0] if keys else "", lambda pipe: self._scripts[source](keys=keys, args=args, client=pipe)
         )
