@@ -41,7 +41,6 @@ from bench.common import (
     stop_all,
     write_result,
 )
-from brokers.sharded import parse_placement
 from streamrl.annotate.annotator import Annotator
 from streamrl.config.schema import (
     BrokerConfig,
@@ -102,12 +101,6 @@ def add_arguments(p) -> None:
         help="an existing redis:// server (repeat for several; default: private embedded ones)",
     )
     p.add_argument(
-        "--shards",
-        type=int,
-        default=1,
-        help="embedded redis-servers to spread the streams over (brokers/sharded.py; default 1)",
-    )
-    p.add_argument(
         "--cluster",
         action="store_true",
         help="also run on a local Redis Cluster (3 masters + 3 replicas, brokers/local_cluster.py), once per "
@@ -132,11 +125,6 @@ def add_arguments(p) -> None:
         help="decode tokens/s per generation GPU of the projection, comma-separated (default 4000 (~8B policy), "
         "20000 (~1.5B))",
     )
-    p.add_argument(
-        "--placement",
-        default="rollouts=0,annotations=1",
-        help="stream name -> server index with several servers (default rollouts=0,annotations=1)",
-    )
 
 
 def bench_reward(prompt: str, completion: str, meta: dict) -> float:
@@ -147,13 +135,10 @@ def bench_reward(prompt: str, completion: str, meta: dict) -> float:
 def _config(url: str, run: str, args, partitions: int = 1) -> Config:
     # Roles get their broker from `Servers`; broker.url only has to be valid.
     broker = BrokerConfig(url=url) if args.block_ms is None else BrokerConfig(url=url, block_ms=args.block_ms)
-    rollout = {"group_size": args.group_size, "groups_per_step": args.groups_per_step}
-    if partitions != 1:  # rollout.partitions (issue 29 item 2); absent from older configs
-        rollout["partitions"] = partitions
     return Config(
         run=RunConfig(name=run),
         broker=broker,
-        rollout=RolloutConfig(**rollout),
+        rollout=RolloutConfig(group_size=args.group_size, groups_per_step=args.groups_per_step, partitions=partitions),
         reward=RewardConfig(fn="bench.broker:bench_reward"),
         reference=ReferenceConfig(),
         loss=LossConfig(kl_beta=0.001),
@@ -162,7 +147,7 @@ def _config(url: str, run: str, args, partitions: int = 1) -> Config:
 
 
 # -- roles -------------------------------------------------------------------------------------
-def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
+def _generator(servers: Servers, keys: Keys, args, rate: float, report) -> None:
     """Publish `args.rollouts` rollouts, a whole group per XADD pipeline, at `rate` (0: flat out)."""
     quiet_logging("generator")
     rng = np.random.default_rng(0)
@@ -173,8 +158,8 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
 
     async def main() -> None:
         broker = await servers.connect()
-        stream, nbytes, t0 = Keys(run).rollouts, 0, time.perf_counter()
-        version_key, consumed, per_step = Keys(run).trainer_version, 0, gs * args.groups_per_step
+        nbytes, t0 = 0, time.perf_counter()
+        version_key, consumed, per_step = keys.trainer_version, 0, gs * args.groups_per_step
         for g in range(args.rollouts // gs):
             while g * gs - consumed >= args.window:  # backpressure, as the feeder's admission bound gives a job
                 consumed = int(await broker.get(version_key) or 0) * per_step
@@ -202,7 +187,8 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
                 for s in range(gs)
             ]
             nbytes += sum(map(len, blobs))
-            await broker.add_many(stream, blobs)  # no MAXLEN, as workers/generator.py: the trainer trims
+            # a group to its partition (Keys.rollouts_for), no MAXLEN, as workers/generator.py: the trainer trims
+            await broker.add_many(keys.rollouts_for(f"g{g}"), blobs)
         report.put(("generator", {"bytes": nbytes, "cpu_s": time.process_time()}))
         await broker.close()
 
@@ -217,7 +203,8 @@ class BenchReference(Annotator):
     group = "reference"
 
     async def start(self) -> None:
-        await self.broker.ensure_group(self.keys.rollouts, self.group)
+        for stream in self.keys.rollout_streams:
+            await self.broker.ensure_group(stream, self.group)
 
     def batch_size(self) -> int:
         return self.cfg.reference.batch_size
@@ -269,12 +256,12 @@ def _role(name: str, cfg: Config, servers: Servers, report, total: int = 0) -> N
 
 
 # -- baseline: one writer, one plain reader ------------------------------------------------------
-def _plain_reader(servers: Servers, run: str, total: int, per_step: int, report) -> None:
+def _plain_reader(servers: Servers, keys: Keys, total: int, per_step: int, report) -> None:
     quiet_logging("reader")
 
     async def main() -> None:
         broker = await servers.connect()
-        stream, last, lat, first = Keys(run).rollouts, "0", [], float("inf")
+        stream, last, lat, first = keys.rollouts, "0", [], float("inf")
         while len(lat) < total:
             entries = await broker.read(stream, last, count=512, block_ms=1000)
             now = time.time()
@@ -284,7 +271,7 @@ def _plain_reader(servers: Servers, run: str, total: int, per_step: int, report)
                 first = min(first, r.finished_at)
             if entries:
                 last = entries[-1].id
-                await broker.set(Keys(run).trainer_version, len(lat) // per_step)
+                await broker.set(keys.trainer_version, len(lat) // per_step)
         report.put(
             (
                 "trainer",
@@ -308,10 +295,9 @@ def _plain_reader(servers: Servers, run: str, total: int, per_step: int, report)
 def _wait_for_groups(servers: Servers, stream: str, names: set[str], timeout_s: float = 60.0) -> None:
     import redis
 
-    from brokers.sharded import shard_of
     from streamrl.core.broker_url import sync_client
 
-    client = sync_client(servers.urls[shard_of(stream, len(servers.urls), servers.placement)])
+    client = sync_client(servers.urls[0])
     deadline = time.monotonic() + timeout_s
     try:
         while time.monotonic() < deadline:
@@ -349,15 +335,17 @@ def _server_stats(servers: Servers) -> dict:
 def run_path(servers: Servers, args, mode: str, rate: float, partitions: int = 1) -> dict:
     """One run: `plain` (baseline pair) or `full` (every role); returns its row."""
     run = f"bench-{mode}-{int(rate)}-{time.time_ns() % 10**9}"
-    cfg, report, keys = _config(servers.urls[0], run, args, partitions), queue(), Keys(run)
+    cfg, report = _config(servers.urls[0], run, args, partitions), queue()
+    keys = Keys.of(cfg)
     server0 = _server_stats(servers)
     if mode == "plain":
-        consumers = [spawn(_plain_reader, servers, run, args.rollouts, args.group_size * args.groups_per_step, report)]
+        consumers = [spawn(_plain_reader, servers, keys, args.rollouts, args.group_size * args.groups_per_step, report)]
     else:
         names = ["reward", "reference", "trainer"] + [f"ext{i}" for i in range(args.consumers)]
         consumers = [spawn(_role, n, cfg, servers, report, args.rollouts) for n in names]
-        _wait_for_groups(servers, keys.rollouts, {"reward", "reference", "trainer"} | set(names[3:]))
-    producer = spawn(_generator, servers, run, args, rate, report)
+        for stream in keys.rollout_streams:
+            _wait_for_groups(servers, stream, {"reward", "reference", "trainer"} | set(names[3:]))
+    producer = spawn(_generator, servers, keys, args, rate, report)
     got: dict = {}
     try:
         while "trainer" not in got or "generator" not in got:
@@ -427,9 +415,8 @@ def run(args) -> int:
     if args.cluster or (args.url and is_cluster(args.url[0])):
         return _run_cluster(args, info)
     rows = []
-    with scratch_servers(args.url, args.shards, "broker", local=not args.tcp) as urls:
-        placement = parse_placement(args.placement) if len(urls) > 1 else {}
-        servers = Servers(tuple(urls), placement, wait_replicas=args.wait_replicas)
+    with scratch_servers(args.url, 1, "broker", local=not args.tcp) as urls:
+        servers = Servers(tuple(urls), wait_replicas=args.wait_replicas)
         if not args.no_baseline:
             rows.append(run_path(servers, args, "plain", 0.0))
         rows.append(run_path(servers, args, "full", 0.0))
@@ -479,6 +466,8 @@ def _run_cluster(args, info: dict) -> int:
     from brokers.local_cluster import LocalCluster
 
     parts = [int(p) for p in args.partitions.split(",") if p.strip()]
+    if args.consumers and max(parts) > 1:
+        raise SystemExit("--consumers reads one stream: use it with --partitions 1 only")
     rows = []
     with scratch_servers(None, 1, "broker", local=False) as urls:  # TCP, as the cluster's roles connect
         row = run_path(Servers(tuple(urls)), args, "full", 0.0)

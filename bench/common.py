@@ -17,7 +17,7 @@ import os
 import signal
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -30,18 +30,17 @@ _CTX = mp.get_context("fork")
 
 @dataclass(frozen=True)
 class Servers:
-    """Where a bench's roles connect: one URL, or several with brokers/sharded.py's placement."""
+    """Where a bench's roles connect: the broker URL (a server or a cluster: brokers/connect.py), first of `urls`."""
 
     urls: tuple[str, ...]
-    placement: dict = field(default_factory=dict)
     wait_replicas: int = 0
     """broker.wait_replicas of every role (brokers/replica_wait.py)."""
 
     async def connect(self):
-        from brokers.redis_streams import ReplicaWait
-        from brokers.sharded import connect_sharded
+        from brokers.connect import connect
+        from brokers.replica_wait import ReplicaWait
 
-        return await connect_sharded(list(self.urls), self.placement or None, durable=ReplicaWait(self.wait_replicas))
+        return await connect(self.urls[0], durable=ReplicaWait(self.wait_replicas))
 
 
 @contextlib.contextmanager

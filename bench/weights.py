@@ -148,7 +148,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     import numpy as np
     import torch
 
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from streamrl.models.shapes import build_random_model
     from workers.generator import GeneratorWorker
 

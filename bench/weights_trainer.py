@@ -50,7 +50,7 @@ async def serve(spec: dict) -> None:
     import msgpack
     import torch
 
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from streamrl.config.schema import Config
     from streamrl.weights.store import make_publisher, publisher_class
 

@@ -53,6 +53,9 @@ def by_slot(keys: list[str]) -> dict[int, list[str]]:
 class ClusterBroker(RedisBroker):
     """The Broker protocol over one RedisCluster client; multi-key calls split per slot."""
 
+    cluster = True
+    """The run's keys need the cluster layout (streamrl.core.broker.Keys(cluster=True))."""
+
     async def read_groups(
         self, streams: list[str], group: str, consumer: str, count: int = 64, block_ms: int | None = 200
     ) -> dict[str, list[Entry]]:

@@ -4,7 +4,7 @@ Every entry carries one field, `d` (the msgpack payload); consumer groups give f
 roles and load sharing within one. Connection drops are retried with exponential back-off, so a
 broker restart is survived without the worker noticing (beyond a log line).
 
-    broker = await connect("redis://:PASSWORD@127.0.0.1:6379/0")
+    broker = await connect_server("redis://:PASSWORD@127.0.0.1:6379/0")   # brokers.connect.connect picks it
     await broker.ensure_group("streamrl:tiny:rollouts", "reward")
     entries = await broker.read_group("streamrl:tiny:rollouts", "reward", "reward-0", count=64)
 """
@@ -132,6 +132,8 @@ def _stream_pairs(resp: Any) -> list[tuple[Any, list]]:
 
 class RedisBroker:
     """The Broker protocol over one redis-py asyncio client (a connection pool)."""
+
+    cluster = False
 
     def __init__(self, client: aioredis.Redis, url: str = "redis://", durable: ReplicaWait | None = None):
         self.client = client
@@ -402,7 +404,7 @@ class RedisBroker:
             )
 
 
-async def connect(
+async def connect_server(
     url: str,
     retries: int = 20,
     backoff_base_s: float = 0.05,
@@ -416,10 +418,6 @@ async def connect(
     The client itself retries dropped connections (same back-off, `retries` times per command),
     so a broker that restarts under a running worker costs a pause, not a crash.
     """
-    if is_cluster_url(url):  # redis+cluster://...: the same protocol over Redis Cluster
-        from brokers.cluster import connect_cluster
-
-        return await connect_cluster(url, retries, backoff_base_s, backoff_cap_s, durable=durable, **client_kwargs)
     shown = redact(url)
     retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
     options = {

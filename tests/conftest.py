@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
+from brokers.connect import connect
 from brokers.embedded import EmbeddedRedis
 from brokers.local_cluster import LocalCluster
-from brokers.redis_streams import RedisBroker, connect
+from brokers.redis_streams import RedisBroker
 from streamrl.config.schema import BrokerConfig, Config, RunConfig
 from tests import watchdog
 from tests.watchdog import pytest_runtest_protocol  # noqa: F401 (a hook: pytest finds it by name here)

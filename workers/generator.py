@@ -303,7 +303,7 @@ class GeneratorWorker(Worker):
             finished_at=time.time(),
         )
         # No MAXLEN: the trainer trims below what every group consumed (streamrl.core.trimming).
-        await self.broker.add(self.keys.rollouts, encode(rollout))
+        await self.broker.add(self.keys.rollouts_for(rollout.group_id), encode(rollout))
         self.count("rollouts")
         self.count("tokens_generated", len(s.token_ids))
 

@@ -39,7 +39,8 @@ class ReferenceWorker(Annotator):
         self.device = reference_device(self.cfg)
         self.model = await asyncio.to_thread(load_hf_model, self.cfg.model.path, self.cfg.model.dtype, self.device)
         self.model.eval()
-        await self.broker.ensure_group(self.keys.rollouts, GROUP)
+        for stream in self.keys.rollout_streams:
+            await self.broker.ensure_group(stream, GROUP)
 
     def batch_size(self) -> int:
         return self.cfg.reference.batch_size

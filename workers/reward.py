@@ -27,7 +27,8 @@ class RewardWorker(Annotator):
 
     async def start(self) -> None:
         self.fn = make_reward(self.cfg.reward)
-        await self.broker.ensure_group(self.keys.rollouts, GROUP)
+        for stream in self.keys.rollout_streams:
+            await self.broker.ensure_group(stream, GROUP)
 
     def _score(self, r: Rollout):
         out = self.fn(r.prompt_text, r.text, r.meta)

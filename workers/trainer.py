@@ -141,7 +141,9 @@ class TrainerWorker(Worker):
             "feeder_admitted": int(await self.broker.get(self.keys.feeder_admitted) or 0),
             "groups_released": int(await self.broker.get(self.keys.trainer_released) or 0),
             "assembler": dict(self.assembler.counters),
-            "offsets": {s: await self.broker.group_info(s) for s in (self.keys.rollouts, self.keys.annotations)},
+            "offsets": {
+                s: await self.broker.group_info(s) for s in self.keys.rollout_streams + self.keys.annotation_streams
+            },
         }
 
     async def _after_save(self, pending: PendingCheckpoint | None) -> float:

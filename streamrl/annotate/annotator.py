@@ -162,29 +162,33 @@ class Annotator(Worker):
         raise NotImplementedError
 
     async def step(self) -> bool:
-        items = await self.read(self.keys.rollouts, self.group, count=self.batch_size(), expect=Rollout)
+        # One partition per step (streamrl.core.broker.Keys): its batch is published and acked in one
+        # call; the read blocks on every partition, so entries of the others are ready for the next steps.
+        stream = self.consumer.pick(self.keys.rollout_streams)
+        items = await self.read(stream, self.group, count=self.batch_size(), expect=Rollout)
         if not items:
             return False
         if skipped := [e.id for e, r in items if self.skip(r)]:
-            await self.broker.ack(self.keys.rollouts, self.group, skipped)
+            await self.broker.ack(stream, self.group, skipped)
             items = [(e, r) for e, r in items if not self.skip(r)]
             if not items:
                 return True
         results = await self.annotate([r for _, r in items])
-        await self.publish(items, results)
+        await self.publish(items, results, stream)
         return True
 
     def dead_letter_reason(self, error: str) -> str:
         return error
 
-    async def publish(self, items: list[tuple[Entry, Rollout]], results: list) -> None:
+    async def publish(self, items: list[tuple[Entry, Rollout]], results: list, stream: str) -> None:
         """Write one `key` annotation per (entry, rollout) from `results` [(value, error)] or
         [(value, error, parts)], dead-letter the rollouts that failed (their annotation carries the
-        error), then ack the batch."""
+        error), then ack the batch. `stream`: the rollouts partition the batch was read from; the
+        annotations go to the same partition."""
         out = []
         for (entry, r), (value, error, *parts) in zip(items, results, strict=True):
             if error:
-                await self.dead_letter(self.keys.rollouts, entry, self.dead_letter_reason(error))
+                await self.dead_letter(stream, entry, self.dead_letter_reason(error))
             out.append(
                 encode(
                     Annotation(
@@ -198,7 +202,8 @@ class Annotator(Worker):
                 )
             )
         ids = [e.id for e, _ in items]
-        await self.broker.add_and_ack(self.keys.annotations, out, self.keys.rollouts, self.group, ids)
+        annotations = self.keys.annotation_streams[self.keys.rollout_streams.index(stream)]
+        await self.broker.add_and_ack(annotations, out, stream, self.group, ids)
         self.count("scored", len(items))
 
     async def close(self) -> None:

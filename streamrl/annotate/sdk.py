@@ -114,14 +114,16 @@ class ProducerWorker(Annotator):
         run: str,
         worker_id: str,
         broker_cfg: BrokerConfig | None = None,
+        partitions: int = 1,
     ):
         """`broker_cfg`: the broker section (claim_idle_ms, block_ms); None: its defaults. A producer is
-        outside the job, so it has the run's name and the broker section, not a whole Config."""
-        super().__init__(Sections(RunConfig(name=run), broker_cfg or BrokerConfig()), broker, worker_id)
+        outside the job, so it has the run's name, the broker section and the job's rollout.partitions,
+        not a whole Config."""
+        super().__init__(Sections(RunConfig(name=run), broker_cfg or BrokerConfig(), partitions), broker, worker_id)
         self.fn, self.spec = fn, spec
         self.key, self.group = spec.key, spec.name
         self.is_async = inspect.iscoroutinefunction(fn)
-        self.batches = InFlight(spec.concurrency, self.consumer, self.keys.rollouts, spec.name)
+        self.batches = InFlight(spec.concurrency, self.consumer, self.keys.rollout_streams[0], spec.name)
         """Batches being scored, each holding its rollout entries."""
         self.heartbeats = True
         self.exit_code = 0
@@ -136,7 +138,8 @@ class ProducerWorker(Annotator):
 
     async def start(self) -> None:
         try:
-            await self.broker.ensure_group(self.keys.rollouts, self.spec.name)
+            for stream in self.keys.rollout_streams:
+                await self.broker.ensure_group(stream, self.spec.name)
         except NoPermissionError:
             # A restricted user (`streamrl producer add`) finds its group made by the admin.
             self.log.info("group_create_not_permitted", group=self.spec.name)
@@ -189,11 +192,12 @@ class ProducerWorker(Annotator):
         except (asyncio.TimeoutError, *BROKER_LOST):
             pass
 
-    async def _take(self) -> list[tuple[Entry, Rollout]]:
+    async def _take(self) -> tuple[str, list[tuple[Entry, Rollout]]]:
         # Read only when a call may start: unread entries stay for other replicas.
         while not await self.batches.wait_slot(timeout=None):
             pass
-        return await self.read(self.keys.rollouts, self.spec.name, count=self.spec.batch_size, expect=Rollout)
+        stream = self.consumer.pick(self.keys.rollout_streams)  # a batch is of one partition
+        return stream, await self.read(stream, self.spec.name, count=self.spec.batch_size, expect=Rollout)
 
     async def step(self) -> bool:
         taking = asyncio.ensure_future(self._take())
@@ -207,7 +211,7 @@ class ProducerWorker(Annotator):
             await asyncio.gather(taking, return_exceptions=True)
             return False
         try:
-            items = taking.result()
+            stream, items = taking.result()
         except BROKER_LOST as exc:
             self.end(f"broker unreachable ({exc}): the run is over or the broker is down", exit_code=1)
             return False
@@ -216,7 +220,7 @@ class ProducerWorker(Annotator):
             return False
         if not items:
             return False
-        self.batches.start(self._handle(items), hold=[entry.id for entry, _ in items])
+        self.batches.start(self._handle(items, stream), hold=[entry.id for entry, _ in items], stream=stream)
         return True
 
     async def _call(self, rollouts: list[Rollout]) -> list:
@@ -242,9 +246,9 @@ class ProducerWorker(Annotator):
         self.count("errors")
         return f"producer {self.spec.name}: {error}"
 
-    async def _handle(self, items: list[tuple[Entry, Rollout]]) -> None:
+    async def _handle(self, items: list[tuple[Entry, Rollout]], stream: str) -> None:
         try:
-            await self.publish(items, await self.annotate([r for _, r in items]))
+            await self.publish(items, await self.annotate([r for _, r in items]), stream)
         except Exception as exc:  # broker trouble: leave the entries pending; XAUTOCLAIM retries them
             self.log.error("batch_failed", error=str(exc), rollouts=len(items))
 

@@ -50,7 +50,7 @@ class Assembler:
         self.cfg = cfg
         self.broker = broker
         self.owner = owner
-        self.keys = Keys(cfg.run.name)
+        self.keys = Keys.of(cfg, broker)
         self.consumer = consumer
         self.reader = StreamConsumer(broker, cfg.broker, consumer, self.keys, owner.log, owner.count)
         """The trainer group's reads of `rollouts` and `annotations` (one consumer: `consumer`)."""
@@ -96,7 +96,7 @@ class Assembler:
         }
 
     async def start(self) -> None:
-        for stream in (self.keys.rollouts, self.keys.annotations):
+        for stream in self.keys.rollout_streams + self.keys.annotation_streams:
             await self.broker.ensure_group(stream, GROUP)
             # One consumer (trainer rank 0) reads this group: adopt what an earlier trainer process
             # under another id left pending; our own pending entries are then read first (no idle
@@ -120,13 +120,19 @@ class Assembler:
             # Re-read our own pending entries now and then: after a broker restart, entries whose
             # XREADGROUP reply was lost are pending on us but were never seen (nobody else claims them).
             self._rescanned = time.monotonic()
-            self.reader.rescan(self.keys.rollouts, self.keys.annotations)
-        for stream, kind in ((self.keys.rollouts, Rollout), (self.keys.annotations, Annotation)):
+            self.reader.rescan(*self.keys.rollout_streams, *self.keys.annotation_streams)
+        # Partition by partition (streamrl.core.broker.Keys); each read blocks on every stream of the
+        # group, so what arrives on another partition meanwhile is read ahead, not waited for.
+        pairs = zip(self.keys.rollout_streams, self.keys.annotation_streams)
+        for stream, kind in [(s, kind) for r, a in pairs for s, kind in ((r, Rollout), (a, Annotation))]:
+            # Annotations held before this partition's rollouts are read: if that read catches up,
+            # their rollouts were added before it (a rollout precedes its annotations), so never will be.
+            before = self._held_in(stream) if kind is Rollout else set()
             items = await self.reader.read(stream, GROUP, count=512, expect=kind, claim=False)
             async with self._state:
                 for entry, msg in items:
                     n += 1
-                    if reason := self._invalid(msg):
+                    if reason := self._invalid(msg) or self._misplaced(stream, msg):
                         await self.reader.dead_letter(stream, entry, reason)
                         await self.broker.ack(stream, GROUP, [entry.id])
                     elif self.evals.owns(msg):
@@ -136,7 +142,7 @@ class Assembler:
                     else:
                         await self._add_annotation(entry.id, msg)
                 if kind is Rollout and self.reader.caught_up.get(stream):
-                    await self._ack_unknown()
+                    await self._ack_unknown(before)
         return n
 
     def start_intake(self) -> None:
@@ -181,6 +187,21 @@ class Assembler:
             task.result()  # its error (the FatalError of a failure streak, a broker error) is the caller's
             raise RuntimeError("the assembler's intake ended without an error while batches were asked for")
 
+    def _misplaced(self, stream: str, msg) -> str:
+        """Why an entry is on the wrong partition (an external producer's bug): the trainer acks a group's
+        entries on its own partition, so one elsewhere would stay pending for ever."""
+        if self.keys.partitions == 1:
+            return ""
+        group_id = msg.group_id if isinstance(msg, Rollout) else parse_rollout_id(msg.rollout_id)[0]
+        want = self.keys.partition_of(group_id)
+        if stream in (self.keys.rollout_streams[want], self.keys.annotation_streams[want]):
+            return ""
+        return (
+            f"entry of group {group_id!r} on {stream}, but the group's partition is {want} of "
+            f"{self.keys.partitions} (crc32 of the group id mod rollout.partitions, docs/protocol.md "
+            '"Partitions"); write it to that partition\'s stream'
+        )
+
     def _invalid(self, msg) -> str:
         """Why a decodable message still cannot be used (it would break a group or the train step)."""
         if isinstance(msg, Rollout):
@@ -203,13 +224,13 @@ class Assembler:
     async def _add_rollout(self, entry_id: str, r: Rollout) -> None:
         if r.group_id in self.closed:
             self.counters["late"] += 1
-            await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+            await self.broker.ack(self.keys.rollouts_for(r.group_id), GROUP, [entry_id])
             return
         g = self.groups.setdefault(r.group_id, PendingGroup(r.group_id, r.group_size))
         if r.rollout_id in g.rollouts or r.rollout_id in g.superseded:
             if g.rollouts.get(r.rollout_id, ("",))[0] != entry_id:  # the same entry re-read is still needed
                 self.counters["duplicates"] += 1
-                await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+                await self.broker.ack(self.keys.rollouts_for(r.group_id), GROUP, [entry_id])
             return
         held = self.held.get(r.group_id, {}).pop(r.rollout_id, [])
         if r.sample in g.samples:
@@ -217,16 +238,16 @@ class Assembler:
             # first copy read is trained; this one and every annotation computed for it are not.
             g.superseded.add(r.rollout_id)
             self.counters["duplicates"] += 1 + len(held)
-            await self.broker.ack(self.keys.rollouts, GROUP, [entry_id])
+            await self.broker.ack(self.keys.rollouts_for(r.group_id), GROUP, [entry_id])
             if held:
-                await self.broker.ack(self.keys.annotations, GROUP, [eid for eid, _ in held])
+                await self.broker.ack(self.keys.annotations_for(r.group_id), GROUP, [eid for eid, _ in held])
             return
         g.rollouts[r.rollout_id] = (entry_id, r)
         g.samples[r.sample] = r.rollout_id
         for eid, a in held:
             if r.group_id in self.closed:  # an earlier held annotation failed the group
                 self.counters["late"] += 1
-                await self.broker.ack(self.keys.annotations, GROUP, [eid])
+                await self.broker.ack(self.keys.annotations_for(r.group_id), GROUP, [eid])
             else:
                 await self._attach(g, eid, a)
         if r.group_id not in self.closed:
@@ -237,7 +258,7 @@ class Assembler:
         g = self.groups.get(group_id)
         if group_id in self.closed or (g is not None and a.rollout_id in g.superseded):
             self.counters["late" if group_id in self.closed else "duplicates"] += 1
-            await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+            await self.broker.ack(self.keys.annotations_for(group_id), GROUP, [entry_id])
         elif g is not None and a.rollout_id in g.rollouts:
             await self._attach(g, entry_id, a)
         else:
@@ -251,12 +272,13 @@ class Assembler:
         if a.key in slot:
             if slot[a.key][0] != entry_id:
                 self.counters["duplicates"] += 1
-                await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+                await self.broker.ack(self.keys.annotations_for(g.group_id), GROUP, [entry_id])
             return
         if reason := self.join.mismatch(a, len(g.rollouts[a.rollout_id][1].completion_ids)):
             # The group waits for a good one (or its key's timeout).
-            await self.reader.dead_letter(self.keys.annotations, Entry(entry_id, encode(a), {}), reason)
-            await self.broker.ack(self.keys.annotations, GROUP, [entry_id])
+            stream = self.keys.annotations_for(g.group_id)
+            await self.reader.dead_letter(stream, Entry(entry_id, encode(a), {}), reason)
+            await self.broker.ack(stream, GROUP, [entry_id])
             return
         slot[a.key] = (entry_id, a)
         if a.error:
@@ -266,21 +288,40 @@ class Assembler:
                 return
         await self._check_group(g, a.rollout_id)
 
-    async def _ack_unknown(self) -> None:
-        """Every rollout added before the last read has been read: held annotations name no rollout."""
-        ids = [eid for rids in self.held.values() for held in rids.values() for eid, _ in held]
-        if not ids:
+    def _held_in(self, rollouts: str) -> set[tuple[str, str, str]]:
+        """(group id, rollout id, entry id) of the held annotations of the partition of `rollouts`."""
+        return {
+            (gid, rid, eid)
+            for gid, rids in self.held.items()
+            if self.keys.rollouts_for(gid) == rollouts
+            for rid, held in rids.items()
+            for eid, _ in held
+        }
+
+    async def _ack_unknown(self, before: set[tuple[str, str, str]]) -> None:
+        """Every rollout of a partition added before its last read has been read: the annotations held
+        since before that read (`before`, still held) name no rollout."""
+        gone = [
+            (gid, rid, eid, a) for gid, rid, eid in before for e, a in self.held.get(gid, {}).get(rid, []) if e == eid
+        ]
+        if not gone:
             return
-        producers = sorted({a.producer for rids in self.held.values() for held in rids.values() for _, a in held})
-        self.counters["unknown_annotations"] += len(ids)
+        self.counters["unknown_annotations"] += len(gone)
         self.owner.log.warning(
             "unknown_rollout_ids",
-            annotations=len(ids),
-            producers=producers[:10],
-            examples=[rid for rids in self.held.values() for rid in rids][:5],
+            annotations=len(gone),
+            producers=sorted({a.producer for *_, a in gone})[:10],
+            examples=sorted({rid for _, rid, _, _ in gone})[:5],
         )
-        self.held.clear()
-        await self.broker.ack(self.keys.annotations, GROUP, ids)
+        ids: dict[str, list[str]] = {}
+        for gid, rid, eid, _ in gone:
+            ids.setdefault(self.keys.annotations_for(gid), []).append(eid)
+            held = self.held[gid][rid] = [(e, a) for e, a in self.held[gid][rid] if e != eid]
+            if not held:
+                del self.held[gid][rid]
+            if not self.held[gid]:
+                del self.held[gid]
+        await self.broker.ack_many(GROUP, ids)
 
     async def _check_group(self, g: PendingGroup, changed: str = "") -> None:
         """Move `g` to `ready` if it is complete; `changed`: the rollout id whose entry was just filed."""
@@ -362,13 +403,13 @@ class Assembler:
 
     async def _ack_group(self, *group_ids: str) -> None:
         """Ack every entry of these groups (both streams in one round trip) and forget them."""
-        r_ids, a_ids = [], []
+        ids: dict[str, list[str]] = {}
         for group_id in group_ids:
             r, a = self._entry_ids(group_id)
-            r_ids += r
-            a_ids += a
-        # One round trip for both streams: per batch this is on the trainer's critical path.
-        await self.broker.ack_many(GROUP, {self.keys.rollouts: r_ids, self.keys.annotations: a_ids})
+            ids.setdefault(self.keys.rollouts_for(group_id), []).extend(r)
+            ids.setdefault(self.keys.annotations_for(group_id), []).extend(a)
+        # One round trip per partition's slot (one in all on a single server): on the trainer's critical path.
+        await self.broker.ack_many(GROUP, ids)
         for group_id in group_ids:
             g = self.groups.pop(group_id, None)
             for rid in g.rollouts if g else {}:

@@ -18,7 +18,7 @@ def user_url(admin_url: str, user: str, password: str) -> str:
 async def set_user(admin_url: str, user: str, rules: Callable[[str, int], list[str]], stream: str, group: str) -> str:
     """Create (or reset) `user` with `rules(password, server_major)` and ensure its group on `stream`;
     return the user's URL (a fresh password each time)."""
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
 
     broker = await connect(admin_url, retries=3)
     try:
@@ -33,7 +33,7 @@ async def set_user(admin_url: str, user: str, rules: Callable[[str, int], list[s
 
 async def delete_user(admin_url: str, user: str, drop_group: tuple[str, str] | None = None) -> int:
     """ACL DELUSER; with `drop_group` (stream, group) also destroy that consumer group. The count removed."""
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
 
     broker = await connect(admin_url, retries=3)
     try:
@@ -46,7 +46,7 @@ async def delete_user(admin_url: str, user: str, drop_group: tuple[str, str] | N
 
 
 async def users_starting(admin_url: str, prefix: str) -> list[str]:
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
 
     broker = await connect(admin_url, retries=3)
     try:

@@ -47,8 +47,8 @@ HEARTBEAT_COMMANDS = ["set", "del"]
 
 def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[str]:
     """ACL SETUSER arguments for producer `name` (after the user name)."""
-    read = [f"~{keys.rollouts}"]
-    write = [f"~{keys.annotations}", f"~{keys.deadletter}"]
+    read = [f"~{s}" for s in keys.rollout_streams]
+    write = [*(f"~{s}" for s in keys.annotation_streams), f"~{keys.deadletter}"]
     heartbeat = "~" + keys.worker("producer", f"{name}-*")
     base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
     if server_major >= 7:

@@ -57,6 +57,12 @@ def add_arguments(p) -> None:
         "attempts (with back-off up to 2 s) to reach the broker, at start and per command, before "
         "the producer gives up and exits (about 2 s each)",
     )
+    p.add_argument(
+        "--partitions",
+        type=int,
+        default=1,
+        help="the job's rollout.partitions (default 1): the producer reads every partition",
+    )
     p.add_argument("--id", help="replica id (default: NAME-HOST-PID)")
 
 
@@ -93,7 +99,7 @@ def run(args) -> int:
     url = broker_url(args)
     wid = args.id or f"{spec.name}-{os.uname().nodename}-{os.getpid()}"
     setup_logging("producer", wid, Path(args.run_dir) if args.run_dir else None, run=args.run)
-    return serve_producer(fn, spec, url, args.run, wid, broker_section(args))
+    return serve_producer(fn, spec, url, args.run, wid, broker_section(args), args.partitions)
 
 
 def broker_section(args) -> BrokerConfig:
@@ -102,7 +108,13 @@ def broker_section(args) -> BrokerConfig:
 
 
 def serve_producer(
-    fn: Callable, spec: ProducerSpec, broker_url: str, run: str, worker_id: str, broker_cfg: BrokerConfig | None = None
+    fn: Callable,
+    spec: ProducerSpec,
+    broker_url: str,
+    run: str,
+    worker_id: str,
+    broker_cfg: BrokerConfig | None = None,
+    partitions: int = 1,
 ) -> int:
     """Run one producer replica until its run ends, its broker is lost, or SIGINT/SIGTERM (then drain
     in-flight batches and exit); return the exit code (ProducerWorker.exit_code). `broker_cfg`: the
@@ -114,7 +126,7 @@ def serve_producer(
     made: list[ProducerWorker] = []
 
     def build(broker: Broker) -> ProducerWorker:
-        made.append(ProducerWorker(fn, spec, broker, run, worker_id, broker_cfg))
+        made.append(ProducerWorker(fn, spec, broker, run, worker_id, broker_cfg, partitions))
         return made[-1]
 
     serve(build, broker_url, broker_cfg.connect_retries)

@@ -61,7 +61,7 @@ class Collector:
     """Reads a snapshot of the run from the broker; keeps the metrics it has seen between refreshes."""
 
     def __init__(self, broker, run: str):
-        self.broker, self.keys = broker, Keys(run)
+        self.broker, self.keys = broker, Keys(run, cluster=getattr(broker, "cluster", False))
         self.metrics: deque[dict] = deque(maxlen=200)
         self._metrics_cursor = "0"
 
@@ -220,7 +220,7 @@ def _run_name(args) -> str:
 
 
 async def _main(args) -> int:
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from streamrl.commands.common import broker_url
     from streamrl.launch.rundir import describe_finished, finished_summary
 

@@ -20,6 +20,9 @@ class RolloutConfig(Section):
     """Bound on trainer version minus the oldest version that produced a trained token. 0 = on-policy."""
     stale_policy: Literal["drop", "requeue"] = "drop"
     """What the assembler does with a group past the bound."""
+    partitions: int = Field(1, ge=1, le=1024)
+    """Partitions of the `rollouts` and `annotations` streams (docs/protocol.md, "Partitions"): on Redis
+    Cluster each is its own slot, so one job's message path spreads over the masters; 1 = one stream each."""
     max_consecutive_failed_groups: int | None = Field(100, ge=1)
     """Stop the job (trainer exits with the first error) after this many groups in a row failed, i.e.
     had an error annotation (a reward function that raised, timed out or returned NaN; under

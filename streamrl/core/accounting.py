@@ -25,6 +25,7 @@ from pathlib import Path
 import redis
 
 from streamrl.core.broker import Broker, Keys
+from streamrl.core.broker_url import is_cluster_url, sync_client
 from streamrl.core.messages import is_eval_group, sample_key
 
 FINAL = ("dropped_stale", "filtered", "failed", "requeued")
@@ -149,18 +150,21 @@ def _live_group_ids(r: redis.Redis, stream: str, group: str) -> set[str]:
     return out
 
 
-def summarize(url: str, run: str, episodes_per_group: int = 0) -> dict:
+def summarize(url: str, run: str, episodes_per_group: int = 0, partitions: int = 1) -> dict:
     """The accounting of run `run` on the broker at `url` (groups; see the module docstring).
-    `episodes_per_group` > 0 (a multi-turn run: rollout.group_size) adds `episodes` (below)."""
-    keys = Keys(run)
+    `episodes_per_group` > 0 (a multi-turn run: rollout.group_size) adds `episodes` (below);
+    `partitions`: the run's rollout.partitions."""
+    keys = Keys(run, partitions, is_cluster_url(url))
     lk = LedgerKeys(keys)
-    r = redis.Redis.from_url(url)
+    r = sync_client(url)
     try:
         admitted_feeder = int(r.get(keys.feeder_admitted) or 0)
         durable = int(r.get(lk.checkpointed) or 0)
         ledger = {_s(k): _s(v) for k, v in r.hgetall(lk.groups).items()}
         steps = {int(k): json.loads(v) for k, v in r.hgetall(lk.steps).items()}
-        live = _live_group_ids(r, keys.prompts, "generator") | _live_group_ids(r, keys.rollouts, "trainer")
+        live = _live_group_ids(r, keys.prompts, "generator")
+        for stream in keys.rollout_streams:
+            live |= _live_group_ids(r, stream, "trainer")
         trainer_version = int(r.get(keys.trainer_version) or 0)
         deadletters = int(r.xlen(keys.deadletter))
         starts = [int(v) for v in r.hvals(keys.ledger_group_starts)] if episodes_per_group else []
@@ -232,7 +236,7 @@ def _episodes(groups: dict, per_group: int, starts: list[int], stats: dict) -> d
     return out
 
 
-def write_summary(url: str, run: str, run_dir: Path, episodes_per_group: int = 0) -> dict:
-    summary = summarize(url, run, episodes_per_group)
+def write_summary(url: str, run: str, run_dir: Path, episodes_per_group: int = 0, partitions: int = 1) -> dict:
+    summary = summarize(url, run, episodes_per_group, partitions)
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -5,6 +5,7 @@ broker instance in their constructor; nothing here is global.
 
     broker = await connect(url)              # brokers.redis_streams.RedisBroker
     keys = Keys("tiny")                      # keys.rollouts == "streamrl:tiny:rollouts"
+    keys = Keys.of(cfg)                      # the job's layout: partitions, cluster hash tags
     await broker.ensure_group(keys.rollouts, "reward")
     for entry in await broker.read_group(keys.rollouts, "reward", "reward-0", count=64):
         ...; await broker.ack(keys.rollouts, "reward", [entry.id])
@@ -12,8 +13,12 @@ broker instance in their constructor; nothing here is global.
 
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
 from typing import Protocol
+
+from streamrl.core.broker_url import is_cluster_url
+from streamrl.core.errors import ConfigError, StreamRLError
 
 
 @dataclass(frozen=True)
@@ -102,17 +107,60 @@ class Broker(Protocol):
     async def close(self) -> None: ...
 
 
-class Keys:
-    """Every key name of one run, `streamrl:{run}:...` (docs/protocol.md, "Keys"): code builds no key
-    string of its own (tests/unit/test_keys.py), so a rename here is a rename everywhere."""
+SLOTS = 16384
 
-    def __init__(self, run: str):
+
+def key_slot(tag: str) -> int:
+    """Redis Cluster's slot of a key whose hash tag is `tag`: CRC16-XMODEM of the tag's bytes mod 16384."""
+    crc = 0
+    for byte in tag.encode():
+        crc ^= byte << 8
+        for _ in range(8):
+            crc = ((crc << 1) ^ 0x1021) if crc & 0x8000 else crc << 1
+            crc &= 0xFFFF
+    return crc % SLOTS
+
+
+def partition_tag(run: str, i: int, partitions: int) -> str:
+    """The hash tag of partition i of P: `RUN:p<i>.<n>` with n the smallest integer >= 0 whose slot is in
+    [i*16384//P, (i+1)*16384//P) (docs/protocol.md, "Partitions"; about P tries)."""
+    lo, hi = i * SLOTS // partitions, (i + 1) * SLOTS // partitions
+    n = 0
+    while not lo <= key_slot(f"{run}:p{i}.{n}") < hi:
+        n += 1
+    return f"{run}:p{i}.{n}"
+
+
+class Keys:
+    """Every key name of one run (docs/protocol.md, "Keys"): code builds no key string of its own
+    (tests/unit/test_keys.py), so a rename here is a rename everywhere.
+
+    Layout. On one server: `streamrl:RUN:NAME`. On Redis Cluster (`cluster=True`) every key of the run
+    carries the hash tag `{RUN}`, `streamrl:RUN:{RUN}:NAME`, so the keys one command or script updates
+    together (the ledger, the admission counter and `prompts`, ...) share a slot. With
+    `rollout.partitions` P > 1, `rollouts` and `annotations` split into P partitions with a tag each,
+    `streamrl:RUN:{TAG}:rollouts` and `streamrl:RUN:{TAG}:annotations`, TAG = partition_tag(RUN, i, P)
+    (on a single server too): a partition's two streams share a slot (the trainer's one XREADGROUP over
+    both, an annotator's add-and-ack) and partition i's slot lies in the i-th of P equal slot ranges, so
+    on a cluster whose masters split the slots evenly the partitions land on different masters. A
+    group's rollouts and annotations all go to partition `partition_of(group_id)`: crc32(group id as
+    UTF-8) mod P.
+    """
+
+    def __init__(self, run: str, partitions: int = 1, cluster: bool = False):
+        if partitions < 1:
+            raise ConfigError(f"rollout.partitions={partitions}; set it to 1 or more")
+        if "{" in run or "}" in run:
+            raise ConfigError(f"run name {run!r} has a brace, which would break the keys' hash tags; rename the run")
         self.run = run
-        p = f"streamrl:{run}:"
+        self.partitions = partitions
+        self.cluster = cluster
+        p = f"streamrl:{run}:{{{run}}}:" if cluster else f"streamrl:{run}:"
         self.prefix = p
         self.prompts = p + "prompts"
-        self.rollouts = p + "rollouts"
-        self.annotations = p + "annotations"
+        self.rollout_streams = [self._partition(i, "rollouts") for i in range(partitions)]
+        """Every partition of `rollouts`, partition i at index i."""
+        self.annotation_streams = [self._partition(i, "annotations") for i in range(partitions)]
         self.control = p + "control"
         self.metrics = p + "metrics"
         self.deadletter = p + "deadletter"
@@ -137,6 +185,47 @@ class Keys:
         """Trainer version of the newest eval round the feeder issued (streamrl/eval/rounds.py)."""
         self.workers_prefix = p + "workers:"
         """Heartbeat keys start so: `workers:{role}:{worker_id}` (SCAN `workers_prefix + "*"`)."""
+
+    @classmethod
+    def of(cls, cfg, broker=None) -> "Keys":
+        """The keys of the job `cfg` describes: its run, its rollout.partitions, and whether broker.url (or
+        the connected `broker`) is a cluster."""
+        rollout = getattr(cfg, "rollout", None)  # absent for a worker outside a job (core.worker.Sections)
+        cluster = is_cluster_url(cfg.broker.url) or bool(getattr(broker, "cluster", False))
+        return cls(cfg.run.name, rollout.partitions if rollout else getattr(cfg, "partitions", 1), cluster)
+
+    def _partition(self, i: int, name: str) -> str:
+        if self.partitions == 1:
+            return self.prefix + name
+        return f"streamrl:{self.run}:{{{partition_tag(self.run, i, self.partitions)}}}:{name}"
+
+    @property
+    def rollouts(self) -> str:
+        """The `rollouts` stream of an unpartitioned run (rollout.partitions=1)."""
+        return self._single(self.rollout_streams, "rollouts")
+
+    @property
+    def annotations(self) -> str:
+        """The `annotations` stream of an unpartitioned run (rollout.partitions=1)."""
+        return self._single(self.annotation_streams, "annotations")
+
+    def _single(self, streams: list[str], name: str) -> str:
+        if len(streams) > 1:
+            raise StreamRLError(
+                f"run {self.run!r} has {len(streams)} partitions of `{name}`: pick one with "
+                f"{name}_for(group_id) or read all of {name[:-1]}_streams"
+            )
+        return streams[0]
+
+    def partition_of(self, group_id: str) -> int:
+        """The partition of a group's rollouts and annotations (stable in every process and language)."""
+        return zlib.crc32(group_id.encode()) % self.partitions
+
+    def rollouts_for(self, group_id: str) -> str:
+        return self.rollout_streams[self.partition_of(group_id)]
+
+    def annotations_for(self, group_id: str) -> str:
+        return self.annotation_streams[self.partition_of(group_id)]
 
     def worker(self, role: str, worker_id: str) -> str:
         """A worker's heartbeat key; `worker_id` may be a glob (the producer ACL's `name-*`)."""

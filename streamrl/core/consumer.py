@@ -43,6 +43,18 @@ class StreamConsumer:
         """Per stream: the last `read` asked the broker for new entries and got fewer than it asked
         for, so every entry added before that read has been delivered to this consumer."""
         self._extras_seen: set[tuple[str, str]] = set()
+        self._turn: dict[tuple[str, ...], int] = {}
+
+    def pick(self, streams: list[str]) -> str:
+        """Which of `streams` (a run's partitions) to read next: one with entries already read ahead,
+        else each in turn, so every partition has its own-pending and takeover phases."""
+        for stream in streams:
+            if self._read_ahead.get(stream):
+                return stream
+        key = tuple(streams)
+        turn = self._turn.get(key, 0)
+        self._turn[key] = turn + 1
+        return streams[turn % len(streams)]
 
     # -- entries in progress -------------------------------------------------------------------
     def hold(self, stream: str, group: str, entry_id: str) -> None:

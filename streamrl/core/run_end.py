@@ -76,10 +76,14 @@ def end_run(url: str, run: str, reason: str, wait_s: float = PRODUCERS_LEAVE_S) 
     the run up to `wait_s` to see it and disconnect. A broker that cannot be reached is skipped."""
     import redis
 
-    keys = Keys(run)
+    from streamrl.core.broker_url import is_cluster_url, sync_client
+
+    keys = Keys(run, cluster=is_cluster_url(url))
     try:
-        with redis.Redis.from_url(url, socket_timeout=2, socket_connect_timeout=2) as r:
+        with sync_client(url, socket_timeout=2, socket_connect_timeout=2) as r:
             r.set(keys.run_end, _payload(reason, -1), nx=True)
+            if keys.cluster:  # CLIENT LIST is per node there; the producers see the mark at their next poll
+                return
             prefix = user_name(run, "")
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline and any(c.get("user", "").startswith(prefix) for c in r.client_list()):

@@ -52,9 +52,11 @@ return redis.call('XTRIM', KEYS[1], 'MINID', '~', floor)
 
 def stream_groups(cfg: Config) -> dict[str, list[str]]:
     """Stream -> the consumer groups that must exist (and have consumed) before it is trimmed."""
-    keys = Keys(cfg.run.name)
+    keys = Keys.of(cfg)
     rollout_groups = ["reward", "trainer"] + (["reference"] if cfg.loss.kl_beta > 0 else [])
-    out = {keys.prompts: ["generator"], keys.rollouts: rollout_groups, keys.annotations: ["trainer"]}
+    out = {keys.prompts: ["generator"]}
+    out |= {stream: rollout_groups for stream in keys.rollout_streams}
+    out |= {stream: ["trainer"] for stream in keys.annotation_streams}
     if cfg.env.fn:
         out[keys.env_steps] = ["env"]
     return out

@@ -40,6 +40,8 @@ class Sections:
 
     run: RunConfig
     broker: BrokerConfig
+    partitions: int = 1
+    """The job's rollout.partitions (streamrl.core.broker.Keys)."""
 
 
 class Worker:
@@ -54,7 +56,7 @@ class Worker:
         self.broker = broker
         self.worker_id = worker_id
         self.run_dir = Path(run_dir) if run_dir else None
-        self.keys = Keys(cfg.run.name)
+        self.keys = Keys.of(cfg, broker)
         self.log = structlog.get_logger("streamrl").bind(role=self.role, worker_id=worker_id, run=cfg.run.name)
         self.stopping = asyncio.Event()
         self.done = False

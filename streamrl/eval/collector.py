@@ -30,8 +30,8 @@ class _Round:
     prompts: int
     rollouts: dict[tuple[int, int], tuple[str, Rollout]] = field(default_factory=dict)
     """(prompt index, sample) -> (entry id, rollout)."""
-    entries: dict[str, list[str]] = field(default_factory=lambda: {"rollouts": [], "annotations": []})
-    """Every entry id of this round still to ack, per stream name."""
+    entries: dict[str, list[str]] = field(default_factory=dict)
+    """Every entry id of this round still to ack, per stream (rollouts and annotations partitions)."""
 
 
 class EvalCollector:
@@ -58,13 +58,13 @@ class EvalCollector:
                 await self.broker.ack(stream, GROUP, [entry_id])  # late, redelivered or not this run's shape
                 return
             rnd.rollouts[key] = (entry_id, msg)
-            rnd.entries["rollouts"].append(entry_id)
+            rnd.entries.setdefault(stream, []).append(entry_id)
         else:
             if rnd is None or msg.key != "reward" or msg.rollout_id in self.rewards:
                 await self.broker.ack(stream, GROUP, [entry_id])
                 return
             self.rewards[msg.rollout_id] = (entry_id, msg)
-            rnd.entries["annotations"].append(entry_id)
+            rnd.entries.setdefault(stream, []).append(entry_id)
         await self._check(rnd)
 
     async def _check(self, rnd: _Round) -> None:
@@ -104,9 +104,9 @@ class EvalCollector:
 
     async def _close(self, rnd: _Round) -> None:
         """Ack every entry of a round and forget it; later entries of it are acked on arrival."""
-        for stream, name in ((self.keys.rollouts, "rollouts"), (self.keys.annotations, "annotations")):
-            if rnd.entries[name]:
-                await self.broker.ack(stream, GROUP, rnd.entries[name])
+        for stream, ids in rnd.entries.items():
+            if ids:
+                await self.broker.ack(stream, GROUP, ids)
         for rid in [rid for rid in self.rewards if parse_eval_group(eval_group_of(rid))[0] == rnd.version]:
             del self.rewards[rid]
         del self.rounds[rnd.version]

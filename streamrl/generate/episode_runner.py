@@ -233,7 +233,7 @@ class EpisodeRunner:
             await self.gen.broker.delete(self.state_key(prompt.group_id))
             return False
         rollouts = [t.result() for t in tasks]
-        await self.gen.broker.add_many(self.keys.rollouts, [encode(r) for r in rollouts])
+        await self.gen.broker.add_many(self.keys.rollouts_for(prompt.group_id), [encode(r) for r in rollouts])
         # A death between these two lines continues the episodes once more under new ids; the
         # trainer trains the first copy of each sample (docs/protocol.md, "Rollout ids").
         await self.gen.broker.delete(self.state_key(prompt.group_id))

@@ -20,6 +20,7 @@ from collections import Counter
 
 from streamrl.config.schema import Config
 from streamrl.core.broker import Keys
+from streamrl.core.broker_url import is_cluster_url, sync_client
 from streamrl.core.errors import FatalError
 
 
@@ -106,7 +107,7 @@ class DeadLetterWatch:
 
     def __init__(self, broker_url: str, run: str, every_s: float = 2.0, quiet_s: float = 10.0):
         self.url = broker_url
-        self.key = Keys(run).deadletter
+        self.key = Keys(run, cluster=is_cluster_url(broker_url)).deadletter
         self.every_s, self.quiet_s = every_s, quiet_s
         """Read at most every `every_s`; after the first line, print at most every `quiet_s`."""
         self.counts = FailureCounts()
@@ -117,10 +118,8 @@ class DeadLetterWatch:
         self._client = None
 
     def read(self) -> None:
-        import redis
-
         if self._client is None:
-            self._client = redis.Redis.from_url(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
+            self._client = sync_client(self.url, socket_timeout=2.0, socket_connect_timeout=2.0)
         while True:
             start = self._last_id if self._last_id == "-" else f"({self._last_id}"
             entries = self._client.xrange(self.key, start, "+", count=1000)

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from streamrl.config.schema import Config
+from streamrl.core.broker_url import is_cluster_url
 from streamrl.core.cache import cache_dir
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import cwd_on_path
@@ -133,6 +134,8 @@ def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
     """An external broker (broker.url=redis://...) answers a PING with the given credentials."""
     if cfg.broker.url == "embedded":
         return None
+    if is_cluster_url(cfg.broker.url):
+        return _check_cluster(cfg.broker.url)
     import redis
 
     from brokers.redis_streams import redact
@@ -156,6 +159,24 @@ def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
         f"broker.url={shown} is unreachable ({error}); start redis-server there, fix host/port, "
         "or set broker.url=embedded to run a private broker"
     )
+
+
+def _check_cluster(url: str) -> str | None:
+    """A cluster URL names a whole cluster (every node up, cluster_state ok): brokers/cluster.py's own check."""
+    import asyncio
+
+    from brokers.cluster import connect_cluster
+    from streamrl.core.errors import BrokerError
+
+    async def probe() -> None:
+        broker = await connect_cluster(url, retries=2)
+        await broker.close()
+
+    try:
+        asyncio.run(probe())
+    except BrokerError as exc:
+        return str(exc)
+    return None
 
 
 def _vllm_install_key() -> str | None:

@@ -42,7 +42,8 @@ def _load(role: str):
 
 
 async def _serve(factory: Callable, broker_url: str, retries: int, wait: tuple[int, int]) -> None:
-    from brokers.redis_streams import ReplicaWait, connect
+    from brokers.connect import connect
+    from brokers.replica_wait import ReplicaWait
 
     broker = await connect(broker_url, retries=retries, durable=ReplicaWait(*wait))
     worker = factory(broker)

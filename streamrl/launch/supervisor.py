@@ -242,7 +242,9 @@ class Supervisor:
         self.failures.close()
         try:
             per_group = self.cfg.rollout.group_size if self.cfg.env.fn else 0
-            self.summary = s = write_summary(self.broker_url, self.cfg.run.name, self.run_dir, per_group)
+            self.summary = s = write_summary(
+                self.broker_url, self.cfg.run.name, self.run_dir, per_group, self.cfg.rollout.partitions
+            )
         except Exception as exc:  # the broker is gone: nothing to account against
             self.say(f"accounting skipped: broker unreachable ({exc})")
             return

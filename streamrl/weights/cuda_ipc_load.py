@@ -29,7 +29,7 @@ class CudaIpcLoader(WeightLoader):
                 "weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
                 "on CPU set weights.backend=shm"
             )
-        return cls(broker, Keys(cfg.run.name))
+        return cls(broker, Keys.of(cfg))
 
     def _fetch(self, handle: WeightHandle) -> str:
         decode_spec(handle.handle)  # fail here (with the fix) rather than inside vLLM's worker

@@ -65,7 +65,7 @@ class CudaIpcPublisher(WeightPublisher):
                 "weights.backend=cuda_ipc needs a CUDA GPU shared by trainer and generators; "
                 "on CPU set weights.backend=shm"
             )
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, cfg.model.dtype)
+        return cls(broker, Keys.of(cfg), cfg.weights.keep, cfg.model.dtype)
 
     @classmethod
     def snapshot(cls, source: WeightSource, dtype: str) -> PackedState | None:

@@ -32,7 +32,7 @@ class DirectoryPublisher(FilePublisher):
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "DirectoryPublisher":
         return cls(
             broker,
-            Keys(cfg.run.name),
+            Keys.of(cfg),
             cfg.weights.keep,
             root=_shared_root(cfg, run_dir),
             cache_root=shm_root(cfg.run.name, run_dir),
@@ -45,7 +45,7 @@ class DirectoryLoader(FileLoader):
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "DirectoryLoader":
         _shared_root(cfg, run_dir)  # the same check as the publisher's: one message for every role
-        return cls(broker, Keys(cfg.run.name), cache_root=shm_root(cfg.run.name, run_dir))
+        return cls(broker, Keys.of(cfg), cache_root=shm_root(cfg.run.name, run_dir))
 
     def _materialise(self, src: Path, dst: Path) -> None:
         shutil.copyfile(src, dst)

@@ -39,7 +39,7 @@ class ShmPublisher(FilePublisher):
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "ShmPublisher":
         root = shm_root(cfg.run.name, run_dir)
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep, root=root, cache_root=root)
+        return cls(broker, Keys.of(cfg), cfg.weights.keep, root=root, cache_root=root)
 
 
 class ShmLoader(FileLoader):
@@ -47,7 +47,7 @@ class ShmLoader(FileLoader):
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "ShmLoader":
-        return cls(broker, Keys(cfg.run.name), cache_root=shm_root(cfg.run.name, run_dir))
+        return cls(broker, Keys.of(cfg), cache_root=shm_root(cfg.run.name, run_dir))
 
     def _fetch(self, handle: WeightHandle) -> str:
         # Link next to the published version, whatever run dir this reader was given: the same tmpfs

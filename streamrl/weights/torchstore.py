@@ -135,7 +135,7 @@ class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStorePublisher":
-        return cls(broker, Keys(cfg.run.name), cfg.weights.keep)
+        return cls(broker, Keys.of(cfg), cfg.weights.keep)
 
     # torchstore's API is async, so the public methods are overridden instead of the blocking hooks.
     def _write(self, version, state_dict):  # pragma: no cover - not used (publish is async here)
@@ -180,7 +180,7 @@ class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStoreLoader":
-        return cls(broker, Keys(cfg.run.name), shm_root(cfg.run.name, run_dir))
+        return cls(broker, Keys.of(cfg), shm_root(cfg.run.name, run_dir))
 
     def _fetch(self, handle):  # pragma: no cover - not used (fetch is async here)
         raise NotImplementedError

@@ -49,7 +49,7 @@ async def main(spec: dict) -> dict:
     import torch
     from safetensors.torch import load_file
 
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from streamrl.config.schema import (
         BrokerConfig,
         Config,
@@ -87,7 +87,7 @@ async def main(spec: dict) -> dict:
         weights=WeightsConfig(backend="shm", keep=2),
     )
     broker = await connect(cfg.broker.url)
-    keys = Keys(cfg.run.name)
+    keys = Keys.of(cfg)
     store = make_publisher(cfg, broker, run_dir)
     perturbed, peaked = load_file(spec["perturbed"]), load_file(spec["peaked"])
     v = vocab()

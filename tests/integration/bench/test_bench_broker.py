@@ -71,13 +71,6 @@ def test_broker_bench_trims_what_the_trainer_consumed(tmp_path):
     assert sum(limited["trimmed"]) > 0, limited["trimmed"]
 
 
-def test_broker_bench_over_two_servers(tmp_path):
-    result, _, stdout = _bench(tmp_path, "--shards", "2", "--rate", "0", "--no-baseline", "--tcp")
-    assert [r["mode"] for r in result["runs"]] == ["full"]
-    assert result["runs"][0]["rollouts"] == 96
-    assert "2 redis-server(s) over redis," in stdout
-
-
 def test_broker_bench_trainer_stage_has_the_trainers_traffic(tmp_path):
     """As workers/trainer.py: whole steps of groups_per_step groups, each logged and announced, and the
     acks only at each checkpoint (every trainer.checkpoint_every = 10 steps) and at the end."""

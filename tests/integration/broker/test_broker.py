@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from structlog.testing import capture_logs
 
-from brokers.redis_streams import connect, redact
+from brokers.connect import connect
+from brokers.redis_streams import redact
 from streamrl.core.broker import Keys
 from streamrl.core.errors import BrokerError
 from streamrl.core.messages import Control, Rollout, decode, encode

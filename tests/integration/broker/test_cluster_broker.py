@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from brokers.cluster import ClusterBroker, slot_of
-from brokers.redis_streams import connect
+from brokers.connect import connect
 from streamrl.core.errors import BrokerError
 
 pytestmark = pytest.mark.anyio
@@ -83,3 +83,15 @@ async def test_a_node_down_at_start_is_named(redis_cluster):
 async def test_a_malformed_cluster_url_names_the_form():
     with pytest.raises(BrokerError, match="HOST:PORT"):
         await connect("redis+cluster://:pw@hostonly", retries=0)
+
+
+@pytest.mark.timeout(120)
+async def test_a_killed_node_of_the_map_is_named_at_start(tmp_path):
+    from brokers.local_cluster import LocalCluster
+
+    with LocalCluster(tmp_path / "c") as cluster:
+        replica = next(p for p in cluster.live_ports() if p not in cluster.masters())
+        cluster.kill(replica)  # still in the slot map (as a replica) until the cluster forgets it
+        url = f"redis+cluster://:{cluster.password}@127.0.0.1:{cluster.masters()[0]}"
+        with pytest.raises(BrokerError, match=rf"nodes down: 127.0.0.1:{replica}"):
+            await connect(url, retries=0)

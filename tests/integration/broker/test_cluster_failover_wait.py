@@ -12,8 +12,9 @@ import time
 
 import pytest
 
+from brokers.connect import connect
 from brokers.local_cluster import LocalCluster
-from brokers.redis_streams import ReplicaWait, connect
+from brokers.replica_wait import ReplicaWait
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 

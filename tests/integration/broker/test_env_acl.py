@@ -12,7 +12,7 @@ import sys
 import pytest
 from redis.exceptions import NoPermissionError
 
-from brokers.redis_streams import connect
+from brokers.connect import connect
 from streamrl.config.schema import BrokerConfig, Config, EnvConfig, RunConfig
 from streamrl.core.broker import Keys
 from streamrl.core.messages import decode, encode

@@ -14,7 +14,8 @@ import time
 
 import pytest
 
-from brokers.redis_streams import ReplicaWait, connect
+from brokers.connect import connect
+from brokers.replica_wait import ReplicaWait
 from streamrl.core import accounting
 from streamrl.core.broker import Keys
 from tests.replica_pair import ReplicaPair

@@ -296,7 +296,7 @@ class _Owner(Worker):
 
 @pytest.fixture(scope="module")
 def assembler(redis_server):
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from streamrl.config.schema import BrokerConfig, Config, RunConfig
 
     loop = asyncio.new_event_loop()

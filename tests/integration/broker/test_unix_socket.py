@@ -12,8 +12,8 @@ from urllib.parse import unquote, urlsplit
 import pytest
 from structlog.testing import capture_logs
 
+from brokers.connect import connect
 from brokers.embedded import EmbeddedRedis
-from brokers.redis_streams import connect
 from brokers.urls import UNIX_PATH_MAX, unix_url
 from streamrl.core.errors import BrokerError
 

@@ -25,7 +25,7 @@ import uuid
 import numpy as np
 import pytest
 
-from brokers.redis_streams import connect
+from brokers.connect import connect
 from streamrl.config.files import load_config
 from streamrl.config.schema import TinyModelConfig
 from streamrl.core.accounting import LedgerKeys, admit, log_step, summarize

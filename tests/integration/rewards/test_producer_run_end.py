@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from brokers.connect import connect
 from brokers.embedded import EmbeddedRedis
-from brokers.redis_streams import connect
 from streamrl.core import run_end
 from streamrl.core.broker import Keys
 from tests.integration.rewards.test_producers import annotations, producer_add, publish

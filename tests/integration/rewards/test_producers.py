@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from brokers.redis_streams import connect
+from brokers.connect import connect
 from streamrl.annotate.sdk import ProducerWorker, producer, spec_of
 from streamrl.config.schema import BrokerConfig
 from streamrl.core import run_end
@@ -285,3 +285,32 @@ async def test_a_hung_sync_call_times_out_and_does_not_hold_up_the_exit(redis_se
             pytest.fail(f"the producer did not exit within 30 s of SIGTERM (a hung call held it):\n{out[-2000:]}")
     assert proc.returncode == 0, out
     assert time.monotonic() - t0 < 15, out
+
+
+async def test_sdk_reads_every_partition_and_writes_each_annotation_to_its_rollouts(broker, run_name):
+    keys = Keys(run_name, partitions=3)
+
+    @producer(key="judge", batch_size=4, concurrency=2)
+    def judge(rollouts):
+        return [1.0] * len(rollouts)
+
+    by_stream: dict[str, set[str]] = {}
+    for i in range(24):
+        r = rollout(i, 2)
+        await broker.add(keys.rollouts_for(r.group_id), encode(r))
+        by_stream.setdefault(keys.annotations_for(r.group_id), set()).add(r.rollout_id)
+    assert len(by_stream) == 3  # the six groups fill every partition
+    worker = ProducerWorker(judge, spec_of(judge), broker, run_name, "j-0", BrokerConfig(block_ms=50), partitions=3)
+    task = asyncio.create_task(worker.run())
+    try:
+        deadline = time.time() + 20
+        while sum([await broker.stream_len(s) for s in keys.annotation_streams]) < 24:
+            assert time.time() < deadline
+            await asyncio.sleep(0.05)
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 10)
+    for stream, rids in by_stream.items():
+        assert {decode(e.data).rollout_id for e in await broker.read(stream, count=100)} == rids
+    for stream in keys.rollout_streams:
+        assert {g["name"]: g["pending"] for g in await broker.group_info(stream)}["judge"] == 0
