@@ -385,9 +385,11 @@ class RedisBroker:
             self._scripts[source] = self.client.register_script(source)
         if not durable or self.durable.replicas <= 0:
             return await self._scripts[source](keys=keys, args=args)
-        [reply] = await self.durable.write(
-            self.client, keys[0] if keys else "", lambda pipe: self._scripts[source](keys=keys, args=args, client=pipe)
-        )
+        if self.cluster:  # redis-py refuses EVALSHA in a cluster pipeline; EVAL (the server caches it by sha)
+            queue = lambda pipe: pipe.eval(source, len(keys), *keys, *args)  # noqa: E731
+        else:
+            queue = lambda pipe: self._scripts[source](keys=keys, args=args, client=pipe)  # noqa: E731
+        [reply] = await self.durable.write(self.client, keys[0] if keys else "", queue)
         return reply
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:

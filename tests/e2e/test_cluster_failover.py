@@ -54,7 +54,7 @@ def _kill_and_recover(cluster: LocalCluster, victim: int) -> float:
     """SIGKILL the master on `victim`; wait for its replica's promotion; start it again as a replica."""
     t = time.time()
     cluster.kill(victim)
-    survivors = [p for p in cluster.live_ports()]
+    survivors = cluster.live_ports()
     deadline = time.monotonic() + 60
     while len(cluster.masters()) < cluster.masters_n:  # the replica is promoted after cluster-node-timeout
         assert time.monotonic() < deadline, "no replica was promoted within 60 s"
@@ -73,6 +73,7 @@ def test_five_master_kills_lose_nothing(tmp_path):
             run_dir,
             *SMALL,
             f"broker.url={cluster.url}",
+            "rollout.partitions=3",
             "broker.wait_replicas=1",
             "broker.wait_timeout_ms=500",
             f"trainer.steps={STEPS}",

@@ -27,6 +27,7 @@ async def test_durable_writes_through_a_cluster_failover(tmp_path) -> None:
         broker = await connect(cluster.url, retries=3, durable=wait)
         try:
             ids = [await broker.add(KEY, f"{i}".encode()) for i in range(20)]
+            ids += await broker.add_many(KEY, [b"a", b"b"])  # a script (ADD_MANY), as the ledger's
             assert wait.short == 0, "the WAIT did not run where the write did (on the key's node)"
 
             victim = broker.client.get_node_from_key(KEY).port
