@@ -38,7 +38,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from brokers.redis_streams import RedisBroker, ReplicaWait, _TransientRetry, log
-from streamrl.core.broker import Entry
+from streamrl.core.broker import Entry, Keys
 from streamrl.core.broker_url import CLUSTER_FORM, parse_cluster_url, redact_cluster
 from streamrl.core.errors import BrokerError
 
@@ -85,6 +85,17 @@ def by_slot(keys: list[str]) -> dict[int, list[str]]:
     for k in keys:
         out[slot_of(k)].append(k)
     return out
+
+
+def check_slots(keys: Keys) -> None:
+    """Refuse a key layout whose multi-key commands would span slots (Redis Cluster refuses them mid-run)."""
+    for group in keys.together():
+        if len(by_slot(group)) > 1:
+            raise BrokerError(
+                f"keys {group} are used together but hash to slots {sorted(by_slot(group))} on a cluster; "
+                "build the run's keys for a cluster (Keys(run, partitions, cluster=True), what Keys.of(cfg) "
+                "does for broker.url=redis+cluster://...) so they share a hash tag"
+            )
 
 
 class ClusterBroker(RedisBroker):
@@ -146,10 +157,16 @@ async def connect_cluster(
     retries: int = 20,
     backoff_base_s: float = 0.05,
     backoff_cap_s: float = 2.0,
+    strict: bool = False,
     durable: ReplicaWait | None = None,
     **client_kwargs: Any,
 ) -> ClusterBroker:
-    """Connect to the cluster named by `url` and check it is whole; raise BrokerError naming the fix."""
+    """Connect to the cluster named by `url` and check it serves every slot; raise BrokerError naming the fix.
+
+    `strict` (the job's start, streamrl.launch.preflight): also every node of the cluster, replicas
+    included, and every seed of the URL must answer, so a job never starts without its failover
+    replicas. A role (re)started mid-job connects without it: a master killed and failed over may
+    still be down then, and the job goes on without it."""
     shown = redact_cluster(url)
     seeds, user, password = parse_cluster_url(url)
     retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
@@ -169,7 +186,7 @@ async def connect_cluster(
             **client_kwargs,
         )
         try:
-            await _check_whole(client, seeds, shown)
+            await _check_whole(client, seeds, strict)
             client.failover_wait_s = FAILOVER_WAIT_S
             return ClusterBroker(client, url, durable)
         except AuthenticationError as exc:
@@ -195,7 +212,8 @@ async def connect_cluster(
             delay = min(delay * 2, backoff_cap_s)
     raise BrokerError(
         f"the cluster at {shown} is not whole after {retries + 1} attempts ({last}); start the nodes that are "
-        "down (or wait for their replicas to take over) and check `redis-cli --cluster check HOST:PORT`"
+        "down (or wait for their replicas to take over; a node gone for good: `redis-cli --cluster del-node`) "
+        "and check `redis-cli --cluster check HOST:PORT`"
     )
 
 
@@ -226,7 +244,7 @@ class _Degraded(Exception):
     pass
 
 
-async def _check_whole(client: aiocluster.RedisCluster, seeds: list[tuple[str, int]], shown: str) -> None:
+async def _check_whole(client: aiocluster.RedisCluster, seeds: list[tuple[str, int]], strict: bool) -> None:
     try:
         await client.initialize()
     except RedisClusterException as exc:
@@ -238,15 +256,22 @@ async def _check_whole(client: aiocluster.RedisCluster, seeds: list[tuple[str, i
             raise _NotACluster(", ".join(f"{h}:{p}" for h, p in seeds)) from None
         raise
     down = []
-    for node in client.get_nodes():
+    for node in client.get_nodes():  # the masters serving the slots
         try:
             await client.ping(target_nodes=node)
         except (RedisError, OSError) as exc:
             down.append(f"{node.host}:{node.port} ({exc})")
-    listed = {(n.host, n.port) for n in client.get_nodes()}
-    for host, port in seeds:  # a seed the map does not name (a hostname, or a dead node failed over)
-        if (host, port) not in listed and not await _answers(host, port, client):
-            down.append(f"{host}:{port} (named in broker.url, unreachable)")
+    if strict:
+        listed = {(n.host, n.port) for n in client.get_nodes()}
+        nodes = await client.cluster_nodes()  # every node the cluster knows, replicas and failed ones too
+        for addr in nodes:
+            host, _, port = addr.split("@")[0].rpartition(":")
+            if port.isdigit() and (host, int(port)) not in listed and not await _answers(host, int(port), client):
+                down.append(f"{host}:{port} (a node of the cluster: {nodes[addr].get('flags', '?')})")
+        for host, port in seeds:  # a seed the cluster does not name (a hostname, a node of another cluster)
+            if (host, port) not in listed and not any(d.startswith(f"{host}:{port} ") for d in down):
+                if not await _answers(host, port, client):
+                    down.append(f"{host}:{port} (named in broker.url, unreachable)")
     if down:
         raise _Degraded("nodes down: " + "; ".join(down))
     info = await client.cluster_info(target_nodes=aiocluster.RedisCluster.RANDOM)

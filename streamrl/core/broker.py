@@ -217,6 +217,17 @@ class Keys:
             )
         return streams[0]
 
+    def together(self) -> list[list[str]]:
+        """The key sets one command or script touches at once: on a cluster each must be one slot
+        (brokers.cluster.check_slots checks it before a job starts)."""
+        return [
+            [self.prompts, self.feeder_admitted],  # admission (streamrl.core.accounting)
+            [self.prompts, self.eval_issued],  # eval rounds (streamrl.eval.rounds)
+            [self.ledger_groups, self.trainer_released],  # closing a group
+            [self.ledger_groups, self.ledger_steps],  # logging a step
+            *([r, a] for r, a in zip(self.rollout_streams, self.annotation_streams)),  # join, add-and-ack
+        ]
+
     def partition_of(self, group_id: str) -> int:
         """The partition of a group's rollouts and annotations (stable in every process and language)."""
         return zlib.crc32(group_id.encode()) % self.partitions

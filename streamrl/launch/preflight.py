@@ -135,7 +135,7 @@ def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
     if cfg.broker.url == "embedded":
         return None
     if is_cluster_url(cfg.broker.url):
-        return _check_cluster(cfg.broker.url)
+        return _check_cluster(cfg)
     import redis
 
     from brokers.redis_streams import redact
@@ -161,18 +161,21 @@ def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
     )
 
 
-def _check_cluster(url: str) -> str | None:
-    """A cluster URL names a whole cluster (every node up, cluster_state ok): brokers/cluster.py's own check."""
+def _check_cluster(cfg: Config) -> str | None:
+    """A cluster URL names a whole cluster (every node up, cluster_state ok), and the job's keys place
+    what is used together in one slot: brokers/cluster.py's own checks."""
     import asyncio
 
-    from brokers.cluster import connect_cluster
+    from brokers.cluster import check_slots, connect_cluster
+    from streamrl.core.broker import Keys
     from streamrl.core.errors import BrokerError
 
     async def probe() -> None:
-        broker = await connect_cluster(url, retries=2)
+        broker = await connect_cluster(cfg.broker.url, retries=2, strict=True)
         await broker.close()
 
     try:
+        check_slots(Keys.of(cfg))
         asyncio.run(probe())
     except BrokerError as exc:
         return str(exc)

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 
-from brokers.cluster import ClusterBroker, slot_of
+from brokers.cluster import ClusterBroker, connect_cluster, slot_of
 from brokers.connect import connect
 from streamrl.core.errors import BrokerError
 
@@ -77,7 +77,8 @@ async def test_a_node_down_at_start_is_named(redis_cluster):
         dead = s.getsockname()[1]
     url = redis_cluster.url + f",127.0.0.1:{dead}"
     with pytest.raises(BrokerError, match=rf"127.0.0.1:{dead} \(named in broker.url, unreachable\).*start the nodes"):
-        await connect(url, retries=0)
+        await connect_cluster(url, retries=0, strict=True)
+    await (await connect(url, retries=0)).close()  # a role joining mid-job: the masters serve every slot
 
 
 async def test_a_malformed_cluster_url_names_the_form():
@@ -93,5 +94,24 @@ async def test_a_killed_node_of_the_map_is_named_at_start(tmp_path):
         replica = next(p for p in cluster.live_ports() if p not in cluster.masters())
         cluster.kill(replica)  # still in the slot map (as a replica) until the cluster forgets it
         url = f"redis+cluster://:{cluster.password}@127.0.0.1:{cluster.masters()[0]}"
-        with pytest.raises(BrokerError, match=rf"nodes down: 127.0.0.1:{replica}"):
-            await connect(url, retries=0)
+        with pytest.raises(BrokerError, match=rf"nodes down: 127.0.0.1:{replica} \(a node of the cluster: slave"):
+            await connect_cluster(url, retries=0, strict=True)
+
+
+def test_a_cross_slot_key_layout_is_refused_before_the_job_starts():
+    from brokers.cluster import check_slots
+    from streamrl.core.broker import Keys
+
+    check_slots(Keys("job", 3, cluster=True))  # the cluster layout: every set in one slot
+    with pytest.raises(BrokerError, match=r"hash to slots .*cluster=True"):
+        check_slots(Keys("job", 3, cluster=False))  # the single-server names on a cluster
+
+
+def test_preflight_names_a_broken_cluster_url(config, redis_server, redis_cluster):
+    from streamrl.launch.preflight import check_broker
+
+    cfg = config.model_copy(deep=True)
+    cfg.broker.url = redis_cluster.url
+    assert check_broker(cfg) is None
+    cfg.broker.url = f"redis+cluster://:{redis_server.password}@127.0.0.1:{redis_server.port}"
+    assert "without cluster mode" in check_broker(cfg)
