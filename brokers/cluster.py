@@ -16,6 +16,7 @@ a job never starts on a degraded cluster (docs/scaling-brokers.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -38,6 +39,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from brokers.redis_streams import RedisBroker, ReplicaWait, _TransientRetry, log
+from brokers.replica_wait import transient
 from streamrl.core.broker import Entry, Keys
 from streamrl.core.broker_url import CLUSTER_FORM, parse_cluster_url, redact_cluster
 from streamrl.core.errors import BrokerError
@@ -67,10 +69,16 @@ class FailoverCluster(aiocluster.RedisCluster):
         while True:
             try:
                 return await super().execute_command(*args, **kwargs)
-            except FAILOVER_ERRORS as exc:
+            except (*FAILOVER_ERRORS, RuntimeError) as exc:
+                if not isinstance(exc, FAILOVER_ERRORS) and not transient(exc):
+                    raise  # a RuntimeError that is not uvloop's "handler is closed"
                 if isinstance(exc, AuthenticationError) or time.monotonic() + delay > deadline:
                     raise
                 log.warning("cluster_retry", command=str(args[0]), wait_s=delay, error=str(exc)[:200])
+                if isinstance(exc, RuntimeError):  # a connection left half-open: drop the idle ones, reconnect
+                    for node in self.get_nodes():
+                        with contextlib.suppress(Exception):
+                            await node.disconnect_free_connections()
                 await asyncio.sleep(delay)
                 delay = min(1.0, delay * 2)
                 self._initialize = True  # ask the cluster for its slot map again: the replica may lead now

@@ -38,6 +38,15 @@ ALONE_RECHECK_S = 0.5
 do not wait (a WAIT there would only time out)."""
 
 
+def transient(exc: BaseException) -> bool:
+    """A broker error a failover causes (the node went away mid-command), worth the same command again.
+    uvloop raises RuntimeError("... the handler is closed") where asyncio raises ConnectionError, when
+    redis-py writes on a connection whose node died under it."""
+    if isinstance(exc, (RedisConnectionError, RedisTimeoutError, RedisClusterException, ClusterDownError)):
+        return True
+    return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+
+
 def online_replicas(info: dict[str, Any]) -> int:
     """Replicas in state `online` in an `INFO replication` reply (one syncing from scratch cannot be promoted
     with our write: it has no dataset yet)."""
@@ -75,7 +84,15 @@ class ReplicaWait:
         for attempt in range(RETRIES + 1):
             try:
                 return await self._write(client, key, queue)
-            except (RedisConnectionError, RedisTimeoutError, RedisClusterException, ClusterDownError) as exc:
+            except (
+                RedisConnectionError,
+                RedisTimeoutError,
+                RedisClusterException,
+                ClusterDownError,
+                RuntimeError,
+            ) as exc:
+                if not transient(exc):
+                    raise
                 # A failover under way (the client's own retries are spent, or a cluster pipeline lost the
                 # WAIT's target on its retry): write again, as redis-py's retry would; what streamrl
                 # writes tolerates a repeat (docs/fault-tolerance.md, "Failover").

@@ -30,3 +30,14 @@ def test_the_marker_shares_the_keys_slot():
         if cluster:
             assert key_slot(marker.encode()) == key_slot(key.encode()), (key, marker)
     assert touch_key("streamrl:r:{p3}:rollouts", True).startswith("streamrl:r:")
+
+
+def test_uvloop_closed_transport_counts_as_a_connection_error():
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    from brokers.replica_wait import transient
+
+    assert transient(RuntimeError("unable to perform operation on <TCPTransport closed=True>; the handler is closed"))
+    assert transient(RedisConnectionError("Error 111 connecting"))
+    assert not transient(RuntimeError("something else"))
+    assert not transient(ValueError("bad"))
