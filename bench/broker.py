@@ -24,6 +24,7 @@ import time
 
 import numpy as np
 
+from bench.broker_cluster import is_cluster, node_stats, per_node, totals
 from bench.broker_trainer import BenchTrainer
 from bench.common import (
     Servers,
@@ -99,6 +100,31 @@ def add_arguments(p) -> None:
         action="append",
         help="an existing redis:// server (repeat for several; default: private embedded ones)",
     )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="also run on a local Redis Cluster (3 masters + 3 replicas, brokers/local_cluster.py), once per "
+        "--partitions, beside one standalone server; per-node CPU per rollout and a sizing projection",
+    )
+    p.add_argument(
+        "--partitions",
+        default="1,3",
+        help="rollout.partitions of the cluster runs, comma-separated (default 1,3)",
+    )
+    p.add_argument(
+        "--wait-replicas",
+        type=int,
+        default=0,
+        help="broker.wait_replicas of the roles (1: every durable write waits for a replica; for --cluster or a "
+        "--url whose server has a replica)",
+    )
+    p.add_argument("--gpus", type=int, default=1000, help="job size of the sizing projection (default 1000)")
+    p.add_argument(
+        "--tokens-per-gpu-s",
+        default="4000,20000",
+        help="decode tokens/s per generation GPU of the projection, comma-separated (default 4000 (~8B policy), "
+        "20000 (~1.5B))",
+    )
 
 
 def bench_reward(prompt: str, completion: str, meta: dict) -> float:
@@ -106,13 +132,13 @@ def bench_reward(prompt: str, completion: str, meta: dict) -> float:
     return 1.0
 
 
-def _config(url: str, run: str, args) -> Config:
+def _config(url: str, run: str, args, partitions: int = 1) -> Config:
     # Roles get their broker from `Servers`; broker.url only has to be valid.
     broker = BrokerConfig(url=url) if args.block_ms is None else BrokerConfig(url=url, block_ms=args.block_ms)
     return Config(
         run=RunConfig(name=run),
         broker=broker,
-        rollout=RolloutConfig(group_size=args.group_size, groups_per_step=args.groups_per_step),
+        rollout=RolloutConfig(group_size=args.group_size, groups_per_step=args.groups_per_step, partitions=partitions),
         reward=RewardConfig(fn="bench.broker:bench_reward"),
         reference=ReferenceConfig(),
         loss=LossConfig(kl_beta=0.001),
@@ -121,7 +147,7 @@ def _config(url: str, run: str, args) -> Config:
 
 
 # -- roles -------------------------------------------------------------------------------------
-def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
+def _generator(servers: Servers, keys: Keys, args, rate: float, report) -> None:
     """Publish `args.rollouts` rollouts, a whole group per XADD pipeline, at `rate` (0: flat out)."""
     quiet_logging("generator")
     rng = np.random.default_rng(0)
@@ -132,8 +158,8 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
 
     async def main() -> None:
         broker = await servers.connect()
-        stream, nbytes, t0 = Keys(run).rollouts, 0, time.perf_counter()
-        version_key, consumed, per_step = Keys(run).trainer_version, 0, gs * args.groups_per_step
+        nbytes, t0 = 0, time.perf_counter()
+        version_key, consumed, per_step = keys.trainer_version, 0, gs * args.groups_per_step
         for g in range(args.rollouts // gs):
             while g * gs - consumed >= args.window:  # backpressure, as the feeder's admission bound gives a job
                 consumed = int(await broker.get(version_key) or 0) * per_step
@@ -161,7 +187,8 @@ def _generator(servers: Servers, run: str, args, rate: float, report) -> None:
                 for s in range(gs)
             ]
             nbytes += sum(map(len, blobs))
-            await broker.add_many(stream, blobs)  # no MAXLEN, as workers/generator.py: the trainer trims
+            # a group to its partition (Keys.rollouts_for), no MAXLEN, as workers/generator.py: the trainer trims
+            await broker.add_many(keys.rollouts_for(f"g{g}"), blobs)
         report.put(("generator", {"bytes": nbytes, "cpu_s": time.process_time()}))
         await broker.close()
 
@@ -176,7 +203,8 @@ class BenchReference(Annotator):
     group = "reference"
 
     async def start(self) -> None:
-        await self.broker.ensure_group(self.keys.rollouts, self.group)
+        for stream in self.keys.rollout_streams:
+            await self.broker.ensure_group(stream, self.group)
 
     def batch_size(self) -> int:
         return self.cfg.reference.batch_size
@@ -228,12 +256,12 @@ def _role(name: str, cfg: Config, servers: Servers, report, total: int = 0) -> N
 
 
 # -- baseline: one writer, one plain reader ------------------------------------------------------
-def _plain_reader(servers: Servers, run: str, total: int, per_step: int, report) -> None:
+def _plain_reader(servers: Servers, keys: Keys, total: int, per_step: int, report) -> None:
     quiet_logging("reader")
 
     async def main() -> None:
         broker = await servers.connect()
-        stream, last, lat, first = Keys(run).rollouts, "0", [], float("inf")
+        stream, last, lat, first = keys.rollouts, "0", [], float("inf")
         while len(lat) < total:
             entries = await broker.read(stream, last, count=512, block_ms=1000)
             now = time.time()
@@ -243,7 +271,7 @@ def _plain_reader(servers: Servers, run: str, total: int, per_step: int, report)
                 first = min(first, r.finished_at)
             if entries:
                 last = entries[-1].id
-                await broker.set(Keys(run).trainer_version, len(lat) // per_step)
+                await broker.set(keys.trainer_version, len(lat) // per_step)
         report.put(
             (
                 "trainer",
@@ -288,6 +316,8 @@ def _server_stats(servers: Servers) -> dict:
     """The servers' CPU seconds so far, AOF rewrites so far and AOF size now; then a FLUSHALL."""
     import redis
 
+    if is_cluster(servers.urls[0]):
+        return totals(node_stats(servers.urls[0]))
     total = {"cpu_s": 0.0, "aof_rewrites": 0, "aof_mb": 0.0}
     for url in servers.urls:
         with redis.Redis.from_url(url) as c:
@@ -302,18 +332,20 @@ def _server_stats(servers: Servers) -> dict:
     return total
 
 
-def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
+def run_path(servers: Servers, args, mode: str, rate: float, partitions: int = 1) -> dict:
     """One run: `plain` (baseline pair) or `full` (every role); returns its row."""
     run = f"bench-{mode}-{int(rate)}-{time.time_ns() % 10**9}"
-    cfg, report, keys = _config(servers.urls[0], run, args), queue(), Keys(run)
+    cfg, report = _config(servers.urls[0], run, args, partitions), queue()
+    keys = Keys.of(cfg)
     server0 = _server_stats(servers)
     if mode == "plain":
-        consumers = [spawn(_plain_reader, servers, run, args.rollouts, args.group_size * args.groups_per_step, report)]
+        consumers = [spawn(_plain_reader, servers, keys, args.rollouts, args.group_size * args.groups_per_step, report)]
     else:
         names = ["reward", "reference", "trainer"] + [f"ext{i}" for i in range(args.consumers)]
         consumers = [spawn(_role, n, cfg, servers, report, args.rollouts) for n in names]
-        _wait_for_groups(servers, keys.rollouts, {"reward", "reference", "trainer"} | set(names[3:]))
-    producer = spawn(_generator, servers, run, args, rate, report)
+        for stream in keys.rollout_streams:
+            _wait_for_groups(servers, stream, {"reward", "reference", "trainer"} | set(names[3:]))
+    producer = spawn(_generator, servers, keys, args, rate, report)
     got: dict = {}
     try:
         while "trainer" not in got or "generator" not in got:
@@ -348,6 +380,8 @@ def run_path(servers: Servers, args, mode: str, rate: float) -> dict:
         "aof_mb_at_end": round(server["aof_mb"], 1),
         "load_avg_after": list(np.round(__import__("os").getloadavg(), 2)),
     }
+    if "nodes" in server:  # a cluster: what each node spent
+        row["nodes"] = per_node(server0["nodes"], server["nodes"], t["n"])
     row["_latency_ms"] = (np.asarray(t["joined"]) * 1000).tolist()
     return row
 
@@ -378,9 +412,11 @@ def run(args) -> int:
         args.rollouts += per_step - args.rollouts % per_step
         print(f"--rollouts rounded up to {args.rollouts}: whole trainer steps of {per_step} rollouts")
     info = machine()
+    if args.cluster or (args.url and is_cluster(args.url[0])):
+        return _run_cluster(args, info)
     rows = []
     with scratch_servers(args.url, 1, "broker", local=not args.tcp) as urls:
-        servers = Servers(tuple(urls))
+        servers = Servers(tuple(urls), wait_replicas=args.wait_replicas)
         if not args.no_baseline:
             rows.append(run_path(servers, args, "plain", 0.0))
         rows.append(run_path(servers, args, "full", 0.0))
@@ -416,4 +452,68 @@ def run(args) -> int:
     if write_result(args.out, result):
         _plot(rows, args.out)
         print(f"wrote {args.out}/result.json and {args.out}/broker.png")
+    return 0
+
+
+# -- the cluster runs (bench/broker_cluster.py) ---------------------------------------------------
+def _run_cluster(args, info: dict) -> int:
+    """One standalone server, then the cluster once per --partitions; the per-node table; the projection."""
+    import contextlib
+    import tempfile
+    from pathlib import Path
+
+    from bench.broker_sizing import projection_lines, rollouts_needed, size_cluster
+    from brokers.local_cluster import LocalCluster
+
+    parts = [int(p) for p in args.partitions.split(",") if p.strip()]
+    if args.consumers and max(parts) > 1:
+        raise SystemExit("--consumers reads one stream: use it with --partitions 1 only")
+    rows = []
+    with scratch_servers(None, 1, "broker", local=False) as urls:  # TCP, as the cluster's roles connect
+        row = run_path(Servers(tuple(urls)), args, "full", 0.0)
+        rows.append({**row, "run": "standalone, 1 server"})
+    with tempfile.TemporaryDirectory(prefix="streamrl-bench-cluster-") as tmp, contextlib.ExitStack() as stack:
+        if args.url and is_cluster(args.url[0]):
+            url = args.url[0]
+        else:
+            url = stack.enter_context(LocalCluster(Path(tmp))).url
+        for p in parts:
+            row = run_path(Servers((url,), wait_replicas=args.wait_replicas), args, "full", 0.0, partitions=p)
+            rows.append({**row, "run": f"cluster 3+3, partitions={p}" + (" +WAIT" if args.wait_replicas else "")})
+    print(
+        f"{args.rollouts} rollouts of {args.prompt_tokens}+{args.completion_tokens} tokens, group size "
+        f"{args.group_size}; {info['cpus']} CPUs, load average before {info['load_avg']}"
+    )
+    print_table(rows, ["run", "rollouts_per_s", "mb_per_s", "p50_ms", "p99_ms", "seconds"])
+    for r in rows:
+        server = r["cpu_s"]["redis-server"]
+        print(f"  {r['run']}: server cpu {server} s = {server / r['rollouts'] * 1e6:.1f} us/rollout")
+        for name, n in r.get("nodes", {}).items():
+            print(f"    {n['role']:<7} {name}: {n['cpu_s']} s, {n['us_per_rollout']} us/rollout")
+    last = [r for r in rows if "nodes" in r][-1]
+    masters = sum(n["us_per_rollout"] for n in last["nodes"].values() if n["role"] == "master") / 1e6
+    replicas = sum(n["us_per_rollout"] for n in last["nodes"].values() if n["role"] != "master") / 1e6
+    rollout_bytes = last["mb_per_s"] * 1e6 / last["rollouts_per_s"]
+    annotation_bytes = 4 * args.completion_tokens + 200  # ref_logprobs float32 + envelope; the reward's is tiny
+    plans = {
+        f"{args.gpus} GPUs at {tps:,} tokens/s each": size_cluster(
+            rollouts_needed(args.gpus, tps, args.completion_tokens), masters, replicas, rollout_bytes, annotation_bytes
+        )
+        for tps in (int(t) for t in args.tokens_per_gpu_s.split(","))
+    }
+    print(
+        f"measured ({last['run']}): masters {masters * 1e6:.1f} us, replicas {replicas * 1e6:.1f} us of CPU per "
+        f"rollout; {rollout_bytes / 1e3:.1f} KB per rollout"
+    )
+    for line in projection_lines(plans):
+        print(line)
+    result = {
+        "bench": "broker_cluster",
+        "settings": {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)},
+        "machine": info,
+        "runs": [{k: v for k, v in r.items() if not k.startswith("_")} for r in rows],
+        "projection": {k: vars(v) for k, v in plans.items()},
+    }
+    if write_result(args.out, result):
+        print(f"wrote {args.out}/result.json")
     return 0

@@ -33,11 +33,14 @@ class Servers:
     """Where a bench's roles connect: the broker URL (a server or a cluster: brokers/connect.py), first of `urls`."""
 
     urls: tuple[str, ...]
+    wait_replicas: int = 0
+    """broker.wait_replicas of every role (brokers/replica_wait.py)."""
 
     async def connect(self):
         from brokers.connect import connect
+        from brokers.replica_wait import ReplicaWait
 
-        return await connect(self.urls[0])
+        return await connect(self.urls[0], durable=ReplicaWait(self.wait_replicas))
 
 
 @contextlib.contextmanager

@@ -16,6 +16,7 @@ a job never starts on a degraded cluster (docs/scaling-brokers.md).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections import defaultdict
 from typing import Any
@@ -25,11 +26,20 @@ import redis.asyncio.cluster as aiocluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.crc import key_slot
-from redis.exceptions import AuthenticationError, RedisClusterException, RedisError, ResponseError
+from redis.exceptions import (
+    AuthenticationError,
+    ClusterDownError,
+    RedisClusterException,
+    RedisError,
+    ResponseError,
+    SlotNotCoveredError,
+    TryAgainError,
+)
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from brokers.redis_streams import RedisBroker, _TransientRetry, log
+from brokers.redis_streams import RedisBroker, ReplicaWait, _TransientRetry, log
+from brokers.replica_wait import transient
 from streamrl.core.broker import Entry, Keys
 from streamrl.core.broker_url import CLUSTER_FORM, parse_cluster_url, redact_cluster
 from streamrl.core.errors import BrokerError
@@ -37,6 +47,41 @@ from streamrl.core.errors import BrokerError
 SLOT_POLL_MS = 5
 """A blocking read over several slots waits in slices this long: one node's XREADGROUP cannot be woken by
 an entry on another, and a blocked one must not be cancelled (what it delivered would sit pending)."""
+
+
+FAILOVER_WAIT_S = 30.0
+"""How long a command keeps retrying while its node is down: a failover takes cluster-node-timeout plus an
+election (seconds); a node down for longer is a lost cluster, and the error reaches the worker."""
+FAILOVER_ERRORS = (RedisConnectionError, RedisTimeoutError, ClusterDownError, SlotNotCoveredError, TryAgainError)
+
+
+class FailoverCluster(aiocluster.RedisCluster):
+    """RedisCluster whose commands outlast a failover. redis-py retries a command that hit a dead node at
+    once, reloading the slot map each time: its retries are spent within milliseconds, while the map still
+    names the dead master, long before its replica is promoted (the trainer died on the first master
+    kill). Here each retry waits (doubling from 50 ms to 1 s) until FAILOVER_WAIT_S are up."""
+
+    failover_wait_s = 0.0
+    """0 while connect checks the cluster (a node down at start is an error at once), then FAILOVER_WAIT_S."""
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        delay, deadline = 0.05, time.monotonic() + self.failover_wait_s
+        while True:
+            try:
+                return await super().execute_command(*args, **kwargs)
+            except (*FAILOVER_ERRORS, RuntimeError) as exc:
+                if not isinstance(exc, FAILOVER_ERRORS) and not transient(exc):
+                    raise  # a RuntimeError that is not uvloop's "handler is closed"
+                if isinstance(exc, AuthenticationError) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning("cluster_retry", command=str(args[0]), wait_s=delay, error=str(exc)[:200])
+                if isinstance(exc, RuntimeError):  # a connection left half-open: drop the idle ones, reconnect
+                    for node in self.get_nodes():
+                        with contextlib.suppress(Exception):
+                            await node.disconnect_free_connections()
+                await asyncio.sleep(delay)
+                delay = min(1.0, delay * 2)
+                self._initialize = True  # ask the cluster for its slot map again: the replica may lead now
 
 
 def slot_of(key: str) -> int:
@@ -121,6 +166,7 @@ async def connect_cluster(
     backoff_base_s: float = 0.05,
     backoff_cap_s: float = 2.0,
     strict: bool = False,
+    durable: ReplicaWait | None = None,
     **client_kwargs: Any,
 ) -> ClusterBroker:
     """Connect to the cluster named by `url` and check it serves every slot; raise BrokerError naming the fix.
@@ -134,7 +180,7 @@ async def connect_cluster(
     retry = _TransientRetry(ExponentialBackoff(cap=backoff_cap_s, base=backoff_base_s), retries)
     delay, last = backoff_base_s, "no attempt"
     for attempt in range(retries + 1):
-        client = aiocluster.RedisCluster(
+        client = FailoverCluster(
             startup_nodes=[aiocluster.ClusterNode(h, p) for h, p in seeds],
             username=user,
             password=password,
@@ -149,7 +195,8 @@ async def connect_cluster(
         )
         try:
             await _check_whole(client, seeds, strict)
-            return ClusterBroker(client, url)
+            client.failover_wait_s = FAILOVER_WAIT_S
+            return ClusterBroker(client, url, durable)
         except AuthenticationError as exc:
             await client.aclose()
             raise BrokerError(

@@ -24,6 +24,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from brokers.redis_scripts import ACK_MANY, ADD_AND_ACK, ADD_MANY, LAG_SCRIPT
+from brokers.replica_wait import ReplicaWait
 from brokers.urls import UNIX_FORM, client_options
 from streamrl.core.broker import Entry
 from streamrl.core.broker_url import is_cluster_url, redact_cluster
@@ -134,8 +135,10 @@ class RedisBroker:
 
     cluster = False
 
-    def __init__(self, client: aioredis.Redis, url: str = "redis://"):
+    def __init__(self, client: aioredis.Redis, url: str = "redis://", durable: ReplicaWait | None = None):
         self.client = client
+        self.durable = durable or ReplicaWait()
+        """Entries, scripts (ledger, admission) and untimed keys wait for a replica (broker.wait_replicas)."""
         self.url = redact(url)
         for command in ("XREAD", "XREADGROUP"):  # per client instance: other clients are unaffected
             client.set_response_callback(command, _raw_xread)
@@ -145,7 +148,12 @@ class RedisBroker:
 
     # -- streams ---------------------------------------------------------------------------
     async def add(self, stream: str, data: bytes, maxlen: int | None = None) -> str:
-        return _s(await self.client.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True))
+        if self.durable.replicas <= 0:
+            return _s(await self.client.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True))
+        [entry_id] = await self.durable.write(
+            self.client, stream, lambda pipe: pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
+        )
+        return _s(entry_id)
 
     async def add_many(self, stream: str, items: list[bytes], maxlen: int | None = None) -> list[str]:
         if not items:
@@ -155,10 +163,12 @@ class RedisBroker:
                 return [_s(i) for i in await self.script(ADD_MANY, [stream], [FIELD, maxlen or "", *items])]
             except NoPermissionError:  # a restricted broker user (an external producer) may not run scripts
                 self._batch_script = False
-        pipe = self.client.pipeline(transaction=False)
-        for data in items:
-            pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
-        return [_s(i) for i in await pipe.execute()]
+
+        def queue(pipe) -> None:
+            for data in items:
+                pipe.xadd(stream, {FIELD: data}, maxlen=maxlen, approximate=True)
+
+        return [_s(i) for i in await self.durable.write(self.client, stream, queue)]
 
     async def ensure_group(self, stream: str, group: str, start: str = "0") -> None:
         try:
@@ -224,7 +234,7 @@ class RedisBroker:
             for s in streams:
                 args += [len(ids[s]), *ids[s]]
             try:
-                return int(await self.script(ACK_MANY, streams, args))
+                return int(await self._script(ACK_MANY, streams, args, durable=False))  # an ack's loss is a redelivery
             except NoPermissionError:
                 self._batch_script = False
         return sum([await self.ack(s, group, ids[s]) for s in streams])
@@ -237,7 +247,8 @@ class RedisBroker:
         if self._batch_script:
             try:
                 args = [FIELD, maxlen or "", group, len(ids), *ids, *items]
-                return [_s(i) for i in await self.script(ADD_AND_ACK, [stream, ack_stream], args)]
+                # One script on one server: a failover keeps both or neither, so nothing to wait for.
+                return [_s(i) for i in await self._script(ADD_AND_ACK, [stream, ack_stream], args, durable=False)]
             except NoPermissionError:
                 self._batch_script = False
         added = await self.add_many(stream, items, maxlen)
@@ -342,7 +353,10 @@ class RedisBroker:
         return await self.client.get(key)
 
     async def set(self, key: str, value: bytes | str | int, ttl_s: float | None = None) -> None:
-        await self.client.set(key, value, px=None if ttl_s is None else max(1, int(ttl_s * 1000)))
+        if ttl_s is not None or self.durable.replicas <= 0:  # a key with a TTL (a heartbeat) is soon rewritten
+            await self.client.set(key, value, px=None if ttl_s is None else max(1, int(ttl_s * 1000)))
+            return
+        await self.durable.write(self.client, key, lambda pipe: pipe.set(key, value))
 
     async def incr(self, key: str, by: int = 1) -> int:
         return int(await self.client.incrby(key, by))
@@ -361,11 +375,22 @@ class RedisBroker:
         return [_s(k) async for k in self.client.scan_iter(match=pattern, count=1000)]
 
     async def script(self, source: str, keys: list[str], args: list) -> Any:
+        # Every caller's script writes what is acted on (the ledger, admission): it waits for a replica.
+        return await self._script(source, keys, args, durable=True)
+
+    async def _script(self, source: str, keys: list[str], args: list, durable: bool) -> Any:
         # EVALSHA after the first call (redis-py caches the sha); NOSCRIPT after a server restart
         # is handled by redis-py re-sending the source.
         if source not in self._scripts:
             self._scripts[source] = self.client.register_script(source)
-        return await self._scripts[source](keys=keys, args=args)
+        if not durable or self.durable.replicas <= 0:
+            return await self._scripts[source](keys=keys, args=args)
+        if self.cluster:  # redis-py refuses EVALSHA in a cluster pipeline; EVAL (the server caches it by sha)
+            queue = lambda pipe: pipe.eval(source, len(keys), *keys, *args)  # noqa: E731
+        else:
+            queue = lambda pipe: self._scripts[source](keys=keys, args=args, client=pipe)  # noqa: E731
+        [reply] = await self.durable.write(self.client, keys[0] if keys else "", queue)
+        return reply
 
     async def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
         """Disconnect every connection; give up after `timeout_s` (a shutdown path must not hang on it)."""
@@ -382,9 +407,15 @@ class RedisBroker:
 
 
 async def connect_server(
-    url: str, retries: int = 20, backoff_base_s: float = 0.05, backoff_cap_s: float = 2.0, **client_kwargs: Any
+    url: str,
+    retries: int = 20,
+    backoff_base_s: float = 0.05,
+    backoff_cap_s: float = 2.0,
+    durable: ReplicaWait | None = None,
+    **client_kwargs: Any,
 ) -> RedisBroker:
     """Connect and ping, retrying with exponential back-off; raise BrokerError when it gives up.
+    `durable`: wait for replicas after the writes that matter (ReplicaWait; default off).
 
     The client itself retries dropped connections (same back-off, `retries` times per command),
     so a broker that restarts under a running worker costs a pause, not a crash.
@@ -422,7 +453,7 @@ async def connect_server(
         raise
     finally:
         await probe.aclose()
-    return RedisBroker(client, url)
+    return RedisBroker(client, url, durable)
 
 
 async def _ping_until_up(probe: aioredis.Redis, shown: str, retries: int, base_s: float, cap_s: float) -> None:

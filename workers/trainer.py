@@ -399,7 +399,12 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     checkpointer.prepare(engine)  # the staging buffers, allocated while the generators start
     ranks = RankStep(engine, snapshot, checkpointer)
     if rank == 0:
-        serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed), broker_url)
+        serve(
+            lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed),
+            broker_url,
+            cfg.broker.connect_retries,
+            (cfg.broker.wait_replicas, cfg.broker.wait_timeout_ms),
+        )
     else:
         follow(ranks)
 

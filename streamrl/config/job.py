@@ -35,6 +35,13 @@ class BrokerConfig(Section):
     """How long one XREADGROUP call blocks waiting for entries."""
     connect_retries: int = Field(20, ge=0)
     """Connection attempts (exponential back-off, capped at 2 s) before a worker gives up on the broker."""
+    wait_replicas: int = Field(0, ge=0)
+    """Replicas that must have a write before its reply returns (`WAIT`), for the writes something is acked
+    or trained on (entries, ledger and admission scripts, keys without a TTL): 1 on a replicated broker
+    (Redis Cluster, a master with a replica), so a failover loses none of them (docs/fault-tolerance.md,
+    "Failover"). 0: off (one server has no replica to wait for)."""
+    wait_timeout_ms: int = Field(1000, ge=1)
+    """One `WAIT`'s timeout; a short WAIT then waits on until a replica has the write, or none is online."""
 
     @model_validator(mode="after")
     def _url(self) -> "BrokerConfig":
@@ -49,6 +56,11 @@ class BrokerConfig(Section):
                 parse_cluster_url(self.url)
             except BrokerError as exc:
                 raise ValueError(str(exc)) from None
+        if self.url == "embedded" and self.wait_replicas:
+            raise ValueError(
+                f"broker.wait_replicas={self.wait_replicas} with broker.url=embedded: the embedded redis-server has "
+                "no replica to wait for; set broker.wait_replicas=0, or point broker.url at a replicated broker"
+            )
         return self
 
 

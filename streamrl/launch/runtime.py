@@ -42,10 +42,11 @@ def _load(role: str):
     return getattr(importlib.import_module(module), name)
 
 
-async def _serve(factory: Callable, broker_url: str, retries: int) -> None:
+async def _serve(factory: Callable, broker_url: str, retries: int, wait: tuple[int, int]) -> None:
     from brokers.connect import connect
+    from brokers.replica_wait import ReplicaWait
 
-    broker = await connect(broker_url, retries=retries)
+    broker = await connect(broker_url, retries=retries, durable=ReplicaWait(*wait))
     worker = factory(broker)
     loop = asyncio.get_running_loop()
     hits = {"n": 0}
@@ -84,15 +85,16 @@ def kill_children() -> None:
             pass
 
 
-def serve(factory: Callable, broker_url: str, retries: int = 20) -> None:
+def serve(factory: Callable, broker_url: str, retries: int = 20, wait: tuple[int, int] = (0, 1000)) -> None:
     """Run one Worker (built by `factory(broker)`) until it finishes or is signalled;
-    `retries` = broker.connect_retries (connection attempts, with back-off, before giving up)."""
+    `retries` = broker.connect_retries (connection attempts, with back-off, before giving up);
+    `wait` = (broker.wait_replicas, broker.wait_timeout_ms) (brokers/replica_wait.py)."""
     try:
         import uvloop
     except ImportError:
-        asyncio.run(_serve(factory, broker_url, retries))
+        asyncio.run(_serve(factory, broker_url, retries, wait))
     else:
-        uvloop.run(_serve(factory, broker_url, retries))
+        uvloop.run(_serve(factory, broker_url, retries, wait))
 
 
 def run_role(role: str, cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> int:
@@ -106,7 +108,12 @@ def run_role(role: str, cfg: Config, broker_url: str, worker_id: str, run_dir: P
             raise startup_failure(role, exc) from exc
         setup_logging(role, worker_id, run_dir, run=cfg.run.name)
         if isinstance(target, type):
-            serve(lambda broker: target(cfg, broker, worker_id, run_dir), broker_url, cfg.broker.connect_retries)
+            serve(
+                lambda broker: target(cfg, broker, worker_id, run_dir),
+                broker_url,
+                cfg.broker.connect_retries,
+                (cfg.broker.wait_replicas, cfg.broker.wait_timeout_ms),
+            )
         else:
             target(cfg, broker_url, worker_id, run_dir)
     except FatalError as exc:

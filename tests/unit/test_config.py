@@ -59,6 +59,13 @@ def test_bad_broker_url_says_what_to_set():
         load_config(None, ["broker.url=localhost:6379"])
 
 
+def test_waiting_for_replicas_of_the_embedded_broker_is_refused():
+    with pytest.raises(ConfigError, match="broker.wait_replicas=0"):
+        load_config(None, ["broker.wait_replicas=1"])
+    cfg = load_config(None, ["broker.wait_replicas=1", "broker.url=redis+cluster://:pw@127.0.0.1:7000"])
+    assert cfg.broker.wait_replicas == 1
+
+
 def test_cross_field_rule_names_fix():
     with pytest.raises(ConfigError, match="rollout.group_size>=2"):
         load_config(None, ["rollout.group_size=1"])
