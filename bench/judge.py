@@ -49,7 +49,7 @@ def rollouts(n: int, seed: int = 0) -> list[Rollout]:
 
 
 async def measure(url: str, config: str, overrides: list[str], n: int) -> dict:
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from workers.judge import JudgeWorker
 
     cfg = resolve_model(load_config(config, [*overrides, f"broker.url={url}", "run.name=bench-judge"]))

@@ -1,10 +1,11 @@
 """Hosts on one machine for the multi-host rehearsal (tests/e2e/test_multihost.py, docs/multihost.md):
 each "host" is a network namespace with its own loopback and one veth to a bridge in the root
-namespace; the broker listens on the bridge's address only, so every role reaches it over a veth,
+namespace; the broker (a Redis Cluster, or one server) listens on the bridge's address only, so every role reaches it over a veth,
 as over a network. Needs root and iproute2 (`ip netns`); CI has both.
 
     with hosts(["trainer", "gen", "workers"]) as net:
-        broker = start_broker(net.gateway, tmp / "broker")      # the one replaceable part: a URL
+        cluster = start_cluster(net.gateway, tmp / "cluster")   # Redis Cluster on the bridge address
+        broker = start_broker(net.gateway, tmp / "broker")      # or one standalone server
         proc = net.popen("gen", ["streamrl", "worker", "generator", ...], log_path)
 
 Names carry a random tag per run (namespaces srl-<tag>-<host>, links s<tag>...), so runs never
@@ -183,3 +184,12 @@ def start_broker(address: str, data_dir: Path, port: int = 6379) -> Broker:
                 log = (data_dir / "redis.log").read_text()
                 raise RuntimeError(f"redis-server on {address}:{port} did not start: {log}") from None
             time.sleep(0.1)
+
+
+def start_cluster(address: str, data_dir: Path):
+    """A 3-master, 3-replica Redis Cluster (brokers/local_cluster.py) listening on `address` only:
+    `.url` is its redis+cluster:// seed list, `.stop()` ends it. The nodes announce that address,
+    so a client in a namespace is redirected to nodes it can reach."""
+    from brokers.local_cluster import LocalCluster
+
+    return LocalCluster(data_dir, masters=3, replicas=1, host=address).start()

@@ -16,7 +16,7 @@ import re
 from streamrl.config.schema import JudgeScore
 
 REFERENCE_FIELD = "answer"
-"""meta key of a task's reference answer (gsm8k, math datasets: streamrl/feed/tasks.py)."""
+"""meta key of a task's reference answer (gsm8k, math datasets: streamrl/feed/sources.py)."""
 _SHOWN = 120
 """Characters of a judge output quoted in an error (enough to see why it did not parse)."""
 

@@ -1,6 +1,7 @@
 """The multi-host rehearsal (issue 29): one multi-turn job whose roles run as on three hosts,
 network namespaces made by tests/multihost.py: feeder and trainer on "trainer", two generators on
-"gen", the reward and env workers on "workers", the broker reached over the veth addresses only,
+"gen", the reward and env workers on "workers", a Redis Cluster (3 masters, 3 replicas; rollouts and
+annotations in 3 partitions) reached over the veth addresses only,
 weights through `weights.backend: dir` on a folder all hosts share (the "shared filesystem"). Every
 role is started with the commands docs/multihost.md gives (read from the page), and the job ends
 with `streamrl account` exact.
@@ -20,10 +21,11 @@ import time
 from pathlib import Path
 
 import pytest
-import redis
 import yaml
 
-from tests.multihost import hosts, skip_or_fail_without_netns, start_broker
+from streamrl.core.broker import Keys
+from streamrl.core.broker_url import is_cluster_url, sync_client
+from tests.multihost import hosts, skip_or_fail_without_netns, start_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "multihost.md"
@@ -72,6 +74,7 @@ def write_config(shared: Path) -> Path:
     cfg["env"].update(latency_ms=[5, 20])
     cfg["generator"]["max_inflight_groups"] = 1  # one group each at a time: both generators get work
     cfg["trainer"]["steps"] = STEPS
+    cfg["rollout"]["partitions"] = 3  # past one node: each partition's streams on their own master
     cfg["weights"] = {"backend": "dir", "dir": str(shared / "weights")}
     path = shared / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
@@ -90,10 +93,11 @@ def test_a_job_on_three_hosts_with_the_documented_commands_is_exact(tmp_path):
     shared = tmp_path / "shared"
     config = write_config(shared)
     with hosts(list(PLACEMENT)) as net:
-        broker = start_broker(net.gateway, tmp_path / "broker")
+        broker = start_cluster(net.gateway, tmp_path / "cluster")
         try:
             # Reached over the veth only: each host's loopback is its own, with no broker on it.
-            assert reach(net, "gen", net.gateway, 6379) and not reach(net, "gen", "127.0.0.1", 6379)
+            port = broker.masters()[0]
+            assert reach(net, "gen", net.gateway, port) and not reach(net, "gen", "127.0.0.1", port)
             values = {"config": str(config), "run": RUN, "run_dir": str(tmp_path / "trainer-run"), "url": broker.url}
             procs: dict[str, subprocess.Popen] = {}
             for host, roles in PLACEMENT.items():
@@ -138,10 +142,10 @@ def _check_alive(procs, logs: Path, deadline: float, what: str) -> None:
 
 
 def _wait_for_heartbeats(url: str, role: str, n: int, procs, logs: Path, timeout: float = 300) -> None:
-    r = redis.Redis.from_url(url)
+    r = sync_client(url)
     deadline = time.monotonic() + timeout
     try:
-        while len(list(r.scan_iter(match=f"streamrl:{RUN}:workers:{role}:*"))) < n:
+        while len(list(r.scan_iter(match=Keys(RUN, cluster=is_cluster_url(url)).worker(role, "*")))) < n:
             _check_alive(procs, logs, deadline, f"{n} {role} heartbeats")
             time.sleep(0.5)
     finally:

@@ -38,7 +38,7 @@ def _adapter(folder: str):
 async def main(spec: dict) -> dict:
     import torch
 
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from streamrl.config.schema import (
         BrokerConfig,
         Config,

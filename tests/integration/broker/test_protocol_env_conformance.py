@@ -202,7 +202,7 @@ async def test_the_node_env_under_the_env_user_is_sticky_and_takes_over_a_dead_w
     stream over."""
     import signal
 
-    from brokers.redis_streams import connect
+    from brokers.connect import connect
     from streamrl.config.schema import BrokerConfig, Config, RunConfig
     from streamrl.generate.episode_runner import READ_GROUP
     from tests.integration.broker.test_env_acl import envuser_add

@@ -25,7 +25,7 @@ from streamrl.config.files import load_config
 from streamrl.config.schema import Config
 from streamrl.core.batch import Batch
 from streamrl.core.messages import Rollout
-from streamrl.feed.tasks import load_task
+from streamrl.feed.sources import load_task
 from streamrl.models.tiny import resolve_model_path
 from streamrl.train.dist import launch
 from streamrl.train.hf_engine import HFEngine
