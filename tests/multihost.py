@@ -112,7 +112,11 @@ class Net:
                     os.kill(int(pid), signal.SIGKILL)
                 except (ProcessLookupError, ValueError):
                     pass
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)  # removes its veth pair
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, timeout=30)
+        # A namespace goes (with its veth end) only once its last process has exited, which a SIGKILL
+        # does not wait for: delete each pair by its root-side end now (deleting one end deletes both).
+        for i in range(len(self.ns)):
+            subprocess.run(["ip", "link", "del", f"s{self.tag}{i}a"], capture_output=True, timeout=30)
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, timeout=30)
 
 
