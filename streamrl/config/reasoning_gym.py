@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from streamrl.envs import adapters as env_adapters
+from streamrl.config import env_spec as env_adapters
 
 
 class ReasoningGymConfig(BaseModel):

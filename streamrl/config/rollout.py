@@ -7,8 +7,8 @@ from typing import Literal
 
 from pydantic import Field, field_validator
 
+from streamrl.config import env_spec as env_adapters
 from streamrl.config.base import Section
-from streamrl.envs import adapters as env_adapters
 
 
 class RolloutConfig(Section):

@@ -269,13 +269,7 @@ EXCEPTIONS: dict[tuple[str, str], str] = {
 }
 """(importing module, imported module) -> why this crossing is needed. Keep it short: the fix for a
 crossing is to move the shared piece into core (or the lower library)."""
-TO_MOVE: set[tuple[str, str]] = {
-    # env.fn's spec syntax (split_spec, check_spec and the adapter prefixes) belongs in config, the adapters
-    # importing it from there; found when the config rule was added (the twelve crossings found with the
-    # stage rules, issue 25, are all moved)
-    ("streamrl.config.reasoning_gym", "streamrl.envs.adapters"),
-    ("streamrl.config.rollout", "streamrl.envs.adapters"),
-}
+TO_MOVE: set[tuple[str, str]] = set()
 """Crossings known and not yet moved: each is a shared piece in the wrong folder. Remove an entry when its piece
 moves; test_to_move_is_still_needed keeps the set honest."""
 

@@ -16,49 +16,17 @@ imports its library when it is used. docs/environments.md lists the adapters and
 from __future__ import annotations
 
 import importlib
-import re
 
+from streamrl.config.env_spec import ADAPTER_PREFIXES, NOT_ADAPTED, check_spec, split_spec
 from streamrl.core.errors import ConfigError
 
+__all__ = ["ADAPTERS", "NOT_ADAPTED", "check_spec", "make_factory", "prompts", "split_spec"]
+
 ADAPTERS = {
-    "textarena": (
-        "streamrl.envs.adapters.textarena",
-        "textarena",
-        "TextArena's games, e.g. textarena:GuessTheNumber-v0",
-    ),
-    "verifiers": (
-        "streamrl.envs.adapters.verifiers",
-        "verifiers",
-        "a verifiers taskset id and its config, e.g. verifiers:vf_textarena_offline?game=Secretary-v0",
-    ),
+    prefix: (f"streamrl.envs.adapters.{prefix}", package, what) for prefix, (package, what) in ADAPTER_PREFIXES.items()
 }
-"""prefix -> (adapter module, the PyPI package it needs, what the name is)."""
-NOT_ADAPTED = {
-    "openenv": "PyPI openenv-core 0.3 installs beside this stack, but its wheel ships no environment: OpenEnv's "
-    "envs live in its repository and on the Hugging Face Hub as HTTP servers in Docker images, which a job cannot "
-    "fetch offline; see docs/environments.md",
-}
-"""Prefixes of libraries an adapter was considered for and not built, with why (named in errors)."""
-_SPEC = re.compile(r"([a-z_]+):(\S+)")
-
-
-def split_spec(spec: str) -> tuple[str, str] | None:
-    """(adapter, name) for `<adapter>:<name>` with a known or considered adapter prefix, else None."""
-    m = _SPEC.fullmatch(spec or "")
-    if m and (m.group(1) in ADAPTERS or m.group(1) in NOT_ADAPTED):
-        return m.group(1), m.group(2)
-    return None
-
-
-def check_spec(spec: str) -> str | None:
-    """The error for an adapter spec that cannot be used (syntax only, nothing imported), else None."""
-    parts = split_spec(spec)
-    if parts and parts[0] in NOT_ADAPTED:
-        return (
-            f"env.fn={spec!r}: there is no {parts[0]} adapter: {NOT_ADAPTED[parts[0]]}; use one of "
-            f"{', '.join(f'{k}:<name>' for k in ADAPTERS)} or a streamrl.envs.base.Env class"
-        )
-    return None
+"""prefix -> (adapter module, the PyPI package it needs, what the name is); the prefixes and the spec
+syntax (split_spec, check_spec) are config's (streamrl/config/env_spec.py), which validates env.fn."""
 
 
 def _module(spec: str):
