@@ -84,9 +84,12 @@ class GeneratorConfig(Section):
     """How the generator starts vLLM's EngineCore process. `fork`: the child inherits this process's
     imported torch + vLLM (on the H200 a spawned EngineCore spent ~25 s importing them again before
     its first log line; forked, 1 s); needs a process that has not initialised CUDA, which the
-    generator never does before its engine starts. `auto`: fork on a GPU, falling back to spawn if
-    the forked start fails; spawn on the CPU build (no measured gain there). A
-    VLLM_WORKER_MULTIPROC_METHOD in the environment overrides this."""
+    generator never does before its engine starts. `auto`: fork, falling back to spawn if the forked
+    start fails; on the CPU build only while the generator runs no other thread, else spawn (tiny
+    model, 2 cores: engine start 5.3-5.6 s forked vs 10-26 s spawned, the same tokens, and the forked
+    EngineCore exits in 1-2 s where a spawned one ran into vLLM's 5 s kill timeout). vLLM's CPU
+    platform resets the choice to spawn while building its config; streamrl/generate/vllm_engine.py
+    puts it back. A VLLM_WORKER_MULTIPROC_METHOD in the environment overrides this."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM (sets VLLM_CPU_KVCACHE_SPACE unless already set)."""
     cpu_worker_in_engine: bool = True

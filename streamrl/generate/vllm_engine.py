@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
+import threading
 import zlib
 from dataclasses import dataclass
 from typing import AsyncIterator
@@ -89,7 +91,7 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
         from vllm.platforms import current_platform
 
-        method = _start_method(self.gen.engine_start_method, current_platform.is_cpu())
+        method = _start_method(self.gen.engine_start_method, current_platform.is_cpu(), threading.active_count())
         if current_platform.is_cpu() and self.gen.cpu_worker_in_engine:
             # vLLM's CPU build otherwise starts the model worker as a process of its own, after the
             # EngineCore's: a second Python interpreter importing torch + vLLM on every (re)start.
@@ -123,8 +125,22 @@ class VLLMEngine:
             **lora_args(self.lora),
         )
         loggers = [_prefix_cache_logger(self.prefix_cache)]
+        asked = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
+        if asked == "fork":
+            _forget_wakeup_fd_in_children()
+        vllm_config = args.create_engine_config()
+        # vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it builds the config
+        # (vllm/platforms/cpu.py check_and_update_config), whatever was asked: put the choice back. vLLM
+        # still switches to spawn at the start itself when CUDA is initialised here (_maybe_force_spawn).
+        os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = asked
+
+        def make() -> AsyncLLM:
+            return AsyncLLM.from_vllm_config(
+                vllm_config, stat_loggers=loggers, disable_log_stats=args.disable_log_stats
+            )
+
         try:
-            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+            self.llm = make()
         except Exception as exc:
             if method != "auto-fork":
                 raise
@@ -132,7 +148,7 @@ class VLLMEngine:
             # "Cannot re-initialize CUDA in forked subprocess"): start it the slow, safe way.
             log.warning("engine_fork_failed_retrying_with_spawn", error=repr(exc))
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
-            self.llm = AsyncLLM.from_engine_args(args, stat_loggers=loggers)
+            self.llm = make()
         self.start_method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
         cache = self.llm.vllm_config.cache_config
         self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
@@ -240,14 +256,28 @@ def kv_cache_args(gen: GeneratorConfig, cpu: bool) -> dict:
     return {"kv_cache_memory_bytes": int(gen.kv_cache_memory_gb * 2**30)}
 
 
-def _start_method(setting: str, cpu: bool) -> str:
+_AT_FORK = []
+
+
+def _forget_wakeup_fd_in_children() -> None:
+    """A forked child inherits the asyncio loop's signal wakeup fd (set_wakeup_fd, shared with this
+    process): the SIGTERM vLLM sends its EngineCore at shutdown was written to it, so the generator
+    saw a second SIGTERM and force-exited (`forced_exit`, no `stopped` line). The child drops it."""
+    if not _AT_FORK:
+        os.register_at_fork(after_in_child=lambda: signal.set_wakeup_fd(-1))
+        _AT_FORK.append(True)
+
+
+def _start_method(setting: str, cpu: bool, threads: int = 1) -> str:
     """Set VLLM_WORKER_MULTIPROC_METHOD (how vLLM starts its EngineCore) from generator.engine_start_method
     unless the environment already names one; "auto-fork" when auto chose fork (then a failed start
-    is retried with spawn). vLLM itself switches to spawn when torch has initialised CUDA here."""
+    is retried with spawn). vLLM itself switches to spawn when torch has initialised CUDA here.
+    `threads`: this process's running threads; on the CPU build auto forks only a single-threaded
+    process (a thread holding a lock at the fork would leave the child's copy locked forever)."""
     if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:
         return os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
     if setting == "auto":
-        chosen = "spawn" if cpu else "fork"
+        chosen = "spawn" if cpu and threads > 1 else "fork"
     else:
         chosen = setting
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen

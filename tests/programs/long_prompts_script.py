@@ -2,7 +2,7 @@
 engine that runs at most 4 of them at once (generator.max_num_seqs); prints the number of tokens each
 request produced and the engine's max_num_seqs as JSON (run by test_vllm_long_prompts.py). Then the
 same seeded requests under generator.detokenize=end and =incremental: their tokens, log-probs and
-texts, and how many deltas carried text.
+texts, and how many deltas carried text; and how its EngineCore was started.
 
     python tests/programs/long_prompts_script.py MODEL_DIR
 """
@@ -11,7 +11,22 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import sys
+import tempfile
+from pathlib import Path
+
+
+def forked_children(marker: str) -> int:
+    """Child processes holding this process's open file `marker`: forked ones (a spawned child, such
+    as a spawned EngineCore, starts with only the descriptors multiprocessing hands it)."""
+    pids = Path(f"/proc/self/task/{os.getpid()}/children").read_text().split()
+    held = 0
+    for pid in pids:
+        fds = Path(f"/proc/{pid}/fd")
+        held += any(os.readlink(fd) == marker for fd in fds.iterdir() if fd.is_symlink())
+    return held
 
 
 async def main(model_dir: str) -> dict:
@@ -20,8 +35,12 @@ async def main(model_dir: str) -> dict:
 
     gen = GeneratorConfig(max_model_len=1024, max_tokens=8, max_num_seqs=4)
     engine = VLLMEngine(model_dir, gen, dtype="float32", seed=0)
+    marker = tempfile.NamedTemporaryFile(prefix="streamrl-fork-marker-")
+    sigterms = []  # as a worker's: a forked EngineCore's own SIGTERM must not reach this loop
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, lambda: sigterms.append(1))
     await engine.start()
     tokenizer_at_start = engine.tokenizer is not None
+    started = {"start_method": engine.start_method, "forked_children": forked_children(marker.name)}
 
     async def one(i: int) -> int:
         prompt = [4 + (i * 7 + k) % 90 for k in range(700)]  # 8 x 700 tokens > the 2048-token step budget
@@ -44,15 +63,18 @@ async def main(model_dir: str) -> dict:
 
     try:
         tokens = list(await asyncio.gather(*(one(i) for i in range(8))))
-        return {
+        out = {
             "tokens": tokens,
             "tokenizer_at_start": tokenizer_at_start,
+            **started,
             "max_num_seqs": engine.llm.vllm_config.scheduler_config.max_num_seqs,
             "end": await texts("end"),
             "incremental": await texts("incremental"),
         }
     finally:
         engine.shutdown()
+    await asyncio.sleep(0.5)
+    return {**out, "sigterms_seen": len(sigterms)}
 
 
 if __name__ == "__main__":

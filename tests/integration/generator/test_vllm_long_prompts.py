@@ -41,6 +41,12 @@ def test_seeded_long_prompts_over_the_step_budget_all_finish(tmp_path):
     assert out["max_num_seqs"] == 4  # generator.max_num_seqs reached vLLM's scheduler
     # loaded by start(), not by the first decode on the event loop (which held every streaming request)
     assert out["tokenizer_at_start"] is True
+    # engine_start_method=auto forks the EngineCore of a single-threaded generator on the CPU build
+    # too (vLLM's CPU platform had reset the choice to spawn: a second interpreter importing torch +
+    # vLLM again, 5-20 s of each start)
+    assert (out["start_method"], out["forked_children"]) == ("fork", 1)
+    # the SIGTERM vLLM sends that EngineCore at shutdown does not reach the generator's loop
+    assert out["sigterms_seen"] == 0
     # generator.detokenize=end: vLLM detokenizes nothing, the last delta carries the whole text, and
     # tokens, sampling log-probs and text equal vLLM's incremental detokenization of the same requests.
     for end, inc in zip(out["end"], out["incremental"], strict=True):
