@@ -65,6 +65,12 @@ def add_arguments(p) -> None:
         default=None,
         help="generator.max_num_seqs (default: vLLM's, 128 on a GPU; the GPU configs run 256)",
     )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        help="generator.stream_interval, tokens per delta (default: the config's); plain vLLM streams every token",
+    )
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
     p.add_argument("--cache", default=None, help="where built models go (default: the temp dir)")
 
@@ -97,6 +103,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
             **({"weights_poll_s": args.poll_s} if args.poll_s else {}),
             loop_profile_s=args.loop_profile_s,
             max_num_seqs=args.max_num_seqs,
+            **({"stream_interval": args.stream_interval} if args.stream_interval else {}),
             max_model_len=args.prompt_len + args.max_tokens + 16,
         ),
         trainer=TrainerConfig(lr=1e-6),
