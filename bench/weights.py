@@ -175,8 +175,13 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     rounds, last_id = [], "0"
     await _plain(worker.engine, prompts[:1], 10_000)  # warm-up (first-request compiles)
     for r in range(args.rounds):
+        # CPU seconds of this thread (the one event loop: vLLM's output handler and streamrl's per-delta
+        # work) per token: unlike tok/s on a shared CPU, not moved by other processes' load.
+        c0 = time.thread_time()
         pt, ps, pfirst = await _plain(worker.engine, prompts, 1000 * r)
+        c1 = time.thread_time()
         st, ss, sfirst, last_id = await _through_streamrl(worker, broker, prompts, f"tp{r}", last_id)
+        c2 = time.thread_time()
         rounds.append(
             {
                 "round": r,
@@ -186,6 +191,8 @@ async def _bench(args, url: str, tmp: Path) -> dict:
                 "plain_s": ps,
                 "streamrl_s": ss,
                 "plain_first_done_s": pfirst,
+                "plain_loop_cpu_us_per_token": (c1 - c0) / pt * 1e6,
+                "streamrl_loop_cpu_us_per_token": (c2 - c1) / st * 1e6,
                 "streamrl_first_done_s": sfirst,
             }
         )
@@ -260,6 +267,8 @@ async def _bench(args, url: str, tmp: Path) -> dict:
         "plain_tok_s": plain,
         "streamrl_tok_s": ours,
         "throughput_ratio": ours / plain,
+        "plain_loop_cpu_us_per_token": statistics.mean(r["plain_loop_cpu_us_per_token"] for r in rounds),
+        "streamrl_loop_cpu_us_per_token": statistics.mean(r["streamrl_loop_cpu_us_per_token"] for r in rounds),
         "ready_s_median": statistics.median(ready),
         "ready_s_max": max(ready),
         "stall_s_median": statistics.median(stall),
@@ -379,6 +388,10 @@ def run(args) -> int:
     print(
         f"plain vLLM {result['plain_tok_s']:.0f} tok/s | streamrl {result['streamrl_tok_s']:.0f} tok/s | "
         f"ratio {result['throughput_ratio']:.3f} (target >= {TARGETS['throughput_ratio']})"
+    )
+    print(
+        f"event-loop thread CPU per token: plain vLLM {result['plain_loop_cpu_us_per_token']:.1f} us | "
+        f"streamrl {result['streamrl_loop_cpu_us_per_token']:.1f} us"
     )
     print(
         f"stall median {result['stall_s_median'] * 1e3:.1f} ms (target <= 50) | ready median "
