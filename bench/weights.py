@@ -72,6 +72,12 @@ def add_arguments(p) -> None:
         help="trainer.lora.rank: publish a LoRA adapter of this rank on q/k/v/o_proj, served by vLLM as a LoRA "
         "(0: full weights). Run once with and once without to compare bytes, ready and tok/s",
     )
+    p.add_argument(
+        "--stream-interval",
+        type=int,
+        default=None,
+        help="generator.stream_interval, tokens per delta (default: the config's); plain vLLM streams every token",
+    )
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
     p.add_argument("--cache", default=None, help="where built models go (default: the temp dir)")
 
@@ -105,6 +111,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
             **({"weights_poll_s": args.poll_s} if args.poll_s else {}),
             loop_profile_s=args.loop_profile_s,
             max_num_seqs=args.max_num_seqs,
+            **({"stream_interval": args.stream_interval} if args.stream_interval else {}),
             max_model_len=args.prompt_len + args.max_tokens + 16,
         ),
         trainer=TrainerConfig(lr=1e-6, lora=LoraConfig(rank=args.lora_rank)),
@@ -176,8 +183,13 @@ async def _bench(args, url: str, tmp: Path) -> dict:
     rounds, last_id = [], "0"
     await _plain(worker.engine, prompts[:1], 10_000)  # warm-up (first-request compiles)
     for r in range(args.rounds):
+        # CPU seconds of this thread (the one event loop: vLLM's output handler and streamrl's per-delta
+        # work) per token: unlike tok/s on a shared CPU, not moved by other processes' load.
+        c0 = time.thread_time()
         pt, ps, pfirst = await _plain(worker.engine, prompts, 1000 * r)
+        c1 = time.thread_time()
         st, ss, sfirst, last_id = await _through_streamrl(worker, broker, prompts, f"tp{r}", last_id)
+        c2 = time.thread_time()
         rounds.append(
             {
                 "round": r,
@@ -187,6 +199,8 @@ async def _bench(args, url: str, tmp: Path) -> dict:
                 "plain_s": ps,
                 "streamrl_s": ss,
                 "plain_first_done_s": pfirst,
+                "plain_loop_cpu_us_per_token": (c1 - c0) / pt * 1e6,
+                "streamrl_loop_cpu_us_per_token": (c2 - c1) / st * 1e6,
                 "streamrl_first_done_s": sfirst,
             }
         )
@@ -262,6 +276,8 @@ async def _bench(args, url: str, tmp: Path) -> dict:
         "plain_tok_s": plain,
         "streamrl_tok_s": ours,
         "throughput_ratio": ours / plain,
+        "plain_loop_cpu_us_per_token": statistics.mean(r["plain_loop_cpu_us_per_token"] for r in rounds),
+        "streamrl_loop_cpu_us_per_token": statistics.mean(r["streamrl_loop_cpu_us_per_token"] for r in rounds),
         "ready_s_median": statistics.median(ready),
         "ready_s_max": max(ready),
         "stall_s_median": statistics.median(stall),
@@ -386,6 +402,10 @@ def run(args) -> int:
     if sizes:
         kind = f"LoRA rank {args.lora_rank} adapter" if args.lora_rank else "full weights"
         print(f"bytes per publish ({kind}): median {statistics.median(sizes):,.0f}")
+    print(
+        f"event-loop thread CPU per token: plain vLLM {result['plain_loop_cpu_us_per_token']:.1f} us | "
+        f"streamrl {result['streamrl_loop_cpu_us_per_token']:.1f} us"
+    )
     print(
         f"stall median {result['stall_s_median'] * 1e3:.1f} ms (target <= 50) | ready median "
         f"{result['ready_s_median']:.3f} s, max {result['ready_s_max']:.3f} s (target <= 0.5)"

@@ -52,25 +52,39 @@ CANCEL_WAIT_S = 10.0
 
 
 class _Sample:
-    """Tokens of one request as they stream in, with the weights version of each stretch."""
+    """Tokens of one request as they stream in, with the weights version of each stretch.
 
-    def __init__(self) -> None:
+    Versions go by token index, not by when a delta arrives: with generator.stream_interval a
+    delta consumed after a switch can still hold tokens the old weights made, so each switch marks
+    the index the engine had reached when it paused (switch_at)."""
+
+    def __init__(self, version: int) -> None:
         self.token_ids: list[int] = []
         self.logprobs: list[float] = []
         self.text: list[str] = []
-        self.version: int | None = None
-        self.switches: list[list[int]] = []
+        self.marks: list[list[int]] = [[0, version]]
+        """[first token index, version] of each stretch, in order; the first starts at 0."""
         self.finish_reason = "length"
 
-    def add(self, token_ids: list[int], logprobs: list[float], version: int) -> None:
-        if not token_ids:
-            return
-        if self.version is None:
-            self.version = version
-        elif version != (self.switches[-1][1] if self.switches else self.version):
-            self.switches.append([len(self.token_ids), version])
-        self.token_ids.extend(token_ids)
-        self.logprobs.extend(logprobs)
+    def add(self, token_ids: list[int], logprobs: list[float]) -> None:
+        self.token_ids += token_ids
+        self.logprobs += logprobs
+
+    def switch_at(self, index: int, version: int) -> None:
+        """Tokens from `index` on are made by `version` (a switch paused the engine there)."""
+        while self.marks[-1][0] >= index and len(self.marks) > 1:  # no token was made in between
+            self.marks.pop()
+        if self.marks[-1][0] >= index:
+            self.marks[-1][1] = version
+        elif self.marks[-1][1] != version:
+            self.marks.append([index, version])
+
+    def versions(self) -> tuple[int, list[list[int]]]:
+        """(version of the first token, [[index, version] where the weights changed]) over the
+        tokens received; marks at or past the last token (a switch after the request's end) drop."""
+        n = len(self.token_ids)
+        switches = [m for m in self.marks[1:] if m[0] < n]
+        return self.marks[0][1], switches
 
 
 class GeneratorWorker(Worker):
@@ -115,6 +129,8 @@ class GeneratorWorker(Worker):
         self.loop_profile = LoopProfiler(every, self.loop_lag) if every else None
         """What holds the loop (generator.loop_profile_s): started with the lag timer, written at close."""
         self._deliveries = 0
+        self._samples: dict[str, _Sample] = {}
+        """Full weights: the running requests' samples by request id, for a switch to mark."""
         self._active = 0
         self._busy_since = 0.0
         self._busy_s = 0.0
@@ -293,25 +309,29 @@ class GeneratorWorker(Worker):
 
     async def _run_sample(self, prompt: Prompt, sample: int) -> None:
         params = self.engine.sampling_params(
-            sample_seed(self.cfg.run.seed, prompt.group_id, sample), prompt.temperature
+            sample_seed(self.cfg.run.seed, prompt.group_id, sample),
+            prompt.temperature,
+            stream_interval=self.cfg.generator.stream_interval,
         )
         request_id = f"{self.worker_id}:{prompt.group_id}:{sample}:{uuid.uuid4().hex[:8]}"
-        s = _Sample()
         self._set_active(+1)
         try:
             with self.pinned() as pin:
+                # Full weights: _reload_full marks where each switch fell (the sample is registered
+                # in the same step as its first version is read). LoRA: its own adapter made it all.
+                s = _Sample(pin.version)
+                if self.adapters is None:
+                    self._samples[request_id] = s
                 async for delta in self.engine.stream(prompt.prompt_ids.tolist(), params, request_id, pin.request):
                     self._deliveries += 1
-                    # Full weights: deltas produced before a pause are all consumed before self.version
-                    # changes (see _switch), so the version current at consumption is the one that made
-                    # them. LoRA: the request's own adapter made them all.
-                    s.add(delta.token_ids, delta.logprobs, pin.version)
+                    s.add(delta.token_ids, delta.logprobs)
                     s.text.append(delta.text)
                     if delta.finish_reason is not None:
                         s.finish_reason = delta.finish_reason
-                version = pin.version
         finally:
+            self._samples.pop(request_id, None)
             self._set_active(-1)
+        version, switches = s.versions()
         rollout = Rollout(
             rollout_id=new_rollout_id(prompt.group_id, sample),
             group_id=prompt.group_id,
@@ -320,8 +340,8 @@ class GeneratorWorker(Worker):
             prompt_ids=prompt.prompt_ids,
             completion_ids=s.token_ids,
             logprobs=s.logprobs,
-            version=version if s.version is None else s.version,
-            version_switches=s.switches,
+            version=version,
+            version_switches=switches,
             finish_reason=s.finish_reason,
             text="".join(s.text),
             prompt_text=prompt.text,
@@ -433,6 +453,12 @@ class GeneratorWorker(Worker):
             marks.append(("drain_s", time.monotonic()))
             await self.engine.reload(*self.loader.reload_call(path))
             marks.append(("reload_s", time.monotonic()))
+            # Still paused: each request's token count now is where the new weights start. With
+            # generator.stream_interval > 1 some of those tokens are still buffered in vLLM and
+            # arrive after the resume; the drain above made `received` exact for finished ones.
+            for request_id, sample in self._samples.items():
+                made = self.engine.generated_tokens(request_id)
+                sample.switch_at(len(sample.token_ids) if made is None else made, handle.version)
             self.version = handle.version
         finally:
             await self.engine.resume()

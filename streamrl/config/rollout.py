@@ -69,6 +69,16 @@ class GeneratorConfig(Section):
     and prefix cache, every paused request is preempted and re-prefilled (prompt + tokens so far)
     with the new weights after the switch, which costs a prefill of every in-flight request per
     switch (docs/performance.md, "Weight sync")."""
+    stream_interval: int = Field(16, ge=1)
+    """Tokens vLLM gathers per request before it hands them to the generator (vLLM's
+    SamplingParams.stream_interval; the last delta comes whenever the request finishes). Each
+    delta costs Python work on the generator's one event-loop thread (vLLM's output handling and
+    streamrl's per-delta bookkeeping), which at 128 requests x ~170 decode steps/s held the
+    generator at ~78% of plain vLLM on the H200 (issue 28). Per-token versions stay exact: at a
+    weight switch the generator reads how many tokens each paused request had made, so tokens
+    still buffered then are stamped with the old version. 1: a delta per token. Multi-turn
+    episodes (env.fn) always stream every token. Ignored by a vLLM without per-request
+    stream_interval."""
     detokenize: Literal["end", "incremental"] = "end"
     """How a completion's text is made. `end`: once per request when it finishes (one tokenizer
     decode of its tokens, skipping special tokens as vLLM does); vLLM itself detokenizes nothing.

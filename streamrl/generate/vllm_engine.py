@@ -76,6 +76,9 @@ class VLLMEngine:
         self.llm = None
         self.tokenizer = None
         """The model's tokenizer, loaded by start() off the event loop (get_tokenizer)."""
+        self.can_stream_interval = False
+        """Whether requests may batch tokens per delta: this vLLM takes SamplingParams.stream_interval
+        and exposes the output processor's per-request token counts (generated_tokens); set by start()."""
         self.start_method: str | None = None
         """How the EngineCore process was started (fork or spawn), once started."""
         self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
@@ -150,20 +153,34 @@ class VLLMEngine:
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
             self.llm = make()
         self.start_method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
+        op = getattr(self.llm, "output_processor", None)
+        self.can_stream_interval = supports_stream_interval() and hasattr(op, "request_states")
+        if not self.can_stream_interval and self.gen.stream_interval > 1:
+            log.warning("stream_interval_unsupported", stream_interval=self.gen.stream_interval, using=1)
         cache = self.llm.vllm_config.cache_config
         self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
         # Loaded here, in a thread: loaded at the first decode it held the generator's event loop (and
         # every request streaming through it) for the whole AutoTokenizer.from_pretrained (H200, issue 28).
         await asyncio.to_thread(self.get_tokenizer)
 
-    def sampling_params(self, seed: int | None, temperature: float | None = None, max_tokens: int | None = None):
+    def sampling_params(
+        self,
+        seed: int | None,
+        temperature: float | None = None,
+        max_tokens: int | None = None,
+        stream_interval: int = 1,
+    ):
         """Per-request parameters; `temperature` overrides generator.temperature (eval prompts),
-        `max_tokens` overrides generator.max_tokens (a multi-turn episode's turn near its token budget)."""
+        `max_tokens` overrides generator.max_tokens (a multi-turn episode's turn near its token budget).
+        `stream_interval`: tokens per delta (generator.stream_interval); a caller asking for more than
+        1 must stamp versions by generated_tokens() at a switch, not by when a delta arrives."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         g = self.gen
+        interval = {"stream_interval": stream_interval} if stream_interval > 1 and self.can_stream_interval else {}
         return SamplingParams(
+            **interval,
             n=1,
             temperature=g.temperature if temperature is None else temperature,
             top_p=g.top_p,
@@ -192,6 +209,18 @@ class VLLMEngine:
                 whole += ids
                 text = self.decode(whole, params.skip_special_tokens) if out.finished else ""
             yield Delta(ids, lps, text, comp.finish_reason if out.finished else None)
+
+    def generated_tokens(self, request_id: str) -> int | None:
+        """Tokens the engine has made for a running request, delivered or still held back by
+        stream_interval in vLLM's output processor; None when the request is not there (not yet
+        added, or finished). Exact while the engine is paused: pause() flushes the outputs."""
+        op = self.llm.output_processor
+        # vLLM >= 0.1x keys its states by an internal id (external id + suffix); older builds by ours.
+        internal = getattr(op, "external_req_ids", {}).get(request_id) or [request_id]
+        states = [op.request_states[rid] for rid in internal if rid in op.request_states]
+        if not states:  # a build that keys them some other way: the state still names our id
+            states = [st for st in op.request_states.values() if getattr(st, "external_req_id", None) == request_id]
+        return states[0].detokenizer.num_output_tokens() if states else None
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.get_tokenizer().decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -282,6 +311,13 @@ def _start_method(setting: str, cpu: bool, threads: int = 1) -> str:
         chosen = setting
     os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen
     return "auto-fork" if setting == "auto" and chosen == "fork" else chosen
+
+
+def supports_stream_interval() -> bool:
+    """Whether this vLLM takes SamplingParams(stream_interval=...) (newer builds only)."""
+    from vllm import SamplingParams
+
+    return "stream_interval" in getattr(SamplingParams, "__struct_fields__", ())
 
 
 def _sampled_logprobs(position_logprobs, token_ids: list[int]) -> list[float]:

@@ -119,7 +119,7 @@ async def main(spec: dict) -> dict:
         # 2. in-flight switch: publish version 3 once tokens are streaming
         base = worker._deliveries
         sent = await submit("switch", admitted=2)
-        while worker._deliveries - base < 8 * GROUP_SIZE:
+        while worker._deliveries - base < 4 * GROUP_SIZE:  # deltas: generator.stream_interval tokens each
             await asyncio.sleep(0.002)
         h3 = await store.publish(3, peaked)
         out["switch"] = await _collect(broker, keys, state, "switch", GROUP_SIZE)

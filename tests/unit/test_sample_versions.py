@@ -1,0 +1,44 @@
+"""Per-token versions of one generator request (workers/generator.py `_Sample`): by token index,
+so a switch marked while tokens were still buffered in vLLM (generator.stream_interval) stamps them right.
+
+    pytest tests/unit/test_sample_versions.py -q
+"""
+
+from __future__ import annotations
+
+from workers.generator import _Sample
+
+
+def _sample(version: int, received: int) -> _Sample:
+    s = _Sample(version)
+    s.add(list(range(received)), [0.0] * received)
+    return s
+
+
+def test_tokens_buffered_at_a_switch_keep_the_old_version():
+    s = _sample(2, received=5)
+    s.switch_at(12, 3)  # the engine had made 12 tokens; 7 still buffered when it paused
+    s.add(list(range(20)), [0.0] * 20)  # they arrive after the resume, with 13 new ones
+    assert s.versions() == (2, [[12, 3]])
+
+
+def test_a_switch_before_the_first_token_is_the_first_version():
+    s = _sample(2, received=0)
+    s.switch_at(0, 3)
+    s.add([1, 2], [0.0, 0.0])
+    assert s.versions() == (3, [])
+
+
+def test_switches_with_no_token_between_keep_the_last():
+    s = _sample(1, received=4)
+    s.switch_at(6, 2)
+    s.switch_at(6, 3)
+    s.switch_at(9, 4)
+    s.add(list(range(10)), [0.0] * 10)
+    assert s.versions() == (1, [[6, 3], [9, 4]])
+
+
+def test_a_switch_after_the_last_token_is_dropped():
+    s = _sample(1, received=8)
+    s.switch_at(8, 2)  # finished with all 8 made before the pause
+    assert s.versions() == (1, [])
