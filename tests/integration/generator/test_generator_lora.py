@@ -51,7 +51,8 @@ def results(redis_server, tmp_path_factory) -> dict:
         "temperature": TEMPERATURE,
     }
     (tmp / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # keep a carried site dir
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), str(tmp / "spec.json"), str(tmp / "out.json")],
         cwd=REPO,

@@ -305,7 +305,9 @@ def test_vllm_serves_the_exported_adapter_as_the_merged_model_scores_it(runs, ti
         "prompts": [r.prompt_ids.astype(int).tolist() for r in batch.rollouts],
     }
     (tmp_path / "spec.json").write_text(json.dumps(spec))
+    path = os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[3]), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    env["PYTHONPATH"] = path  # the script imports tests.*: the repo root, not the script's folder, on its path
     cmd = [sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
