@@ -40,6 +40,7 @@ from streamrl.generate.adapters import (
 from streamrl.generate.episode_runner import EpisodeRunner
 from streamrl.generate.loop_lag import LoopLag
 from streamrl.generate.loop_profile import LoopProfiler
+from streamrl.generate.sample_stream import SampleStream
 from streamrl.generate.vllm_engine import LoraSlots, VLLMEngine, sample_seed
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightStoreError, make_loader
 
@@ -49,42 +50,6 @@ MAX_GROUP_SIZE = 4096
 """A prompt asking for more completions than this is malformed (it would flood the engine)."""
 CANCEL_WAIT_S = 10.0
 """On stop, how long cancelled groups (their vLLM aborts) may take to unwind before the engine shuts down."""
-
-
-class _Sample:
-    """Tokens of one request as they stream in, with the weights version of each stretch.
-
-    Versions go by token index, not by when a delta arrives: with generator.stream_interval a
-    delta consumed after a switch can still hold tokens the old weights made, so each switch marks
-    the index the engine had reached when it paused (switch_at)."""
-
-    def __init__(self, version: int) -> None:
-        self.token_ids: list[int] = []
-        self.logprobs: list[float] = []
-        self.text: list[str] = []
-        self.marks: list[list[int]] = [[0, version]]
-        """[first token index, version] of each stretch, in order; the first starts at 0."""
-        self.finish_reason = "length"
-
-    def add(self, token_ids: list[int], logprobs: list[float]) -> None:
-        self.token_ids += token_ids
-        self.logprobs += logprobs
-
-    def switch_at(self, index: int, version: int) -> None:
-        """Tokens from `index` on are made by `version` (a switch paused the engine there)."""
-        while self.marks[-1][0] >= index and len(self.marks) > 1:  # no token was made in between
-            self.marks.pop()
-        if self.marks[-1][0] >= index:
-            self.marks[-1][1] = version
-        elif self.marks[-1][1] != version:
-            self.marks.append([index, version])
-
-    def versions(self) -> tuple[int, list[list[int]]]:
-        """(version of the first token, [[index, version] where the weights changed]) over the
-        tokens received; marks at or past the last token (a switch after the request's end) drop."""
-        n = len(self.token_ids)
-        switches = [m for m in self.marks[1:] if m[0] < n]
-        return self.marks[0][1], switches
 
 
 class GeneratorWorker(Worker):
@@ -129,7 +94,7 @@ class GeneratorWorker(Worker):
         self.loop_profile = LoopProfiler(every, self.loop_lag) if every else None
         """What holds the loop (generator.loop_profile_s): started with the lag timer, written at close."""
         self._deliveries = 0
-        self._samples: dict[str, _Sample] = {}
+        self._samples: dict[str, SampleStream] = {}
         """Full weights: the running requests' samples by request id, for a switch to mark."""
         self._active = 0
         self._busy_since = 0.0
@@ -319,7 +284,7 @@ class GeneratorWorker(Worker):
             with self.pinned() as pin:
                 # Full weights: _reload_full marks where each switch fell (the sample is registered
                 # in the same step as its first version is read). LoRA: its own adapter made it all.
-                s = _Sample(pin.version)
+                s = SampleStream(pin.version)
                 if self.adapters is None:
                     self._samples[request_id] = s
                 async for delta in self.engine.stream(prompt.prompt_ids.tolist(), params, request_id, pin.request):

@@ -27,8 +27,9 @@ import time
 
 import numpy as np
 
-from streamrl.assemble.advantages import batch_advantages, overlong_penalty
+from streamrl.assemble.advantages import batch_advantages
 from streamrl.assemble.failure_streak import FailureStreak
+from streamrl.assemble.group_rewards import group_components, group_rewards, reward_errors
 from streamrl.assemble.join_policy import JoinPolicy
 from streamrl.assemble.pending_group import PendingGroup, rollout_problem
 from streamrl.config.schema import Config
@@ -333,45 +334,19 @@ class Assembler:
         if self.join.missing(list(g.rollouts), self.annotations):
             return
         g.completed_at = time.time()
-        if errors := self._reward_errors(g):  # reward.on_error=score: every rollout failed
+        if errors := reward_errors(g, self.annotations):  # reward.on_error=score: every rollout failed
             self.streak.failed(f"reward: {errors[0]}")
         else:
             self.streak.ok()
         if g.group_id in self.replay:
             self.ready.append(g.group_id)
             return
-        if self.loss.dynamic_sampling and np.ptp(self._rewards(g)) == 0:
+        if self.loss.dynamic_sampling and np.ptp(group_rewards(g, self.annotations, self.join, self.cfg)) == 0:
             # DAPO dynamic sampling: a group with equal rewards has zero advantage; drop it and let
             # the feeder admit a replacement, so the batch is refilled with informative groups.
             await self._close(g.group_id, "filtered")
             return
         self.ready.append(g.group_id)
-
-    def _reward_errors(self, g: PendingGroup) -> list[str]:
-        """The reward errors of a group whose every rollout's reward errored, else []."""
-        errors = [self.annotations[rid]["reward"][1].error for rid in g.rollouts]
-        return errors if all(errors) else []
-
-    def _ordered(self, g: PendingGroup) -> list[Rollout]:
-        return [r for _, r in sorted(g.rollouts.values(), key=lambda er: er[1].sample)]
-
-    def _rewards(self, g: PendingGroup) -> np.ndarray:
-        """Rewards of a group's rollouts in sample order, with DAPO's soft overlong penalty if configured."""
-        rollouts = self._ordered(g)
-        rewards = self.join.combine(self._components(g))
-        loss = self.cfg.loss
-        if loss.overlong_buffer > 0:
-            lengths = np.asarray([len(r.completion_ids) for r in rollouts])
-            rewards = rewards + overlong_penalty(
-                lengths, self.cfg.generator.max_tokens, loss.overlong_buffer, loss.overlong_penalty
-            ).astype(np.float32)
-        return rewards
-
-    def _components(self, g: PendingGroup) -> dict[str, np.ndarray]:
-        """Each reward key's values (built-in `reward`, external keys) in sample order."""
-        return self.join.components(
-            [{k: a for k, (_, a) in self.annotations[r.rollout_id].items()} for r in self._ordered(g)]
-        )
 
     async def _expire(self) -> None:
         """Apply annotations.external timeouts to groups whose rollouts are all in (streamrl/assemble/join_policy.py)."""
@@ -488,11 +463,11 @@ class Assembler:
         rollouts, gidx, rewards, refs, parts = [], [], [], [], []
         for i, gid in enumerate(gids):
             g = self.groups[gid]
-            ordered = self._ordered(g)
+            ordered = g.ordered()
             rollouts += ordered
             gidx += [i] * len(ordered)
-            rewards.append(self._rewards(g))
-            parts.append(self._components(g))
+            rewards.append(group_rewards(g, self.annotations, self.join, self.cfg))
+            parts.append(group_components(g, self.annotations, self.join))
             if "ref_logprobs" in self.required:
                 refs += [
                     np.asarray(self.annotations[r.rollout_id]["ref_logprobs"][1].value, np.float32) for r in ordered

@@ -26,6 +26,10 @@ class PendingGroup:
     oldest: int | None = None
     """Oldest token version among its rollouts (cached once the group is ready)."""
 
+    def ordered(self) -> list[Rollout]:
+        """Its trained rollouts in sample order."""
+        return [r for _, r in sorted(self.rollouts.values(), key=lambda er: er[1].sample)]
+
 
 def rollout_problem(msg: Rollout, group: PendingGroup | None, vocab_size: int | None) -> str:
     """Why a decodable rollout still cannot be used ("" when it can): it would break its group

@@ -1,4 +1,4 @@
-"""Per-token versions of one generator request (workers/generator.py `_Sample`): by token index,
+"""Per-token versions of one generator request (streamrl/generate/sample_stream.py `SampleStream`): by token index,
 so a switch marked while tokens were still buffered in vLLM (generator.stream_interval) stamps them right.
 
     pytest tests/unit/test_sample_versions.py -q
@@ -6,11 +6,11 @@ so a switch marked while tokens were still buffered in vLLM (generator.stream_in
 
 from __future__ import annotations
 
-from workers.generator import _Sample
+from streamrl.generate.sample_stream import SampleStream
 
 
-def _sample(version: int, received: int) -> _Sample:
-    s = _Sample(version)
+def _sample(version: int, received: int) -> SampleStream:
+    s = SampleStream(version)
     s.add(list(range(received)), [0.0] * received)
     return s
 
