@@ -32,16 +32,20 @@ class GeneratorRates:
             raw = await self.broker.get(key)
             if raw is None:
                 continue  # its heartbeat expired between the scan and the read
-            beat = json.loads(raw)
+            try:  # a heartbeat is any process's write: one that is not ours is skipped, not fatal
+                beat = json.loads(raw)
+                ts, tokens = float(beat.get("ts", 0.0)), float(beat.get("tokens_generated", 0.0))
+                busy_fraction = float(beat["busy_fraction"]) if "busy_fraction" in beat else None
+            except (ValueError, TypeError, AttributeError):
+                continue
             live.add(key)
-            ts, tokens = float(beat.get("ts", 0.0)), float(beat.get("tokens_generated", 0.0))
             before = self._last.get(key)
             if before is not None and ts > before[0] and tokens >= before[1]:
                 self._rates[key] = (tokens - before[1]) / (ts - before[0])
             if before is None or ts > before[0]:
                 self._last[key] = (ts, tokens)
-            if "busy_fraction" in beat:
-                busy.append(float(beat["busy_fraction"]))
+            if busy_fraction is not None:
+                busy.append(busy_fraction)
         for gone in set(self._rates) - live:  # a generator that left stops counting
             self._rates.pop(gone)
             self._last.pop(gone, None)

@@ -35,3 +35,15 @@ async def test_rates_come_from_heartbeat_differences_and_gone_generators_stop_co
     assert await rates.sample() == {"gen_tokens_per_s": 3000.0, "gen_busy": 0.8}
     await broker.delete(keys.worker("generator", "gen-0"))
     assert await rates.sample() == {"gen_tokens_per_s": 2000.0, "gen_busy": 0.7}
+
+
+async def test_heartbeats_that_are_not_a_generators_are_skipped(config, broker):
+    keys = Keys(config.run.name)
+    rates = GeneratorRates(broker, keys)
+    await broker.set(keys.worker("generator", "junk"), "not json", ttl_s=30)
+    await broker.set(keys.worker("generator", "list"), "[1, 2]", ttl_s=30)
+    await broker.set(keys.worker("generator", "text"), json.dumps({"ts": "soon", "tokens_generated": 5}), ttl_s=30)
+    await _beat(broker, keys, "gen-0", 100.0, 0, 0.5)
+    assert await rates.sample() == {"gen_busy": 0.5}
+    await _beat(broker, keys, "gen-0", 101.0, 500, 0.5)
+    assert await rates.sample() == {"gen_tokens_per_s": 500.0, "gen_busy": 0.5}
