@@ -24,7 +24,7 @@ import time
 from typing import Any, Awaitable, Callable
 
 import structlog
-from redis.exceptions import ClusterDownError, RedisClusterException
+from redis.exceptions import ClusterDownError, RedisClusterException, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -44,7 +44,23 @@ def transient(exc: BaseException) -> bool:
     redis-py writes on a connection whose node died under it."""
     if isinstance(exc, (RedisConnectionError, RedisTimeoutError, RedisClusterException, ClusterDownError)):
         return True
+    if demoted(exc):
+        return True
     return isinstance(exc, RuntimeError) and "handler is closed" in str(exc)
+
+
+def demoted(exc: BaseException) -> bool:
+    """The node a WAIT (or INFO) was sent to is a replica now: the client's slot map is older than a
+    failover (a killed master came back as its successor's replica). Redis answers a WAIT on a replica
+    with "WAIT cannot be used with replica instances"; the write itself followed the MOVED redirect to
+    the new master, so the call is retried on a fresh slot map."""
+    if isinstance(exc, StaleTopology):
+        return True
+    return isinstance(exc, ResponseError) and "cannot be used with replica" in str(exc)
+
+
+class StaleTopology(Exception):
+    """The client's slot map names a replica as the key's master (a failover it has not seen yet)."""
 
 
 def online_replicas(info: dict[str, Any]) -> int:
@@ -90,9 +106,13 @@ class ReplicaWait:
                 RedisClusterException,
                 ClusterDownError,
                 RuntimeError,
+                ResponseError,
+                StaleTopology,
             ) as exc:
                 if not transient(exc):
                     raise
+                if demoted(exc):
+                    await _refresh_slots(client)
                 # A failover under way (the client's own retries are spent, or a cluster pipeline lost the
                 # WAIT's target on its retry): write again, as redis-py's retry would; what streamrl
                 # writes tolerates a repeat (docs/fault-tolerance.md, "Failover").
@@ -111,7 +131,17 @@ class ReplicaWait:
         if self.replicas <= 0 or await self._alone_now(client, node):
             return await pipe.execute()
         pipe.execute_command("WAIT", self.replicas, self.timeout_ms, **_target(node))
-        *replies, acked = await pipe.execute()
+        *replies, acked = await pipe.execute(raise_on_error=False)
+        for reply in replies:
+            if isinstance(reply, Exception):
+                raise reply
+        if isinstance(acked, Exception):
+            if not demoted(acked):
+                raise acked
+            # The write followed MOVED to the new master but the WAIT went to the old one, a replica
+            # now: the write is done (not repeated), the catch-up WAITs on the new map's node.
+            await _refresh_slots(client)
+            acked = 0
         # A failover during the call: the cluster client re-ran the pipeline elsewhere and the WAIT
         # may not have run where the write landed; the catch-up asks the key's node of now.
         if int(acked) < self.replicas or _moved(client, key, node):
@@ -157,7 +187,11 @@ class ReplicaWait:
         if due is None and not ask:
             return False
         if due is None or time.monotonic() >= due:
-            if online_replicas(await client.info("replication", **_target(node))) > 0:
+            info = await client.info("replication", **_target(node))
+            if node is not None and info.get("role") not in (None, "master"):
+                # a replica has no replicas of its own: that would count the key's writes as alone
+                raise StaleTopology(f"{node.name} is a replica now (the slot map predates a failover)")
+            if online_replicas(info) > 0:
                 self._alone.pop(name, None)
                 return False
             if due is None:
@@ -170,6 +204,13 @@ class ReplicaWait:
             self._alone[name] = time.monotonic() + ALONE_RECHECK_S
         self.unreplicated += 1
         return True
+
+
+async def _refresh_slots(client: Any) -> None:
+    """Reload a cluster client's slot map now (a single server has none)."""
+    manager = getattr(client, "nodes_manager", None)
+    if manager is not None:
+        await manager.initialize()
 
 
 def _node(client: Any, key: str) -> Any:

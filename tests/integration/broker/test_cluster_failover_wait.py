@@ -52,3 +52,38 @@ async def test_durable_writes_through_a_cluster_failover(tmp_path) -> None:
             await broker.close(timeout_s=2)
             await plain.close(timeout_s=2)
         await asyncio.sleep(0)
+
+
+async def test_a_wait_sent_to_a_master_turned_replica_is_retried_on_the_new_map(tmp_path) -> None:
+    """The e2e failure this guards: a killed master came back as its successor's replica while the
+    trainer's slot map still named it; the write followed MOVED, but the WAIT pinned to the old node got
+    "WAIT cannot be used with replica instances" and the trainer died. A manual failover (CLUSTER
+    FAILOVER on the replica) makes the same stale map without a kill."""
+    with LocalCluster(tmp_path / "cluster") as cluster:
+        wait = ReplicaWait(replicas=1, timeout_ms=500)
+        broker = await connect(cluster.url, retries=3, durable=wait)
+        try:
+            first = await broker.add(KEY, b"before")
+            old = broker.client.get_node_from_key(KEY).port
+            with cluster.client(old) as c:
+                replica = next(
+                    int(v["port"])
+                    for k, v in c.info("replication").items()
+                    if k.startswith("slave") and k[5:].isdigit()
+                )
+            with cluster.client(replica) as c:
+                c.execute_command("CLUSTER", "FAILOVER")
+            deadline = time.monotonic() + 30
+            while replica not in cluster.masters() or old in cluster.masters():
+                assert time.monotonic() < deadline, "the manual failover did not complete"
+                await asyncio.sleep(0.1)
+            cluster.wait_ok(60)
+            assert broker.client.get_node_from_key(KEY).port == old, "the client saw the failover already"
+
+            after = await broker.add(KEY, b"after")  # the WAIT would go to `old`, a replica now
+            assert broker.client.get_node_from_key(KEY).port == replica
+            entries = await broker.read(KEY, "0", count=10)
+            assert [e.id for e in entries] == [first, after]
+            assert wait.unreplicated == 0, "the old master (a replica now) was taken for a master alone"
+        finally:
+            await broker.close(timeout_s=2)
