@@ -2,7 +2,8 @@
 
     streamrl worker reference --config configs/tiny-cpu.yaml --broker redis://... --run tiny
 
-Started only when loss.kl_beta > 0. The log-probs come from the trainer's own function
+Started only when loss.kl_beta > 0 and reference.source is `worker` (with trainer.lora, `auto` resolves
+to `trainer`: the trainer computes them from its own model with the adapter disabled). The log-probs come from the trainer's own function
 (streamrl.models.hf.causal_lm_logprobs, with trainer.logprob_chunk_tokens), so both sides of the KL
 term are computed by the same code. The model runs on reference.device (`auto`: trainer.device;
 `cpu` frees the GPUs for the trainer and generators). Reads `rollouts` with the consumer group "reference" in

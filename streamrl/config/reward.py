@@ -82,7 +82,14 @@ class RewardConfig(Section):
 
 class ReferenceConfig(Section):
     count: int = Field(1, ge=0)
-    """Reference workers; started only when loss.kl_beta > 0."""
+    """Reference workers; started only when loss.kl_beta > 0 and reference.source is `worker`
+    (0 in the resolved config when it is `trainer`)."""
+    source: Literal["auto", "worker", "trainer"] = "auto"
+    """Who computes the KL term's reference log-probs. `worker`: reference.count reference workers,
+    each loading model.path, annotate every rollout (`ref_logprobs`). `trainer`: the trainer computes
+    them in its own step from its own model with the LoRA adapter disabled (the frozen base is the
+    reference), so no reference worker and no second copy of the model exist; needs trainer.lora.
+    `auto`: `trainer` with trainer.lora, else `worker` (RUN_DIR/config.yaml holds the resolved value)."""
     batch_size: int = Field(32, ge=1)
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where the frozen reference model runs: `auto` follows trainer.device; `cpu` keeps it off the

@@ -129,6 +129,7 @@ class Config(Section):
                 f"use with rollout.max_staleness={self.rollout.max_staleness}; set generator.max_loras>={keep} "
                 "(or leave it unset: max_staleness + 1)"
             )
+        self._resolve_reference()
         if self.loss.overlong_buffer > self.generator.max_tokens:
             raise ValueError(
                 f"loss.overlong_buffer={self.loss.overlong_buffer} exceeds generator.max_tokens="
@@ -143,10 +144,38 @@ class Config(Section):
                 )
         return self
 
+    def _resolve_reference(self) -> None:
+        """reference.source `auto` resolved (`trainer` with trainer.lora), and reference.count 0 when the
+        trainer computes the reference log-probs, so the written config says no reference worker runs."""
+        ref, lora = self.reference, self.trainer.lora.enabled
+        if ref.source == "trainer" and not lora:
+            raise ValueError(
+                "reference.source=trainer computes the reference log-probs from the trainer's own model with "
+                "its LoRA adapter disabled, but trainer.lora is off (the trainer's model is then the policy "
+                "itself); set trainer.lora.rank > 0, or reference.source=worker (or auto)"
+            )
+        if ref.source == "auto":
+            ref.source = "trainer" if lora else "worker"
+        if ref.source != "trainer":
+            return
+        if ref.count > 0 and "count" in ref.model_fields_set:
+            raise ValueError(
+                f"reference.count={ref.count} asks for reference workers, but with trainer.lora the trainer "
+                "computes the reference log-probs itself (its model with the adapter disabled: no second copy "
+                "of the model); remove reference.count (or set it to 0), or set reference.source=worker to run "
+                f"{ref.count} reference worker(s) with their own copy of the base model"
+            )
+        ref.count = 0
+
+    def reference_in_trainer(self) -> bool:
+        """The trainer computes the reference log-probs (reference.source=trainer): no reference worker
+        annotates `ref_logprobs`, the assembler does not wait for them."""
+        return self.reference.source == "trainer"
+
     def required_annotations(self) -> list[str]:
         """Annotation keys a rollout needs before the trainer may use it."""
         keys = ["reward"]
-        if self.loss.kl_beta > 0:
+        if self.loss.kl_beta > 0 and not self.reference_in_trainer():
             keys.append("ref_logprobs")
         if self.judge is not None:
             keys.append(self.judge.key)

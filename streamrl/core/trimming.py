@@ -53,7 +53,9 @@ return redis.call('XTRIM', KEYS[1], 'MINID', '~', floor)
 def stream_groups(cfg: Config) -> dict[str, list[str]]:
     """Stream -> the consumer groups that must exist (and have consumed) before it is trimmed."""
     keys = Keys.of(cfg)
-    rollout_groups = ["reward", "trainer"] + (["reference"] if cfg.loss.kl_beta > 0 else [])
+    # reference.source=trainer: no reference worker, so no "reference" group to wait for
+    with_reference = cfg.loss.kl_beta > 0 and not cfg.reference_in_trainer()
+    rollout_groups = ["reward", "trainer"] + (["reference"] if with_reference else [])
     rollout_groups += ["judge"] if cfg.judge is not None else []
     out = {keys.prompts: ["generator"]}
     out |= {stream: rollout_groups for stream in keys.rollout_streams}

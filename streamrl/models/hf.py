@@ -134,7 +134,7 @@ def unsharded_weight(owner: torch.nn.Module, module: torch.nn.Module, name: str 
 def head_weights(owner: torch.nn.Module, head: torch.nn.Module) -> tuple[Tensor, Tensor | None]:
     """The LM head's (weight, bias) as unsharded_weight gathers them. A head with a peft LoRA adapter
     (trainer.lora.target_modules with lm_head) gives W + scale * B @ A of its active adapters,
-    differentiably, or W alone inside peft's disable_adapter(): the weight its forward applies."""
+    differentiably, or W alone with the adapter disabled (streamrl.train.lora.adapters_disabled): the weight its forward applies."""
     base = getattr(head, "base_layer", head)
     weight = unsharded_weight(owner, base)
     bias = None if base.bias is None else unsharded_weight(owner, base, "bias")

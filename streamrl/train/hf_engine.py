@@ -12,8 +12,9 @@ Runs inside every torch.distributed rank of the trainer (see streamrl/train/dist
 
 LoRA (trainer.lora, streamrl/train/lora.py): peft injects the adapters before sharding and freezes the
 base; `model` stays the inner transformers model (the FSDP root), so log-probs and checkpoints take
-the full-weight paths, and `peft` keeps the wrapper for its names and `disable_adapter()`. The state
-published and checkpointed is then the adapter only (plus its optimizer state in checkpoints).
+the full-weight paths, and `peft` keeps the wrapper for its names. The state published and checkpointed
+is then the adapter only (plus its optimizer state in checkpoints), and `reference_mode()` disables the
+adapter: the reference log-probs (reference.source=trainer) are the frozen base's, with no second copy.
 
 Sharding: each decoder layer (the model's `_no_split_modules` classes) is one FSDP2 unit, then the
 root (embeddings, final norm, lm_head). FSDP2 averages gradients over ranks; the loss library
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from streamrl.core.errors import ConfigError
 from streamrl.models.hf import causal_lm_logprobs, check_plain_head
-from streamrl.train.lora import adapter_config, adapter_state, add_adapters
+from streamrl.train.lora import adapter_config, adapter_state, adapters_disabled, add_adapters
 from streamrl.train.step_engine import StepEngine
 from streamrl.weights.store import WeightStream, module_weight_stream
 
@@ -100,6 +101,12 @@ class HFEngine(StepEngine):
             with_entropy,
             self.cfg.trainer.logprob_kernel,
         )
+
+    def reference_mode(self):
+        """With trainer.lora: the adapter disabled (streamrl.train.lora.adapters_disabled), the base model."""
+        if self.peft is None:
+            return super().reference_mode()
+        return adapters_disabled(self.model)
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
         """Full HF-named weights on rank 0 (detached CPU copies), None elsewhere; collective. With

@@ -5,15 +5,19 @@ transformers model, the base stays frozen, and only the adapter is optimized, ch
     names = adapter_names(peft_model, inner_state)                    # inner names -> peft's published names
     config = adapter_config(peft_model)                               # adapter_config.json as a dict
     problem = check_targets(module_shapes, cfg.trainer.lora)          # pre-flight: None or the message
+    with adapters_disabled(model): ...                                 # the base model's forward (the reference)
 
 The trainer shards the inner transformers model (the peft wrapper is not a module FSDP needs to
 know), so every path that reads its parameters (log-probs, checkpoints) is the full-weight one;
-peft's wrapper stays for `disable_adapter()` (the base model's log-probs) and its state-dict names.
+peft's wrapper stays for its state-dict names; `adapters_disabled` gives the base model's forward
+(the reference log-probs of reference.source=trainer) without a second copy of the model.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -50,6 +54,30 @@ def add_adapters(model: torch.nn.Module, lora: LoraConfig, model_path: str):
     peft_model = get_peft_model(model, peft_lora_config(lora, model_path))
     peft_model.peft_config["default"].base_model_name_or_path = str(model_path)
     return peft_model
+
+
+@contextmanager
+def adapters_disabled(model: torch.nn.Module) -> Iterator[None]:
+    """Every peft adapter layer of `model` runs its base layer alone inside the block (peft's own
+    `disable_adapters` flag, which each LoRA layer's forward and streamrl.models.hf.head_weights read).
+
+    Not peft's `disable_adapter()`: it also sets requires_grad False on entry and True on exit on
+    whichever adapter tensors FSDP2 has registered at that moment. Entry marks the sharded ones; a
+    no-grad forward leaves the root group (lm_head's adapter) gathered, so exit marks the gathered
+    ones and the sharded parameters, which the adapter publish and the checkpoints
+    (ignore_frozen_params) select by requires_grad, stay frozen-marked (seen on the tiny model:
+    lm_head's lora_A/lora_B left with requires_grad False)."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
+    before = [m._disable_adapters for m in layers]
+    for m in layers:
+        m._disable_adapters = True
+    try:
+        yield
+    finally:
+        for m, was in zip(layers, before):
+            m._disable_adapters = was
 
 
 def linear_shapes(model: torch.nn.Module) -> dict[str, tuple[int, int]]:

@@ -2,7 +2,9 @@
 AdamW and the lr schedule, the configured loss over each rank's micro-batches, gradient clipping, one
 optimizer step per batch, metrics summed over data-parallel ranks. A backend builds its model (`_build`)
 and computes its log-probs (`logprobs`); the rest of streamrl.train.engine_interface.TrainerEngine it
-implements itself (full_state_dict, weight_stream: the weights' names differ).
+implements itself (full_state_dict, weight_stream: the weights' names differ). With reference.source=trainer
+(trainer.lora) the step also computes the KL term's reference log-probs, a no-grad forward of the same
+model inside the backend's `reference_mode()` (the adapter disabled), before each micro-batch's own.
 
     class MyEngine(StepEngine):
         def _build(self, model_path): ...                     # sets model, pad_id, vocab_size
@@ -15,6 +17,7 @@ import math
 import time
 from abc import abstractmethod
 from collections import defaultdict
+from contextlib import AbstractContextManager
 from functools import partial
 
 import numpy as np
@@ -93,6 +96,8 @@ class StepEngine(TrainerEngine):
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, partial(lr_factor, tc))
         self.loss = resolve_loss(self.cfg)
         self.requirements = loss_requirements(self.loss)
+        self.reference_here = "ref_logprobs" in self.requirements and self.cfg.reference_in_trainer()
+        """The step computes the reference log-probs itself (reference.source=trainer); a batch's are ignored."""
         self.steps_done = 0
         self._mismatch = MismatchMeter()
 
@@ -101,12 +106,29 @@ class StepEngine(TrainerEngine):
         """Current-policy log-probs [B, T] of the completion tokens (graph kept for backward), and their
         entropy when asked."""
 
+    def reference_mode(self) -> AbstractContextManager:
+        """A block in which `logprobs` is the reference model's (reference.source=trainer)."""
+        raise ConfigError(
+            f"reference.source=trainer needs a trainer backend that trains a LoRA adapter it can disable; "
+            f"{type(self).__name__} cannot: set reference.source=worker"
+        )
+
+    def reference_logprobs(self, padded: dict[str, Tensor]) -> Tensor:
+        """[B, T] reference log-probs of one micro-batch (model_inputs' tensors on self.device), no graph:
+        this engine's own model in reference_mode(), through the same `logprobs` as the policy's."""
+        with torch.no_grad(), self.reference_mode():
+            logp, _ = self.logprobs(padded)
+        return logp.detach().float()
+
     def model_inputs(self, mb: Batch) -> dict[str, Tensor]:
         """The CPU tensors of one micro-batch that `logprobs` reads (pad_batch's)."""
         return pad_batch(mb, self.pad_id, self.cfg.trainer.seq_multiple())
 
     def _micro_step(self, mb: Batch, total_tokens: float, total_seqs: float) -> dict[str, float]:
         padded = {k: v.to(self.device) for k, v in self.model_inputs(mb).items()}
+        if self.reference_here:
+            # First, so the policy forward's FSDP gathers are the ones its backward follows.
+            padded["ref_logprobs"] = self.reference_logprobs(padded)
         # Pad waste: input positions the forward computes vs those that hold a real token.
         sizes = {
             "input_tokens": float(sum(len(r.prompt_ids) + len(r.completion_ids) for r in mb.rollouts)),
@@ -139,10 +161,10 @@ class StepEngine(TrainerEngine):
         start = time.perf_counter()
         if len(batch) == 0:
             raise StreamRLError("train_step got an empty batch; the assembler must hand over complete groups")
-        if "ref_logprobs" in self.requirements and batch.ref_logprobs is None:
+        if "ref_logprobs" in self.requirements and batch.ref_logprobs is None and not self.reference_here:
             raise ConfigError(
-                "the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 "
-                "the assembler must wait for the reference workers' annotation"
+                "the loss needs ref_logprobs but the batch has none; with loss.kl_beta > 0 and "
+                "reference.source=worker the assembler must wait for the reference workers' annotation"
             )
         if batch.num_loss_tokens == 0:
             raise no_loss_tokens(batch, self.cfg.generator.max_tokens)
@@ -206,7 +228,9 @@ class StepEngine(TrainerEngine):
                 for i in range(rows)
             ]
             zeros = np.zeros(rows, np.float32)
-            ref = [np.zeros(completion, np.float32)] * rows if "ref_logprobs" in self.requirements else None
+            # reference.source=trainer: the warm-up runs the reference forward too, as every step does
+            needs_ref = "ref_logprobs" in self.requirements and not self.reference_here
+            ref = [np.zeros(completion, np.float32)] * rows if needs_ref else None
             batch = Batch(rollouts, np.zeros(rows, np.int64), zeros, zeros, ref, np.zeros(rows, np.int64))
             self._micro_step(batch, float(rows * completion), float(rows))
         self.optimizer.zero_grad(set_to_none=True)

@@ -74,3 +74,58 @@ def test_max_loras_is_ignored_without_lora():
 def test_the_tiny_lora_config_loads_and_passes_the_lora_check():
     cfg = load_config("configs/tiny-lora-cpu.yaml")
     assert cfg.trainer.lora.enabled and check_lora(cfg) is None
+
+
+def test_lora_resolves_the_reference_to_the_trainer_and_starts_no_reference_worker():
+    from streamrl.core.trimming import stream_groups
+    from streamrl.launch.supervisor import role_counts
+
+    cfg = load_config("configs/tiny-lora-cpu.yaml")
+    assert cfg.loss.kl_beta > 0 and cfg.reference_in_trainer()
+    assert cfg.reference.source == "trainer" and cfg.reference.count == 0  # what RUN_DIR/config.yaml says
+    assert role_counts(cfg)["reference"] == 0
+    assert "ref_logprobs" not in cfg.required_annotations()  # the assembler waits for no reference
+    assert all("reference" not in groups for groups in stream_groups(cfg).values())
+    # the full-weight job keeps its reference worker
+    full = load_config("configs/tiny-cpu.yaml", ["loss.kl_beta=0.001"])
+    assert full.reference.source == "worker" and role_counts(full)["reference"] == 1
+    assert "ref_logprobs" in full.required_annotations()
+
+
+def test_a_reference_worker_with_lora_is_refused_unless_asked_for_by_source():
+    with pytest.raises(ValidationError, match=r"reference.count=2 asks for reference workers.*reference.source=worker"):
+        Config.model_validate({"trainer": {"lora": {"rank": 8}}, "reference": {"count": 2}})
+    cfg = Config.model_validate({"trainer": {"lora": {"rank": 8}}, "reference": {"count": 2, "source": "worker"}})
+    assert not cfg.reference_in_trainer() and cfg.reference.count == 2
+    assert Config.model_validate({"trainer": {"lora": {"rank": 8}}, "reference": {"count": 0}}).reference_in_trainer()
+
+
+def test_the_trainer_as_reference_needs_lora():
+    with pytest.raises(ValidationError, match=r"reference.source=trainer .* set trainer.lora.rank > 0"):
+        Config.model_validate({"reference": {"source": "trainer"}})
+
+
+def test_the_written_lora_config_reads_back_the_same(tmp_path):
+    from streamrl.config.files import dump_config
+
+    dump_config(load_config("configs/tiny-lora-cpu.yaml"), tmp_path / "config.yaml")
+    again = load_config(tmp_path / "config.yaml")
+    assert again.reference.source == "trainer" and again.reference.count == 0
+
+
+def test_the_gpu_lora_config_fits_the_qwen3_1_7b_shape(tmp_path):
+    """configs/qwen3-1.7b-lora-gpu.yaml against the model it names (its config.json, no weights):
+    every pre-flight check that needs no GPU passes, and the LoRA check really ran on that shape."""
+    from streamrl.launch.preflight import CHEAP, check_cuda
+    from streamrl.models.shapes import qwen3_config
+
+    qwen3_config("qwen3-1.7b", "bfloat16").save_pretrained(tmp_path)
+    cfg = load_config("configs/qwen3-1.7b-lora-gpu.yaml", [f"model.path={tmp_path}"])
+    full = load_config("configs/qwen3-1.7b-gpu.yaml")
+    assert cfg.trainer.lora.enabled and cfg.trainer.backend == "hf" and cfg.trainer.lora.dropout == 0
+    assert cfg.generator.max_loras == cfg.rollout.max_staleness + 1
+    assert cfg.weights.backend == full.weights.backend and cfg.model.dtype == full.model.dtype
+    assert cfg.reference_in_trainer() and cfg.reference.count == 0
+    assert [e for check in CHEAP if check is not check_cuda and (e := check(cfg))] == []
+    too_big = cfg.model_copy(update={"trainer": cfg.trainer.model_copy(update={"lora": LoraConfig(rank=2048)})})
+    assert "rank <= 1024" in check_lora(too_big)  # k_proj/v_proj: 2048 -> 1024 (8 KV heads of 128)

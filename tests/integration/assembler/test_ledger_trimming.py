@@ -79,6 +79,7 @@ async def test_summary_counts_lost_in_flight_and_double_trained(broker, redis_se
     s = accounting.summarize(redis_server.url, "summary")
     assert (s["admitted"], s["trained"], s["dropped_stale"], s["in_flight"], s["lost"]) == (5, 2, 1, 1, 1)
     assert s["lost_groups"] == ["g4"] and not s["invariant_holds"]
+    assert s["dropped_stale_frac"] == 0.2  # 1 of 5 admitted groups generated in vain
     # A rollout in two checkpointed steps is double-trained.
     await accounting.log_step(broker, keys, 2, ["g4"], ["g4:0", "g0:0"])
     await broker.set(accounting.LedgerKeys(keys).checkpointed, 2)

@@ -78,7 +78,7 @@ def _rank_main(model_path: str, batch: Batch, out: str, rank: int, world: int) -
     ckpt.prepare(engine)
     published = engine.full_state_dict()
     trained_lp = shard_logprobs(engine, batch)
-    with engine.peft.disable_adapter():  # the base model's log-probs: what the reference computes
+    with engine.reference_mode():  # the adapter disabled: what the step's reference log-probs are
         base_lp = shard_logprobs(engine, batch)
     ckpt.start(engine, 1, {})
     ckpt.close()

@@ -1,7 +1,7 @@
 """The tiny charclass task learns with trainer.lora, measured through the trainer side alone: an
 on-policy loop whose sampler is the trainer's own model (adapter on), the real charclass task and
-reward, group advantages, GRPO with the KL term to the base (the adapter disabled), and the real
-HFEngine step, with configs/tiny-lora-cpu.yaml's settings (`learning_run(load_config("configs/tiny-cpu.yaml"),
+reward, group advantages, GRPO with the KL term to the base (computed by the HFEngine step itself with
+the adapter disabled: reference.source=trainer, as in the job), and the real HFEngine step, with configs/tiny-lora-cpu.yaml's settings (`learning_run(load_config("configs/tiny-cpu.yaml"),
 ...)` runs the full-weight tiny job the same way, for comparison).
 
     pytest tests/integration/trainer/test_lora_learns.py -s        # prints first/last-10 reward means
@@ -13,7 +13,6 @@ is at least 0.3 above that of the first 10.
 from __future__ import annotations
 
 import json
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -54,9 +53,10 @@ def sample_group(model, prompt_ids: list[int], n: int, max_tokens: int, temperat
 
 
 def _ref_logprobs(engine: HFEngine, batch: Batch) -> list[np.ndarray]:
+    """A full-weight run's stand-in for its reference worker: the policy's own log-probs (KL 0)."""
     from streamrl.train.batching import pad_batch
 
-    with torch.no_grad(), engine.peft.disable_adapter() if engine.peft is not None else nullcontext():
+    with torch.no_grad():
         padded = {k: v.to(engine.device) for k, v in pad_batch(batch, engine.pad_id).items()}
         logp, _ = engine.logprobs(padded)
     return [logp[i, : len(r.completion_ids)].numpy().astype(np.float32) for i, r in enumerate(batch.rollouts)]
@@ -103,7 +103,7 @@ def learning_run(cfg: Config, model_path: str, out: str, rank: int, world: int) 
             rollouts, index, rewards, batch_advantages(rewards, index, cfg.loss.advantage), None,
             np.zeros(len(rollouts), np.int64),
         )  # fmt: skip
-        if cfg.loss.kl_beta > 0:
+        if cfg.loss.kl_beta > 0 and not cfg.reference_in_trainer():  # with LoRA the step computes them
             batch.ref_logprobs = _ref_logprobs(engine, batch)
         engine.train_step(batch)
         rewards_per_step.append(float(rewards.mean()))
