@@ -76,7 +76,8 @@ def add_arguments(p) -> None:
         "--stream-interval",
         type=int,
         default=None,
-        help="generator.stream_interval, tokens per delta (default: the config's); plain vLLM streams every token",
+        help="generator.stream_interval, tokens per delta, 0: one output per request (default: the config's); "
+        "plain vLLM streams every token",
     )
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
     p.add_argument("--cache", default=None, help="where built models go (default: the temp dir)")
@@ -223,8 +224,10 @@ async def _bench(args, url: str, tmp: Path) -> dict:
         while worker.stats.get("policy_version", 0) < v:  # set once the engine has resumed with v
             _alive(background, loop_task)
             await asyncio.sleep(0.001)
-        t_ready, delivered = time.time(), worker._deliveries
-        while worker._deliveries == delivered:  # the first token made with v reaches its consumer
+        # The engine's first step with v: a running request's count moves (or one finishes); with
+        # generator.stream_interval 0 no delta arrives before a request ends.
+        t_ready, made = time.time(), worker.tokens_made()
+        while worker.tokens_made() == made:
             _alive(background, loop_task)
             await asyncio.sleep(0.001)
         first_token = time.time() - t_ready

@@ -26,7 +26,7 @@ from streamrl.config.schema import Config
 from streamrl.core.accounting import close_group
 from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
-from streamrl.core.errors import ConfigError
+from streamrl.core.errors import ConfigError, FatalError
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.core.worker import Worker
 from streamrl.generate.adapters import (
@@ -95,7 +95,7 @@ class GeneratorWorker(Worker):
         """What holds the loop (generator.loop_profile_s): started with the lag timer, written at close."""
         self._deliveries = 0
         self._samples: dict[str, SampleStream] = {}
-        """Full weights: the running requests' samples by request id, for a switch to mark."""
+        """The running requests' samples by request id: a full-weights switch marks each (tokens_made)."""
         self._active = 0
         self._busy_since = 0.0
         self._busy_s = 0.0
@@ -284,9 +284,7 @@ class GeneratorWorker(Worker):
             with self.pinned() as pin:
                 # Full weights: _reload_full marks where each switch fell (the sample is registered
                 # in the same step as its first version is read). LoRA: its own adapter made it all.
-                s = SampleStream(pin.version)
-                if self.adapters is None:
-                    self._samples[request_id] = s
+                s = self._samples[request_id] = SampleStream(pin.version)
                 async for delta in self.engine.stream(prompt.prompt_ids.tolist(), params, request_id, pin.request):
                     self._deliveries += 1
                     s.add(delta.token_ids, delta.logprobs)
@@ -419,10 +417,16 @@ class GeneratorWorker(Worker):
             await self.engine.reload(*self.loader.reload_call(path))
             marks.append(("reload_s", time.monotonic()))
             # Still paused: each request's token count now is where the new weights start. With
-            # generator.stream_interval > 1 some of those tokens are still buffered in vLLM and
-            # arrive after the resume; the drain above made `received` exact for finished ones.
+            # generator.stream_interval 0 (one output at the end) or > 1 some of those tokens are
+            # still held in vLLM and arrive after the resume; the drain above let finished requests'
+            # consumers take theirs (a finished request is no longer counted by the engine).
+            try:
+                counts = self.engine.token_counts(list(self._samples))
+            except FatalError as exc:  # every later switch would fail the same way: the worker exits
+                self._fatal = exc
+                raise
             for request_id, sample in self._samples.items():
-                made = self.engine.generated_tokens(request_id)
+                made = counts[request_id]
                 sample.switch_at(len(sample.token_ids) if made is None else made, handle.version)
             self.version = handle.version
         finally:
@@ -441,6 +445,11 @@ class GeneratorWorker(Worker):
             before = self._deliveries
             await asyncio.sleep(quiet_s)
             quiet = quiet + 1 if self._deliveries == before else 0
+
+    def tokens_made(self) -> int:
+        """Tokens the running requests have made, delivered or still held in vLLM: progress
+        that, unlike `_deliveries`, moves while requests hold their tokens back (stream_interval 0)."""
+        return sum(self.engine.generated_tokens(rid) or len(s.token_ids) for rid, s in self._samples.items())
 
     # -- stats -----------------------------------------------------------------------------
     def _set_active(self, delta: int) -> None:

@@ -32,13 +32,14 @@ from streamrl.assemble.failure_streak import FailureStreak
 from streamrl.assemble.group_rewards import group_components, group_rewards, reward_errors
 from streamrl.assemble.join_policy import JoinPolicy
 from streamrl.assemble.pending_group import PendingGroup, rollout_problem
+from streamrl.assemble.placement import misplaced
 from streamrl.config.schema import Config
 from streamrl.core.accounting import close_group
 from streamrl.core.batch import Batch
 from streamrl.core.broker import Broker, Entry, Keys
 from streamrl.core.consumer import StreamConsumer
 from streamrl.core.messages import Annotation, Prompt, Rollout, encode, parse_rollout_id
-from streamrl.core.staleness import is_stale
+from streamrl.core.staleness import due_first, is_stale
 from streamrl.eval.collector import EvalCollector
 from streamrl.losses import resolve_loss
 
@@ -189,19 +190,7 @@ class Assembler:
             raise RuntimeError("the assembler's intake ended without an error while batches were asked for")
 
     def _misplaced(self, stream: str, msg) -> str:
-        """Why an entry is on the wrong partition (an external producer's bug): the trainer acks a group's
-        entries on its own partition, so one elsewhere would stay pending for ever."""
-        if self.keys.partitions == 1:
-            return ""
-        group_id = msg.group_id if isinstance(msg, Rollout) else parse_rollout_id(msg.rollout_id)[0]
-        want = self.keys.partition_of(group_id)
-        if stream in (self.keys.rollout_streams[want], self.keys.annotation_streams[want]):
-            return ""
-        return (
-            f"entry of group {group_id!r} on {stream}, but the group's partition is {want} of "
-            f"{self.keys.partitions} (crc32 of the group id mod rollout.partitions, docs/protocol.md "
-            '"Partitions"); write it to that partition\'s stream'
-        )
+        return misplaced(self.keys, stream, msg)
 
     def _invalid(self, msg) -> str:
         """Why a decodable message still cannot be used (it would break a group or the train step)."""
@@ -434,14 +423,18 @@ class Assembler:
                 await self._expire()
                 for gid in list(self.ready):
                     g = self.groups[gid]
-                    if gid in self.replay:
-                        continue
                     if g.oldest is None:
                         g.oldest = min(r.oldest_version() for _, r in g.rollouts.values())
+                    if gid in self.replay:
+                        continue
                     if is_stale(version, g.oldest, self.cfg.rollout.max_staleness):
                         await self._close(gid, "stale")
                 if len(self.ready) >= need:
-                    gids, self.ready = self.ready[:need], self.ready[need:]
+                    # Earliest deadline first, not arrival order: a group that finished after fresher
+                    # ones (its generation was slower) still makes this step instead of going stale.
+                    order = due_first([self.groups[gid].oldest for gid in self.ready])
+                    gids = [self.ready[i] for i in order[:need]]
+                    self.ready = [self.ready[i] for i in sorted(order[need:])]
                     return self._build(gids, version, wait_s=time.time() - t0)
             if stop is not None and stop():
                 return None

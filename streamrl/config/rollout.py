@@ -69,16 +69,17 @@ class GeneratorConfig(Section):
     and prefix cache, every paused request is preempted and re-prefilled (prompt + tokens so far)
     with the new weights after the switch, which costs a prefill of every in-flight request per
     switch (docs/performance.md, "Weight sync")."""
-    stream_interval: int = Field(16, ge=1)
-    """Tokens vLLM gathers per request before it hands them to the generator (vLLM's
-    SamplingParams.stream_interval; the last delta comes whenever the request finishes). Each
-    delta costs Python work on the generator's one event-loop thread (vLLM's output handling and
+    stream_interval: int = Field(0, ge=0)
+    """How often vLLM hands a request's tokens to the generator. 0 (default): once, when the request
+    finishes (vLLM's RequestOutputKind.FINAL_ONLY). N >= 1: every N tokens (vLLM's
+    SamplingParams.stream_interval; the first token and the last delta come at once). Each delta
+    costs Python work on the generator's one event-loop thread (vLLM's output handling and
     streamrl's per-delta bookkeeping), which at 128 requests x ~170 decode steps/s held the
-    generator at ~78% of plain vLLM on the H200 (issue 28). Per-token versions stay exact: at a
-    weight switch the generator reads how many tokens each paused request had made, so tokens
-    still buffered then are stamped with the old version. 1: a delta per token. Multi-turn
-    episodes (env.fn) always stream every token. Ignored by a vLLM without per-request
-    stream_interval."""
+    generator at ~78% of plain vLLM on the H200 (issue 28). Per-token versions stay exact either
+    way: at a weight switch the generator reads, while the engine is paused, how many tokens each
+    request had made, so tokens not yet handed over then keep the old version. Multi-turn episodes
+    (env.fn) always stream every token. A vLLM without per-request token counts gets 1 (and one
+    without SamplingParams.stream_interval gets 1 for N > 1), logged as stream_interval_unsupported."""
     detokenize: Literal["end", "incremental"] = "end"
     """How a completion's text is made. `end`: once per request when it finishes (one tokenizer
     decode of its tokens, skipping special tokens as vLLM does); vLLM itself detokenizes nothing.

@@ -211,6 +211,9 @@ def summarize(url: str, run: str, episodes_per_group: int = 0, partitions: int =
         "lost_groups": sorted(open_ids - in_flight)[:20],
     }
     total = sum(out[k] for k in ("trained", "dropped_stale", "filtered", "failed", "requeued", "in_flight", "lost"))
+    # Share of admitted groups generated in vain for staleness (issue 28's figure; requeued ones are
+    # admitted again, so they count once as requeued and once more as their `<id>r` copy).
+    out["dropped_stale_frac"] = round(out["dropped_stale"] / max(1, out["admitted"]), 4)
     out["invariant_holds"] = total == out["admitted"] and out["lost"] == 0 and out["double_trained"] == 0
     if episodes_per_group:
         out["episodes"] = _episodes(out, episodes_per_group, starts, episode_stats)
@@ -236,7 +239,10 @@ def _episodes(groups: dict, per_group: int, starts: list[int], stats: dict) -> d
     return out
 
 
-def write_summary(url: str, run: str, run_dir: Path, episodes_per_group: int = 0, partitions: int = 1) -> dict:
-    summary = summarize(url, run, episodes_per_group, partitions)
+def write_summary(
+    url: str, run: str, run_dir: Path, episodes_per_group: int = 0, partitions: int = 1, extra: dict | None = None
+) -> dict:
+    """summarize() into RUN_DIR/summary.json, with `extra` fields of the job (e.g. first_step_s)."""
+    summary = {**summarize(url, run, episodes_per_group, partitions), **(extra or {})}
     (Path(run_dir) / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary

@@ -3,6 +3,13 @@
 Trainer version v = optimizer steps applied. A group admitted while the trainer is at version v
 is generated with weights >= v, and is trained at version ~ its batch index, so bounding
 admissions bounds staleness (AReaL's rule). The assembler re-checks at batch time.
+
+The admission bound is exact only while groups complete in the order they were admitted: the
+group at admission position p (counted from the trainer's current step) is trained at step
+v + p // groups_per_step <= v + max_staleness, and its oldest token is at least v. A group that
+completes after groups admitted behind it can miss its step and is dropped; `due_first` orders a
+batch's candidates by deadline so that a group about to become stale is taken before a fresher
+one (docs/architecture.md, "Admission and staleness").
 """
 
 from __future__ import annotations
@@ -32,6 +39,14 @@ def admission_budget(
     if total_groups is not None:
         limit = min(limit, total_groups)
     return max(0, limit - live)
+
+
+def due_first(oldest_versions: list[int]) -> list[int]:
+    """Positions of ready groups in the order a batch takes them: oldest token first (the
+    earliest deadline: a group of oldest version o is stale from version o + max_staleness + 1),
+    ties in arrival order. With unit-sized groups and one batch per step, earliest-deadline-first
+    drops no group that any other order could have kept."""
+    return sorted(range(len(oldest_versions)), key=oldest_versions.__getitem__)
 
 
 def staleness(trainer_version: int, oldest_versions: np.ndarray | list[int]) -> np.ndarray:

@@ -24,6 +24,7 @@ from typing import AsyncIterator
 import structlog
 
 from streamrl.config.schema import GeneratorConfig
+from streamrl.core.errors import FatalError
 
 log = structlog.get_logger("streamrl").bind(component="vllm_engine")
 
@@ -76,9 +77,12 @@ class VLLMEngine:
         self.llm = None
         self.tokenizer = None
         """The model's tokenizer, loaded by start() off the event loop (get_tokenizer)."""
+        self.can_count_tokens = False
+        """Whether this vLLM exposes the output processor's per-request token counts (generated_tokens),
+        so a request may hold its tokens back (FINAL_ONLY, stream_interval) with exact versions."""
         self.can_stream_interval = False
         """Whether requests may batch tokens per delta: this vLLM takes SamplingParams.stream_interval
-        and exposes the output processor's per-request token counts (generated_tokens); set by start()."""
+        and can count tokens; both set by start()."""
         self.start_method: str | None = None
         """How the EngineCore process was started (fork or spawn), once started."""
         self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
@@ -90,6 +94,7 @@ class VLLMEngine:
     async def start(self) -> None:
         if self.llm is not None:  # already started (a bench shares one engine between phases)
             return
+        _cache_vllm_envs(False)  # this start (and its EngineCore) reads the settings set below afresh
         # The CPU build otherwise reserves most of the machine's RAM for its KV cache and fails.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
         from vllm.platforms import current_platform
@@ -153,10 +158,13 @@ class VLLMEngine:
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
             self.llm = make()
         self.start_method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
+        _cache_vllm_envs(True)
         op = getattr(self.llm, "output_processor", None)
-        self.can_stream_interval = supports_stream_interval() and hasattr(op, "request_states")
-        if not self.can_stream_interval and self.gen.stream_interval > 1:
-            log.warning("stream_interval_unsupported", stream_interval=self.gen.stream_interval, using=1)
+        self.can_count_tokens = hasattr(op, "request_states")
+        self.can_stream_interval = supports_stream_interval() and self.can_count_tokens
+        kind, interval = output_mode(self.gen.stream_interval, self.can_stream_interval, self.can_count_tokens)
+        if kind == "delta" and interval != self.gen.stream_interval:
+            log.warning("stream_interval_unsupported", stream_interval=self.gen.stream_interval, using=interval)
         cache = self.llm.vllm_config.cache_config
         self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
         # Loaded here, in a thread: loaded at the first decode it held the generator's event loop (and
@@ -172,15 +180,16 @@ class VLLMEngine:
     ):
         """Per-request parameters; `temperature` overrides generator.temperature (eval prompts),
         `max_tokens` overrides generator.max_tokens (a multi-turn episode's turn near its token budget).
-        `stream_interval`: tokens per delta (generator.stream_interval); a caller asking for more than
-        1 must stamp versions by generated_tokens() at a switch, not by when a delta arrives."""
+        `stream_interval`: tokens per delta (generator.stream_interval), 0: one output at the end; a
+        caller asking for other than 1 must stamp versions by generated_tokens() at a switch, not by
+        when a delta arrives."""
         from vllm import SamplingParams
         from vllm.sampling_params import RequestOutputKind
 
         g = self.gen
-        interval = {"stream_interval": stream_interval} if stream_interval > 1 and self.can_stream_interval else {}
+        kind, interval = output_mode(stream_interval, self.can_stream_interval, self.can_count_tokens)
         return SamplingParams(
-            **interval,
+            **({"stream_interval": interval} if interval > 1 else {}),
             n=1,
             temperature=g.temperature if temperature is None else temperature,
             top_p=g.top_p,
@@ -191,7 +200,7 @@ class VLLMEngine:
             # Logprobs in flat lists, not a dict of Logprob objects per token (vLLM's FlatLogprobs).
             flat_logprobs=True,
             detokenize=g.detokenize == "incremental",
-            output_kind=RequestOutputKind.DELTA,
+            output_kind=RequestOutputKind.FINAL_ONLY if kind == "final_only" else RequestOutputKind.DELTA,
         )
 
     async def stream(self, prompt_ids: list[int], params, request_id: str, lora=None) -> AsyncIterator[Delta]:
@@ -221,6 +230,22 @@ class VLLMEngine:
         if not states:  # a build that keys them some other way: the state still names our id
             states = [st for st in op.request_states.values() if getattr(st, "external_req_id", None) == request_id]
         return states[0].detokenizer.num_output_tokens() if states else None
+
+    def token_counts(self, request_ids: list[str]) -> dict[str, int | None]:
+        """generated_tokens of each request, while paused. Where this process's requests hold tokens
+        back (generator.stream_interval != 1), a request in the engine that no id finds would have
+        its held-back tokens stamped with the new version: a FatalError then (every engine request
+        is one of `request_ids`; one not yet added or finished is in no state)."""
+        counts = {rid: self.generated_tokens(rid) for rid in request_ids}
+        found = sum(c is not None for c in counts.values())
+        held_back = output_mode(self.gen.stream_interval, self.can_stream_interval, self.can_count_tokens)[1] != 1
+        if held_back and found < len(counts) and len(self.llm.output_processor.request_states) > found:
+            raise FatalError(
+                "this vLLM keys its running requests in a way streamrl cannot read a request's token "
+                "count from, so the versions of tokens it holds back cannot be kept exact at a weight "
+                "switch; set generator.stream_interval=1 (a delta per token)"
+            )
+        return counts
 
     def decode(self, token_ids: list[int], skip_special_tokens: bool = True) -> str:
         return self.get_tokenizer().decode(token_ids, skip_special_tokens=skip_special_tokens)
@@ -313,6 +338,29 @@ def _start_method(setting: str, cpu: bool, threads: int = 1) -> str:
     return "auto-fork" if setting == "auto" and chosen == "fork" else chosen
 
 
+def output_mode(stream_interval: int, can_stream_interval: bool, can_count_tokens: bool) -> tuple[str, int]:
+    """("final_only" | "delta", tokens per delta) for generator.stream_interval on this vLLM: holding
+    tokens back needs the per-request token counts that keep versions exact at a switch."""
+    if stream_interval == 0 and can_count_tokens:
+        return "final_only", 0
+    if stream_interval > 1 and can_stream_interval:
+        return "delta", stream_interval
+    return "delta", 1
+
+
+def _cache_vllm_envs(on: bool) -> None:
+    """vLLM reads its settings (vllm.envs) with os.getenv on every access, and its output handler
+    does so for each request at each step (iteration stats' VLLM_COMPUTE_NANS_IN_LOGITS: ~12 us a
+    read on the CPU VM, 26% of the blocked samples of the H200 generator's loop, issue 28); vLLM
+    caches them in its EngineCore process only. On once this process's engine has started; off
+    while one starts, so what start() sets for it is read fresh. Builds without the cache: no-op."""
+    from vllm import envs
+
+    fn = getattr(envs, "enable_envs_cache" if on else "disable_envs_cache", None)
+    if fn is not None:
+        fn()
+
+
 def supports_stream_interval() -> bool:
     """Whether this vLLM takes SamplingParams(stream_interval=...) (newer builds only)."""
     from vllm import SamplingParams
@@ -329,6 +377,8 @@ def _sampled_logprobs(position_logprobs, token_ids: list[int]) -> list[float]:
     if starts is None:  # list[dict[token id, Logprob]] (flat_logprobs=False)
         return [float(position_logprobs[i][tok].logprob) for i, tok in enumerate(token_ids)]
     ids, lps = position_logprobs.token_ids, position_logprobs.logprobs
+    if isinstance(ids, list) and ids == token_ids:  # one entry per position: compare lists in C
+        return list(map(float, lps))
     if len(starts) != len(token_ids) or any(ids[s] != tok for s, tok in zip(starts, token_ids)):
         raise RuntimeError("vLLM's flat logprobs do not start with the sampled tokens")
     return [float(lps[s]) for s in starts]

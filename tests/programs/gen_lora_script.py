@@ -63,7 +63,7 @@ async def main(spec: dict) -> dict:
     cfg = Config(
         run=RunConfig(name=spec["run"], seed=0),
         broker=BrokerConfig(url=spec["redis_url"], claim_idle_ms=60_000, block_ms=50),
-        model=ModelConfig(path=spec["model"]),
+        model=ModelConfig(path=spec["model"], dtype=spec.get("dtype", "float32")),
         rollout=RolloutConfig(group_size=GROUP_SIZE, max_staleness=1),  # max_loras = 2
         generator=GeneratorConfig(
             max_tokens=spec["max_tokens"],
@@ -122,9 +122,8 @@ async def main(spec: dict) -> dict:
         out["late"] = await collect("late")
 
         # 2. version 2 arrives while a group streams on version 1
-        base = worker._deliveries
         await submit("inflight", admitted=1)
-        while worker._deliveries - base < 4 * GROUP_SIZE:
+        while worker.tokens_made() < 4 * GROUP_SIZE:  # generator.stream_interval 0: no delta until the end
             await asyncio.sleep(0.002)
         out["active_at_switch"] = worker._active
         out["switched_at"] = await publish(2)

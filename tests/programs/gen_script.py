@@ -7,7 +7,8 @@ child process, so this needs a __main__ guard, and one engine start serves every
 
 spec.json: redis_url, run, run_dir, model (tiny model dir), perturbed / peaked (safetensors files).
 Scenarios, in order: late join (versions 1, 2 published before the worker starts), an in-flight
-switch to version 3 (`peaked`), a group admitted at version 4 waiting for it, a prompt vLLM
+switch to version 3 (`peaked`), a group admitted at version 4 waiting for it, the in-flight switch
+again (version 5) with a delta per token, a prompt vLLM
 rejects, then stop with a group that can never start (admitted at 99): aborted, left un-acked.
 """
 
@@ -114,15 +115,21 @@ async def main(spec: dict) -> dict:
         sent = await submit("late", admitted=0)
         out["late"] = await _collect(broker, keys, state, "late", GROUP_SIZE)
         out["startup_s"] = sent - t0
+        from vllm import envs
+
+        out["vllm_envs_cached"] = envs._is_envs_cache_enabled()
         out["late_wall_s"] = max(r["finished_at"] for r in out["late"]) - sent
 
-        # 2. in-flight switch: publish version 3 once tokens are streaming
+        # 2. in-flight switch: publish version 3 once tokens are being made (generator.stream_interval
+        # 0, the default: each request's tokens come in one output at its end)
         base = worker._deliveries
         sent = await submit("switch", admitted=2)
-        while worker._deliveries - base < 4 * GROUP_SIZE:  # deltas: generator.stream_interval tokens each
+        while worker.tokens_made() < 4 * GROUP_SIZE:
             await asyncio.sleep(0.002)
+        out["switch_made_at_publish"] = worker.tokens_made()
         h3 = await store.publish(3, peaked)
         out["switch"] = await _collect(broker, keys, state, "switch", GROUP_SIZE)
+        out["switch_deliveries"] = worker._deliveries - base
         out["switch_stats"] = {k: worker.stats.get(k) for k in ("last_switch_latency_s", "last_switch_paused_s")}
         out["switch_publish_s"] = time.time() - h3.created_at
         out["switch_wall_s"] = max(r["finished_at"] for r in out["switch"]) - sent
@@ -135,6 +142,16 @@ async def main(spec: dict) -> dict:
         out["gate_published_at"] = time.time()
         await store.publish(4, perturbed)
         out["gate"] = await _collect(broker, keys, state, "gate", GROUP_SIZE)
+
+        # 3b. the same in-flight switch (version 5, `peaked`) streaming a delta per token
+        worker.cfg.generator.stream_interval = 1
+        base = worker._deliveries
+        await submit("switch_delta", admitted=4)
+        while worker._deliveries - base < 4 * GROUP_SIZE:
+            await asyncio.sleep(0.002)
+        await store.publish(5, peaked)
+        out["switch_delta"] = await _collect(broker, keys, state, "switch_delta", GROUP_SIZE)
+        out["switch_delta_deliveries"] = worker._deliveries - base
         out["versions_on_disk"] = sorted(version_dirs(store.root))
 
         # 4. a prompt vLLM refuses (longer than max_model_len) is dead-lettered and acked

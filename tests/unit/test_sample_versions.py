@@ -42,3 +42,17 @@ def test_a_switch_after_the_last_token_is_dropped():
     s = _sample(1, received=8)
     s.switch_at(8, 2)  # finished with all 8 made before the pause
     assert s.versions() == (1, [])
+
+
+def test_one_output_at_the_end_is_stamped_by_the_counts_at_each_switch():
+    # generator.stream_interval 0: nothing arrives before the end; two switches fell at 5 and 9.
+    s = _sample(1, received=0)
+    s.switch_at(5, 2)
+    s.switch_at(9, 3)
+    s.add(list(range(12)), [0.0] * 12)
+    per_token = [1] * 5 + [2] * 4 + [3] * 3
+    version, switches = s.versions()
+    assert (version, switches) == (1, [[5, 2], [9, 3]])
+    bounds = [(0, version), *map(tuple, switches), (len(per_token), None)]
+    rebuilt = [v for (i, v), (j, _) in zip(bounds, bounds[1:]) for _ in range(j - i)]
+    assert rebuilt == per_token

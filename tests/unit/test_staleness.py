@@ -40,3 +40,10 @@ def test_histogram_counts_and_weights():
     assert staleness_histogram([0, 1, 1, 2]) == {"0": 1, "1": 2, "2": 1}
     assert staleness_histogram([1, 0, 1], weights=[10, 5, 3]) == {"0": 5, "1": 13}
     assert list(staleness_histogram([3, 0, 10, 2])) == ["0", "2", "3", "10"]
+
+
+def test_due_first_takes_the_oldest_and_keeps_arrival_order_among_equals():
+    from streamrl.core.staleness import due_first
+
+    assert due_first([2, 2, 1, 3, 1]) == [2, 4, 0, 1, 3]
+    assert due_first([]) == []

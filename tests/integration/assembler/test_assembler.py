@@ -108,6 +108,28 @@ async def test_stale_groups_dropped_and_released(config, broker):
     assert int(await broker.get(owner.keys.trainer_released)) == 1
 
 
+async def test_a_group_that_finished_late_is_taken_before_fresher_ones(config, broker):
+    # Issue 28: "old" (oldest token v1) completed after two fresher groups (v2). At version 2 it can
+    # still be trained, at version 3 it is stale (bound 1). Arrival order took the two fresh groups
+    # and dropped "old" at the next step; earliest deadline first trains all three.
+    cfg, owner, asm = make(config, broker, rollout__groups_per_step=2, rollout__max_staleness=1, loss__kl_beta=0.0)
+    await asm.start()
+    await publish_group(broker, owner.keys, "new1", [1, 0], version=2)
+    await publish_group(broker, owner.keys, "new2", [1, 0], version=2)
+    await publish_group(broker, owner.keys, "old", [1, 0], version=1)
+    while len(asm.ready) < 3:  # all three ready before the batch forms, in arrival order new1, new2, old
+        await asyncio.wait_for(asm.advance(), 10)
+    assert asm.ready == ["new1", "new2", "old"]
+    first = await asyncio.wait_for(asm.next_batch(2), 10)
+    assert first.group_ids == ["old", "new1"] and first.staleness.max() == 1
+    await asm.commit(first)
+    await publish_group(broker, owner.keys, "new3", [1, 0], version=3)
+    second = await asyncio.wait_for(asm.next_batch(3), 10)
+    assert second.group_ids == ["new2", "new3"] and second.staleness.max() == 1
+    assert asm.counters["dropped_stale"] == 0
+    assert await broker.get(owner.keys.trainer_released) is None  # no slot freed: nothing was dropped
+
+
 async def test_version_switch_counts_oldest_version(config, broker):
     cfg, owner, asm = make(config, broker, rollout__groups_per_step=1, rollout__max_staleness=1, loss__kl_beta=0.0)
     await asm.start()

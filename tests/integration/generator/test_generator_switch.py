@@ -12,7 +12,7 @@ import asyncio
 import pytest
 
 from streamrl.config.schema import ModelConfig
-from streamrl.core.errors import ConfigError
+from streamrl.core.errors import ConfigError, FatalError
 from streamrl.weights.store import WeightHandle
 from workers.generator import GeneratorWorker
 
@@ -33,6 +33,20 @@ class FaultyEngine:
 
     async def resume(self) -> None:
         self.calls.append("resume")
+
+
+class UncountableEngine(FaultyEngine):
+    """Pauses and reloads, but cannot tell how many tokens its running requests made (a vLLM build
+    that keys them some other way), while they hold tokens back."""
+
+    async def pause(self) -> None:
+        self.calls.append("pause")
+
+    async def reload(self, method: str, kwargs: dict) -> None:
+        self.calls.append("reload")
+
+    def token_counts(self, request_ids: list[str]) -> dict:
+        raise FatalError("... set generator.stream_interval=1 (a delta per token)")
 
 
 def generator(config, broker, engine) -> GeneratorWorker:
@@ -74,3 +88,13 @@ async def test_a_version_of_the_other_kind_stops_the_generator_with_the_fix(conf
     assert w.engine.calls == [] and w.version == 0  # nothing was paused or loaded
     with pytest.raises(ConfigError):
         await w.step()  # fatal: the worker exits with the message instead of retrying every poll
+
+
+async def test_a_switch_that_cannot_keep_versions_exact_stops_the_generator_with_the_fix(config, broker):
+    w = generator(config, broker, UncountableEngine("raise"))
+    handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0)
+    with pytest.raises(FatalError):
+        await w._switch_within(handle, "/nowhere", timeout=5)
+    assert w.engine.calls == ["pause", "reload", "resume"] and w.version == 0
+    with pytest.raises(FatalError, match="stream_interval=1"):
+        await w.step()  # exits with the fix (no restart) instead of failing every later switch

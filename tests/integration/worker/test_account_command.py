@@ -31,3 +31,11 @@ def test_account_exits_3_when_a_group_is_lost(redis_server, run_name, tmp_path):
     bad = account(redis_server.url, run_name, tmp_path / "b")
     assert bad.returncode == 3 and "lost 1" in bad.stdout and "VIOLATED" in bad.stdout, bad.stdout + bad.stderr
     assert json.loads((tmp_path / "b" / "summary.json").read_text())["lost"] == 1
+
+
+def test_up_s_summary_carries_the_jobs_start_up(redis_server, run_name, tmp_path):
+    from streamrl.core.accounting import write_summary
+
+    s = write_summary(redis_server.url, run_name, tmp_path, extra={"first_step_s": 12.3})
+    on_disk = json.loads((tmp_path / "summary.json").read_text())
+    assert on_disk == s and on_disk["first_step_s"] == 12.3 and on_disk["invariant_holds"]
