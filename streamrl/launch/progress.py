@@ -9,6 +9,8 @@ warning when the job has stopped learning (streamrl up; streamrl/launch/supervis
 
 from __future__ import annotations
 
+import time
+
 NO_SIGNAL_STEPS = 3
 """Consecutive steps in which every group's rewards were equal (zero_variance_frac == 1: every
 advantage 0) before the console warns that the job is not learning."""
@@ -49,15 +51,32 @@ def step_line(m: dict, total_steps: int) -> str:
             else ""
         )
         + (f" | failed groups {m['failed']:.0f}" if m.get("failed") else "")
+        + (f" | dropped stale {m['dropped_stale']:.0f} groups" if m.get("dropped_stale") else "")
         + "".join(f" | {k} {v:.3f}" for k, v in m.items() if k.startswith(("eval/pass@", "eval/mean@", "eval/maj@")))
         + (f" (eval at step {m['eval/step']})" if "eval/step" in m else "")
     )
 
 
+def first_step_line(seconds: float) -> str:
+    """What the console says once the first step is in: the job's start-up cost as a user sees it; pure."""
+    return f"first step {seconds:.1f}s after the command (start-up: pre-flight, broker, roles, first batch)"
+
+
 class Progress:
-    def __init__(self, total_steps: int, say, after_step: int = 0, no_signal_steps: int = NO_SIGNAL_STEPS):
+    def __init__(
+        self,
+        total_steps: int,
+        say,
+        after_step: int = 0,
+        no_signal_steps: int = NO_SIGNAL_STEPS,
+        started_at: float | None = None,
+    ):
+        """`started_at`: when the command started (time.time()); the first step shown is timed from it."""
         self.total = total_steps
         self.say = say
+        self.started_at = started_at
+        self.first_step_s: float | None = None
+        """Command -> the first step of this job seen (None: none yet): summary.json's first_step_s."""
         self.shown = after_step
         """The last step printed: rows at or below it (a resumed run's earlier steps) are not new."""
         self.no_signal_steps = no_signal_steps
@@ -69,6 +88,9 @@ class Progress:
             if m["step"] <= self.shown:
                 continue
             self.say(step_line(m, self.total))
+            if self.first_step_s is None and self.started_at is not None:
+                self.first_step_s = round(time.time() - self.started_at, 2)
+                self.say(first_step_line(self.first_step_s))
             self.shown = m["step"]
             self._silent = self._silent + 1 if m.get("zero_variance_frac") == 1.0 else 0
             if self._silent == self.no_signal_steps:  # once per silent stretch

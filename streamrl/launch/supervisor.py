@@ -18,6 +18,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 from streamrl.config.files import dump_config
 from streamrl.config.rollout import EXTERNAL
@@ -35,6 +36,8 @@ from streamrl.train.metrics import read_metrics
 SCALE_FILE = "scale.json"
 """Desired counts per role, written by `streamrl scale` into the run directory and polled by `up`."""
 SCALABLE_ROLES = ("generator", "reward", "reference", "judge", "env")
+WATCH_INTERVAL_S = 0.5
+"""How often `up` reads the metrics, scale file and broker watches while the job runs."""
 
 
 @dataclass
@@ -84,7 +87,8 @@ def role_counts(cfg: Config) -> dict[str, int]:
         "feeder": 1,
         "generator": cfg.generator.count,
         "reward": cfg.reward.count,
-        "reference": cfg.reference.count if cfg.loss.kl_beta > 0 else 0,
+        # reference.source=trainer resolves reference.count to 0: the trainer computes them
+        "reference": cfg.reference.count if cfg.loss.kl_beta > 0 and not cfg.reference_in_trainer() else 0,
         "judge": cfg.judge.count if cfg.judge is not None else 0,
         "env": cfg.env.count if cfg.env.fn and cfg.env.fn != EXTERNAL else 0,
     }
@@ -92,9 +96,24 @@ def role_counts(cfg: Config) -> dict[str, int]:
 
 class Supervisor:
     def __init__(
-        self, cfg: Config, run_dir: Path, broker_url: str, say=print, broker_server=None, resumed_at: int | None = None
+        self,
+        cfg: Config,
+        run_dir: Path,
+        broker_url: str,
+        say=print,
+        broker_server=None,
+        resumed_at: int | None = None,
+        on_first_step: Callable[[], None] | None = None,
+        on_trained: Callable[[], None] | None = None,
+        started_at: float | None = None,
     ):
-        """`resumed_at`: the checkpoint step a `--resume` continues from (None: a new run)."""
+        """`resumed_at`: the checkpoint step a `--resume` continues from (None: a new run).
+        `on_first_step`: called once the first step is in (the roles are up; the launcher is idle
+        until the end), e.g. to import what the end needs off the start-up's and the end's path.
+        `on_trained`: called once the trainer has exited after its last step, before the other roles
+        are stopped, so work on the final checkpoint (up's export) overlaps their shutdown.
+        `started_at`: when the command started (time.time()), for the console's and summary.json's
+        command -> first step figure (first_step_s)."""
         self.cfg = cfg
         self.policy = RestartPolicy(cfg.supervisor)
         self.broker_watch = BrokerWatch(broker_server, cfg.supervisor.restart_broker, say)
@@ -106,7 +125,7 @@ class Supervisor:
         self.config_path = run_dir / "config.yaml"
         self._stop_requested = 0
         self.resumed_at = resumed_at
-        self.progress = Progress(cfg.trainer.steps, say, after_step=resumed_at or 0)
+        self.progress = Progress(cfg.trainer.steps, say, after_step=resumed_at or 0, started_at=started_at)
         self.failures = DeadLetterWatch(broker_url, cfg.run.name)
         """Dead-lettered entries per cause, printed while the job runs (streamrl/launch/failures.py)."""
         self.env_watch = EnvWatch(broker_url, cfg.run.name) if cfg.env.fn == EXTERNAL else NoEnvWatch()
@@ -114,6 +133,8 @@ class Supervisor:
         self.retiring: list[Child] = []
         """Children asked to leave by `streamrl scale` (SIGTERM sent), until they exit."""
         self.oom = OomWatch()
+        self.on_trained = on_trained
+        self.on_first_step = on_first_step
 
     def spawn(self, role: str, index: int) -> Child:
         wid = f"{role}-{index}"
@@ -224,6 +245,8 @@ class Supervisor:
                     f"(streamrl env --run {self.cfg.run.name} --broker URL ...; `streamrl status` shows it)"
                 )
             code = self._watch()
+            if code == 0 and self.on_trained is not None:
+                self.on_trained()
         finally:
             self.children += self.retiring
             self.stop_all()
@@ -248,14 +271,19 @@ class Supervisor:
         try:
             per_group = self.cfg.rollout.group_size if self.cfg.env.fn else 0
             self.summary = s = write_summary(
-                self.broker_url, self.cfg.run.name, self.run_dir, per_group, self.cfg.rollout.partitions
+                self.broker_url,
+                self.cfg.run.name,
+                self.run_dir,
+                per_group,
+                self.cfg.rollout.partitions,
+                extra={"first_step_s": self.progress.first_step_s},
             )
         except Exception as exc:  # the broker is gone: nothing to account against
             self.say(f"accounting skipped: broker unreachable ({exc})")
             return
         line = (
             f"accounting (groups): admitted {s['admitted']} = trained {s['trained']} + dropped_stale "
-            f"{s['dropped_stale']} + filtered {s['filtered']} + failed {s['failed']} + requeued {s['requeued']} "
+            f"{s['dropped_stale']} ({s.get('dropped_stale_frac', 0):.1%}) + filtered {s['filtered']} + failed {s['failed']} + requeued {s['requeued']} "
             f"+ in flight {s['in_flight']} + lost {s['lost']}; double-trained rollouts {s['double_trained']}"
         )
         self.say(
@@ -295,7 +323,18 @@ class Supervisor:
                 code = c.proc.poll()
                 if code is not None:
                     self._on_death(c, code)
-            time.sleep(0.5)
+            self._pause(trainer)
+
+    def _pause(self, trainer: Child) -> None:
+        """The watch loop's interval, cut short by the trainer's exit: the job's end is seen at once,
+        not up to a poll later (on every job), while the loop's reads stay at two a second."""
+        if trainer.restart_at is None and trainer.proc.poll() is None:
+            try:
+                trainer.proc.wait(timeout=WATCH_INTERVAL_S)
+            except subprocess.TimeoutExpired:
+                pass
+        else:
+            time.sleep(WATCH_INTERVAL_S)
 
     def _finished(self) -> bool:
         rows = read_metrics(self.run_dir)
@@ -335,6 +374,9 @@ class Supervisor:
 
     def _progress(self) -> None:
         self.progress.show(read_metrics(self.run_dir))
+        if self.on_first_step is not None and self.progress.shown > (self.resumed_at or 0):
+            hook, self.on_first_step = self.on_first_step, None
+            hook()
 
     def stop_all(self) -> None:
         live = [c for c in self.children if c.proc.poll() is None]

@@ -75,6 +75,13 @@ def to_hf_names(state: dict[str, torch.Tensor], backend: str, model_path: str) -
     return spec.adapter(spec.config, None).to_hf({clean_name(k): v for k, v in state.items()})
 
 
+def import_savers() -> None:
+    """Import what save_hf_folder uses (seconds: transformers' auto classes), e.g. ahead of the export."""
+    from huggingface_hub import split_torch_state_dict_into_shards  # noqa: F401
+    from safetensors.torch import save_file  # noqa: F401
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig  # noqa: F401
+
+
 def save_hf_folder(state: dict[str, torch.Tensor], model_path: str, dtype: str, out: Path) -> None:
     """config + safetensors + tokenizer + generation config into `out` (must not exist yet)."""
     from huggingface_hub import split_torch_state_dict_into_shards

@@ -57,3 +57,40 @@ def test_producer_decorator_defaults_are_the_specs():
         return [0.0] * len(rollouts)
 
     assert spec_of(judge) == ProducerSpec(key="judge", name="judge")
+
+
+def test_env_command_takes_the_sections_no_flag_sets_from_the_jobs_config():
+    """An external `streamrl env` for a tool job gets the job's tools section (not its defaults)."""
+    from streamrl.config.files import load_config
+
+    job = load_config("configs/tiny-tools-cpu.yaml")
+    cfg = job_config(
+        _args(
+            "env",
+            "--fn",
+            "streamrl.envs.tool_env:ToolEnv",
+            "--run",
+            "other",
+            "--config",
+            "configs/tiny-tools-cpu.yaml",
+            "--concurrency",
+            "3",
+            "--claim-idle-ms",
+            "500",
+        )  # fmt: skip
+    )
+    assert cfg.tools == job.tools and cfg.tools.names == ["python"]
+    assert cfg.env.max_turns == job.env.max_turns and cfg.env.step_timeout_s == job.env.step_timeout_s
+    assert (cfg.run.name, cfg.env.concurrency, cfg.broker.claim_idle_ms) == ("other", 3, 500)
+
+
+def test_env_command_reads_the_run_dirs_config_and_keeps_a_string_fn(tmp_path):
+    from streamrl.config.files import dump_config, load_config
+
+    dump_config(load_config("configs/tiny-multiturn-cpu.yaml"), tmp_path / "config.yaml")
+    cfg = job_config(_args("env", "--fn", "textarena:Wordle-v0", "--run", "r", "--run-dir", str(tmp_path)))
+    assert cfg.env.fn == "textarena:Wordle-v0"
+    assert cfg.env.max_turns == 2 and cfg.env.concurrency == 128  # the job's, not EnvConfig()'s
+    # Without a config.yaml in RUN_DIR: the sections' defaults, as with no --config.
+    bare = job_config(_args("env", "--fn", "charclass_dialog", "--run", "r", "--run-dir", str(tmp_path / "none")))
+    assert bare.env == EnvConfig(fn="charclass_dialog")

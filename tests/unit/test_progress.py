@@ -42,6 +42,11 @@ def test_step_line_shows_mfu_and_the_generators_rate_where_known():
     assert "mfu" not in step_line(_row(3), 10) and "gen " not in step_line(_row(3), 10)
 
 
+def test_step_line_shows_groups_dropped_stale_once_there_are_any():
+    assert "| dropped stale 3 groups" in step_line(_row(4, dropped_stale=3.0), 10)
+    assert "dropped stale" not in step_line(_row(4, dropped_stale=0.0), 10)
+
+
 def test_zero_variance_frac_is_the_share_of_groups_with_equal_rewards():
     rewards = np.array([1, 0, 0.5, 0.5, 0, 0])
     assert zero_variance_frac(rewards, np.array([0, 0, 1, 1, 2, 2])) == 2 / 3
@@ -80,3 +85,21 @@ def test_a_resume_starts_at_the_newest_checkpoint_and_drops_the_rows_above_it(tm
 
 def test_a_stopped_run_prints_how_to_continue(tmp_path):
     assert f"`streamrl up --resume {tmp_path}`" in continue_hint(tmp_path)
+
+
+def test_the_first_step_of_a_job_says_how_long_its_start_up_took():
+    import time
+
+    said: list[str] = []
+    p = Progress(10, said.append, after_step=3, started_at=time.time() - 12.5)
+    p.show([_row(s) for s in (1, 2, 3)])  # a resumed run's old steps: not this job's first
+    assert said == [] and p.first_step_s is None
+    p.show([_row(s) for s in (1, 2, 3, 4, 5)])
+    first = [line for line in said if line.startswith("first step")]
+    assert first == [
+        f"first step {p.first_step_s:.1f}s after the command (start-up: pre-flight, broker, roles, first batch)"
+    ]
+    assert 12.5 <= p.first_step_s < 20 and said.index(first[0]) == 1  # once, right after step 4's line
+    plain: list[str] = []
+    Progress(10, plain.append).show([_row(1)])  # no start time given: no such line
+    assert len(plain) == 1 and plain[0].startswith("step")
