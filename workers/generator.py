@@ -79,11 +79,13 @@ class GeneratorWorker(Worker):
             cfg.generator,
             cfg.model.dtype,
             cfg.run.seed,
-            extension=None if slots else self.loader.vllm_extension,  # adapters load through vLLM's LoRA path
+            extension=self.loader.vllm_extension,  # cuda_ipc's adds adapters from GPU memory too
             lora=slots,
         )
         self.version = 0
         """Weights version the engine generates with right now (0: the initial model)."""
+        self._settling: asyncio.Future | None = None
+        """The newest adapter version's `loader.settle`, running in a thread after its switch."""
         self.groups = InFlight(cfg.generator.max_inflight_groups, self.consumer, self.keys.prompts, GROUP)
         """Prompt groups being generated, each holding its prompt entry."""
         self._version_cond: asyncio.Condition | None = None
@@ -181,6 +183,7 @@ class GeneratorWorker(Worker):
             await _settle({self._lag_task}, self.log, "loop_lag")
             self.stats.update(self.loop_lag.summary())
         self._update_busy()
+        await self._settled()
         self.engine.shutdown()
         await self.loader.close()
 
@@ -347,7 +350,13 @@ class GeneratorWorker(Worker):
                 if _is_engine_dead(exc):
                     self._fatal = exc
                     return
-            await asyncio.sleep(poll)
+            try:  # a publish wakes this at once; `poll` bounds the wait
+                await self.loader.wait_for_publish(poll)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self.log.warning("weights_wait_failed", error=repr(exc))
+                await asyncio.sleep(poll)
 
     async def _switch_within(self, handle: WeightHandle, path: str, timeout: float, lead: dict | None = None) -> bool:
         """`_switch`, or on a hang past `timeout` mark the engine broken (step() then raises, the
@@ -375,8 +384,12 @@ class GeneratorWorker(Worker):
             self._fatal = kind_mismatch(handle.version, handle.is_adapter)
             raise self._fatal
         if self.adapters is not None:  # no pause: requests started from now on use the new adapter
-            await self.adapters.switch(self.engine, handle.version, path, marks)
+            await self._settled()  # the previous version's folder is complete first
+            await self.adapters.switch(
+                self.engine, handle.version, path, marks, lambda r: self.loader.adapter_call(handle, r)
+            )
             self.version = handle.version
+            self._settling = asyncio.ensure_future(asyncio.to_thread(self.loader.settle, handle, path))
         else:
             await self._reload_full(handle, path, marks)
         now = time.monotonic()
@@ -406,6 +419,17 @@ class GeneratorWorker(Worker):
         )
         async with self._version_cond:
             self._version_cond.notify_all()
+
+    async def _settled(self) -> None:
+        """Wait for the previous adapter version's `loader.settle` (its failure is logged: vLLM needs
+        the folder only if it evicts that version while a request still runs on it)."""
+        if self._settling is None:
+            return
+        task, self._settling = self._settling, None
+        try:
+            await task
+        except Exception as exc:
+            self.log.warning("adapter_settle_failed", error=repr(exc))
 
     async def _reload_full(self, handle: WeightHandle, path: str, marks: list) -> None:
         try:

@@ -165,6 +165,9 @@ class Keys:
         self.metrics = p + "metrics"
         self.deadletter = p + "deadletter"
         self.weights_latest = p + "weights:latest"
+        self.weights_published = p + "weights:published"
+        """Stream: one short entry per publish (after weights:latest moved); generators block on it
+        between their polls of weights:latest, so a new version is noticed at once."""
         self.trainer_version = p + "trainer:version"
         self.feeder_admitted = p + "feeder:admitted"
         self.env_steps = p + "env_steps"

@@ -156,11 +156,19 @@ class AdapterVersions:
         gone = [v for v in self.loaded if v not in window and self.users[v] == 0]
         return [self.loaded.pop(v) for v in sorted(gone)]
 
-    async def switch(self, engine, version: int, path: str, marks: list[tuple[str, float]]) -> None:
+    async def switch(
+        self, engine, version: int, path: str, marks: list[tuple[str, float]], rpc: Callable | None = None
+    ) -> None:
         """Load `version`'s PEFT folder into `engine` (a VLLMEngine) next to the others, make it the
-        newest, and remove what `added` frees; appends the phases' end times to `marks`."""
+        newest, and remove what `added` frees; appends the phases' end times to `marks`. `rpc(request)`:
+        the collective_rpc (method, kwargs) that adds it from memory instead (WeightLoader.adapter_call),
+        or None for vLLM's add_lora (reads the folder)."""
         request = self.loaded_as(version, path)
-        await engine.add_lora(request)
+        call = rpc(request) if rpc is not None else None
+        if call is not None:
+            await engine.reload(*call)
+        else:
+            await engine.add_lora(request)
         marks.append(("load_s", time.monotonic()))
         for old in self.added(version, request):
             await engine.remove_lora(old)

@@ -31,6 +31,7 @@ from streamrl.core.errors import ConfigError
 from streamrl.models.hf import causal_lm_logprobs, check_plain_head
 from streamrl.train.lora import adapter_config, adapter_state, adapters_disabled, add_adapters
 from streamrl.train.step_engine import StepEngine
+from streamrl.weights.cuda_ipc_publish import pack_stream
 from streamrl.weights.store import WeightStream, module_weight_stream
 
 
@@ -80,6 +81,7 @@ class HFEngine(StepEngine):
         if tc.activation_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.peft = add_adapters(model, tc.lora, model_path) if tc.lora.enabled else None
+        self._peft_names: dict[str, str] | None = None
         model.to(self.device)
         model.train()
         if tc.logprob_chunk_tokens:
@@ -110,19 +112,21 @@ class HFEngine(StepEngine):
 
     def full_state_dict(self) -> dict[str, Tensor] | None:
         """Full HF-named weights on rank 0 (detached CPU copies), None elsewhere; collective. With
-        trainer.lora only the adapter's tensors, under peft's names (`base_model.model.<...>.lora_A.weight`)."""
+        trainer.lora only the adapter's tensors, under peft's names (`base_model.model.<...>.lora_A.weight`):
+        packed into one flat buffer on this rank's device and brought to the CPU in one copy."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if self.peft is not None:
-            state = self._adapter_tensors()
-        else:
-            # cpu_offload gathers one tensor at a time to rank 0's CPU: no full copy on other ranks.
-            options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-            state = get_model_state_dict(self.model, options=options)
+            packed = pack_stream(self.weight_stream(), self.device)
+            if packed is None:
+                return None
+            # views of one CPU buffer: a fresh copy, so training may continue while it is published
+            return dict(packed.tensors(packed.buffer.to("cpu")))
+        # cpu_offload gathers one tensor at a time to rank 0's CPU: no full copy on other ranks.
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state = get_model_state_dict(self.model, options=options)
         if self.rank != 0:
             return None
-        if self.peft is not None:
-            state = adapter_state(self.peft, state)
         # With one CPU rank the "gathered" tensor IS the live parameter; the caller publishes this
         # dict while training continues, so copy exactly those (other ranks' gathers are fresh).
         live = {p.to_local().untyped_storage().data_ptr() for p in self.model.parameters()}
@@ -133,26 +137,49 @@ class HFEngine(StepEngine):
             out[key] = value.clone() if value.untyped_storage().data_ptr() in live else value
         return out
 
-    def _adapter_tensors(self) -> dict[str, Tensor]:
-        """The trained (adapter) parameters gathered whole, under the inner model's names; collective
-        (every rank, the same order), filled on rank 0. Only these: get_model_state_dict gathers every
-        parameter before it drops the frozen ones (ignore_frozen_params), which on the H200 made an
-        adapter publish of a 1.7B model stall the trainer ~1 s, the frozen 3.4 GB gathered for nothing."""
-        out = {}
-        for name, p in self.model.named_parameters():
-            if not p.requires_grad:
-                continue
-            full = p.full_tensor() if hasattr(p, "full_tensor") else p
-            if self.rank == 0:
-                # the FQN get_model_state_dict gives (activation checkpointing wraps modules)
-                out[name.replace("_checkpoint_wrapped_module.", "")] = full.detach().to("cpu")
-        return out
+    def _adapter_names(self) -> dict[str, str]:
+        """Inner parameter name -> peft's published name of every trained (adapter) parameter, in
+        named_parameters order; worked out once (peft's renaming, on placeholders), then cached. The
+        names only: FSDP2 swaps the registered parameter objects between sharded and unsharded."""
+        if self._peft_names is None:
+            marks = {
+                name.replace("_checkpoint_wrapped_module.", ""): torch.zeros(1)  # get_model_state_dict's FQN
+                for name, p in self.model.named_parameters()
+                if p.requires_grad
+            }
+            inner = {id(t): name for name, t in marks.items()}
+            self._peft_names = {inner[id(t)]: peft for peft, t in adapter_state(self.peft, marks).items()}
+        return self._peft_names
+
+    def _adapter_stream(self) -> WeightStream:
+        """The adapter's parameters one at a time, whole, on this rank's device (no host copies: the
+        publisher packs them where it wants them); collective, filled on rank 0. Only these:
+        get_model_state_dict gathers every parameter before it drops the frozen ones, which on the H200
+        made an adapter publish of a 1.7B model stall the trainer ~1 s, the frozen 3.4 GB gathered for nothing."""
+        names = self._adapter_names()
+        params = [
+            (names[n], p)
+            for name, p in self.model.named_parameters()
+            if (n := name.replace("_checkpoint_wrapped_module.", "")) in names
+        ]
+        receiver = self.rank == 0
+        layout = [(peft, p.dtype, list(p.shape)) for peft, p in params] if receiver else []
+
+        def values():
+            with torch.no_grad():
+                for _, p in params:
+                    full = p
+                    if hasattr(p, "full_tensor"):  # one rank holds it all already, else gather this one
+                        full = p.to_local() if p.device_mesh.size() == 1 else p.full_tensor()
+                    yield full.detach() if receiver else None
+
+        return WeightStream(layout, values(), receiver)
 
     def weight_stream(self) -> WeightStream:
         """One parameter all-gathered at a time; transformers modules already carry HF names. With
-        trainer.lora the adapter's tensors (megabytes: gathered whole, TrainerEngine's default)."""
+        trainer.lora the adapter's parameters only, under peft's names."""
         if self.peft is not None:
-            return super().weight_stream()
+            return self._adapter_stream()
         return module_weight_stream(self.model, receiver=self.rank == 0)
 
     def adapter_config(self) -> dict | None:

@@ -65,10 +65,15 @@ def adapter_json(state: object, adapter: dict) -> str:
     return json.dumps(config, sort_keys=True)
 
 
+def write_peft_dir_tensors(path: Path, state: dict[str, torch.Tensor]) -> None:
+    """The adapter's tensors as the safetensors file `path` (PEFT's adapter_model.safetensors)."""
+    save_file({k: v.contiguous() for k, v in state.items()}, str(path), metadata={"format": "pt"})
+
+
 def write_peft_dir(folder: Path, state: dict[str, torch.Tensor], config_json: str, fsync: bool = False) -> int:
     """Write `folder`/adapter_model.safetensors and adapter_config.json; return the tensor file's bytes."""
     weights = folder / ADAPTER_FILE
-    save_file({k: v.contiguous() for k, v in state.items()}, str(weights), metadata={"format": "pt"})
+    write_peft_dir_tensors(weights, state)
     (folder / ADAPTER_CONFIG).write_text(config_json)
     if fsync:  # a shared filesystem: make the bytes durable before the folder's name appears
         for path in (weights, folder / ADAPTER_CONFIG):

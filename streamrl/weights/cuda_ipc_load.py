@@ -1,16 +1,18 @@
 """`cuda_ipc` backend, generator side: check a published handle, and the vLLM worker extension that
 maps the trainer's buffer and loads the tensors in place.
 
-An adapter version (trainer.lora) is not loaded in place: vLLM's LoRA loading takes a PEFT folder,
-so `fetch` maps the buffer in the generator's own process, copies the adapter's tensors (megabytes)
-out and writes the folder to this host's shared memory (`shm_root`), as the `shm` backend would.
+An adapter version (trainer.lora) goes to vLLM from GPU memory too: `fetch` writes only the
+version's adapter_config.json to a folder in this host's shared memory (`shm_root`); the worker
+extension's `streamrl_add_lora_ipc` maps the buffer, copies it once on the GPU and has vLLM's own
+LoRA manager add it (eviction, slots) with the tensors in hand instead of a safetensors file. After
+the switch `settle` writes the folder's tensor file (one device-to-host copy) off the switch's path:
+vLLM re-reads the folder only if it evicts that version while a request still runs on it.
 
 See cuda_ipc.py for the backend and its wire format; the trainer side is cuda_ipc_publish.py.
 """
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import uuid
@@ -21,7 +23,7 @@ import torch
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
 from streamrl.core.errors import ConfigError
-from streamrl.weights.adapter import is_peft_dir, write_peft_dir
+from streamrl.weights.adapter import ADAPTER_CONFIG, ADAPTER_FILE, is_peft_dir, write_peft_dir_tensors
 from streamrl.weights.cuda_ipc import decode_spec, open_spec
 from streamrl.weights.files import version_dirs
 from streamrl.weights.shm import shm_root
@@ -49,26 +51,19 @@ class CudaIpcLoader(WeightLoader):
         self.cache_dir = Path(cache_root or shm_root(keys.run, None)) / f"ipc-adapters-{os.getpid()}"
         """Where adapter versions are materialised as PEFT folders (vLLM's LoRA loading reads files)."""
 
-    async def fetch(self, handle: WeightHandle) -> str:
-        if handle.is_adapter and handle.transport == self.transport:  # copies bytes: off the loop
-            return await asyncio.to_thread(self._fetch, handle)
-        return await super().fetch(handle)
-
     def _fetch(self, handle: WeightHandle) -> str:
-        spec = decode_spec(handle.handle)  # fail here (with the fix) rather than inside vLLM's worker
-        return self._materialise_adapter(handle, spec) if handle.is_adapter else handle.handle
+        decode_spec(handle.handle)  # fail here (with the fix) rather than inside vLLM's worker
+        return self._adapter_folder(handle) if handle.is_adapter else handle.handle
 
-    def _materialise_adapter(self, handle: WeightHandle, spec: dict) -> str:
+    def _adapter_folder(self, handle: WeightHandle) -> str:
+        """The version's folder, holding its adapter_config.json (what names it; the tensors come later)."""
         dst = self.cache_dir / f"v{handle.version}"
-        if is_peft_dir(dst):
+        if (dst / ADAPTER_CONFIG).is_file():
             return str(dst)
-        packed = open_spec(spec)  # initialises CUDA here: after the engine started, so its fork is done
-        state = {name: t.to("cpu", copy=True) for name, t in packed.tensors()}
-        del packed
         tmp = self.cache_dir / f".tmp-v{handle.version}-{uuid.uuid4().hex[:8]}"
         tmp.mkdir(parents=True)
         try:
-            write_peft_dir(tmp, state, handle.adapter)
+            (tmp / ADAPTER_CONFIG).write_text(handle.adapter)
             shutil.rmtree(dst, ignore_errors=True)
             os.rename(tmp, dst)
         except BaseException:
@@ -80,6 +75,22 @@ class CudaIpcLoader(WeightLoader):
             if v not in keep:
                 shutil.rmtree(path, ignore_errors=True)
         return str(dst)
+
+    def adapter_call(self, handle: WeightHandle, request) -> tuple[str, dict] | None:
+        kwargs = {"spec": handle.handle, "name": request.lora_name, "lora_id": request.lora_int_id}
+        return "streamrl_add_lora_ipc", {**kwargs, "path": request.lora_path}
+
+    def settle(self, handle: WeightHandle, local: str) -> None:
+        """The folder's adapter_model.safetensors from the published buffer: one device-to-host copy."""
+        folder = Path(local)
+        if not handle.is_adapter or is_peft_dir(folder) or not folder.is_dir():
+            return
+        packed = open_spec(decode_spec(handle.handle))  # initialises CUDA here: after the engine's fork
+        state = dict(packed.tensors(packed.buffer.to("cpu")))
+        del packed
+        tmp = folder / f".{ADAPTER_FILE}.{uuid.uuid4().hex[:8]}"
+        write_peft_dir_tensors(tmp, state)
+        os.rename(tmp, folder / ADAPTER_FILE)
 
     async def close(self) -> None:
         shutil.rmtree(self.cache_dir, ignore_errors=True)
@@ -103,6 +114,20 @@ class VLLMIpcExtension:
         del packed, weights
         return n
 
+    def streamrl_add_lora_ipc(self, spec: str, name: str, lora_id: int, path: str) -> bool:
+        """Add adapter version `spec` (an adapter's packed buffer) as LoRARequest(name, lora_id, path)
+        straight from GPU memory; `path` holds its adapter_config.json."""
+        from vllm.lora.request import LoRARequest
+
+        packed = open_spec(decode_spec(spec))
+        # Our own copy: vLLM scales lora_B in place, and the publisher frees its buffer at its gc.
+        own = packed.buffer.to(self.device, copy=True)
+        torch.cuda.current_stream().synchronize()
+        tensors = dict(packed.tensors(own))
+        del packed
+        request = LoRARequest(lora_name=name, lora_int_id=lora_id, lora_path=path)
+        return add_lora_from_memory(self.model_runner.lora_manager, request, tensors)
+
     def _streamrl_load(self, runner, weights) -> None:
         if getattr(runner.model_config, "quantization", None) is None:
             # Unquantized: the model's own loaders copy straight into the live parameters (what RL
@@ -111,3 +136,28 @@ class VLLMIpcExtension:
             runner.get_model().load_weights(weights)
         else:
             self.reload_weights(weights_iterator=weights)
+
+
+def add_lora_from_memory(manager, request, tensors: dict[str, torch.Tensor]) -> bool:
+    """vLLM's own `add_adapter` on its worker LoRA manager (validation against the LoRA config, CPU
+    cache eviction, slot activation), with the adapter's tensors given rather than read from
+    `request.lora_path` (which must hold adapter_config.json): its LoRAModel is built with
+    `from_lora_tensors` where vLLM would call `from_local_checkpoint`. The LoRA model stays on the
+    tensors' device, so activating it is a device-to-device copy (no pinned host staging)."""
+    base = manager._lora_model_cls
+    device = next(iter(tensors.values())).device
+
+    class FromMemory:
+        @staticmethod
+        def from_local_checkpoint(lora_dir, expected_lora_modules, *, peft_helper, lora_model_id=None, **kw):
+            keep = ("dtype", "model_vocab_size", "weights_mapper", "skip_prefixes")
+            args = {k: v for k, v in kw.items() if k in keep}
+            return base.from_lora_tensors(
+                lora_model_id=lora_model_id, tensors=tensors, peft_helper=peft_helper, device=device, **args
+            )
+
+    manager._lora_model_cls = FromMemory
+    try:
+        return manager.add_adapter(request)
+    finally:
+        manager._lora_model_cls = base

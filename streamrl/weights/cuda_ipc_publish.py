@@ -28,16 +28,19 @@ def pack_state_dict(sd: dict[str, torch.Tensor], device: torch.device, dtype: to
     return packed
 
 
-def pack_stream(stream: WeightStream, device: torch.device, dtype: torch.dtype) -> PackedState | None:
+def pack_stream(stream: WeightStream, device: torch.device, dtype: torch.dtype | None = None) -> PackedState | None:
     """Collective over the trainer ranks: the stream's tensors packed on the receiving rank's
-    `device` (floating tensors cast to `dtype`), None elsewhere. The stream gathers one tensor at a
+    `device` (floating tensors cast to `dtype` if given), None elsewhere. The stream gathers one tensor at a
     time, so no rank holds a full copy besides the receiver's packed buffer."""
     if not stream.receiver:
         for _ in stream.tensors:  # every rank runs the stream: each step may be a collective
             pass
         return None
     entries, size = buffer_layout(
-        [(name, dtype if dt.is_floating_point else dt, shape) for name, dt, shape in stream.layout]
+        [
+            (name, dtype if dtype is not None and dt.is_floating_point else dt, shape)
+            for name, dt, shape in stream.layout
+        ]
     )
     packed = PackedState(torch.empty(size, dtype=torch.uint8, device=device), entries)
     with torch.no_grad():

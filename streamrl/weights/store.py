@@ -241,6 +241,8 @@ class WeightPublisher(_VersionReader, ABC):
         current = await self.latest()
         if current is None or wh.version > current.version:
             await self.broker.hset(self.keys.weights_latest, wh.to_mapping())
+            # the wake-up of generators blocked in WeightLoader.wait_for_publish (the hash stays the truth)
+            await self.broker.add(self.keys.weights_published, str(wh.version).encode(), maxlen=16)
         else:
             self.log.warning("publish_not_newer", version=wh.version, latest=current.version)
 
@@ -267,9 +269,28 @@ class WeightLoader(_VersionReader, ABC):
     """vLLM `worker_extension_cls` a generator needs to load this backend's versions (None: none)."""
     hooks_in_thread: bool = True
     """Run _fetch in a worker thread (it copies bytes); False where it is a few cheap calls."""
+    _published_id: str = "0"
     local_copies: int = 2
     """Fetched versions kept on this host (backends that copy): the loaded one and the prefetched one,
     or with LoRA every adapter vLLM may still re-read (the generator raises it to max_loras + 1)."""
+
+    async def wait_for_publish(self, timeout_s: float) -> None:
+        """Return when a version is published (an entry on `weights:published` newer than the last one
+        seen here) or after `timeout_s`; the caller then reads `latest()`. The first call returns at once."""
+        entries = await self.broker.read(
+            self.keys.weights_published, self._published_id, count=16, block_ms=max(1, int(timeout_s * 1000))
+        )
+        if entries:
+            self._published_id = entries[-1].id
+
+    def adapter_call(self, handle: WeightHandle, request) -> tuple[str, dict] | None:
+        """The vLLM `collective_rpc` (method, kwargs) that adds adapter version `handle` as LoRARequest
+        `request` from memory; None: vLLM's add_lora reads the folder `fetch` returned."""
+        return None
+
+    def settle(self, handle: WeightHandle, local: str) -> None:
+        """Blocking, after adapter version `handle` is in the engine: complete its folder `local` where
+        fetch left part of it for later (vLLM re-reads it only after evicting it). Nothing by default."""
 
     @abstractmethod
     def _fetch(self, handle: WeightHandle) -> str:

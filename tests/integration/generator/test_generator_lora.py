@@ -53,7 +53,8 @@ def results(redis_server, tmp_path_factory) -> dict:
         "model": str(model),
         "adapters": folders,
         "targets": TARGETS,
-        "backend": "shm",
+        # On a GPU the default GPU backend: the adapter goes to vLLM from GPU memory (cuda_ipc_load.py).
+        "backend": "cuda_ipc" if ON_GPU else "shm",
         "max_tokens": MAX_TOKENS,
         "temperature": TEMPERATURE,
         "dtype": "bfloat16" if ON_GPU else "float32",

@@ -126,13 +126,19 @@ from streamrl.core.broker import Keys
 from streamrl.weights.cuda_ipc_load import CudaIpcLoader
 from streamrl.weights.store import WeightHandle
 handle = WeightHandle(**json.loads(Path(sys.argv[1]).read_text()))
-print(CudaIpcLoader(None, Keys(sys.argv[2]), Path(sys.argv[3]))._fetch(handle))
+loader = CudaIpcLoader(None, Keys(sys.argv[2]), Path(sys.argv[3]))
+local = loader._fetch(handle)
+print(sorted(p.name for p in Path(local).iterdir()))  # before settle: the config alone
+loader.settle(handle, local)
+print(local)
 """
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA IPC needs a CUDA GPU")
-async def test_cuda_ipc_materialises_the_adapter_as_a_peft_dir(config: Config, broker, tmp_path, adapter, tiny_dir):
+async def test_cuda_ipc_fetch_then_settle_give_the_adapter_as_a_peft_dir(
+    config: Config, broker, tmp_path, adapter, tiny_dir
+):
     model, state, peft_config = adapter
     cfg = _cfg(config, "cuda_ipc").model_copy(update={"model": ModelConfig(dtype="bfloat16")})
     store = make_publisher(cfg, broker, tmp_path)
@@ -151,7 +157,9 @@ async def test_cuda_ipc_materialises_the_adapter_as_a_peft_dir(config: Config, b
             timeout=300,
         )
         assert out.returncode == 0, out.stderr[-3000:]
+        lines = out.stdout.strip().splitlines()
+        assert lines[-2] == repr([ADAPTER_CONFIG])  # fetch: what the switch needs, no tensor copy yet
         # float32 stays float32 although model.dtype is bfloat16: the adapter arrives byte for byte.
-        _assert_peft_dir(Path(out.stdout.strip().splitlines()[-1]), state, peft_config, model, tiny_dir)
+        _assert_peft_dir(Path(lines[-1]), state, peft_config, model, tiny_dir)
     finally:
         await store.close()
