@@ -11,13 +11,20 @@ teardown outlast its timeout by a grace period (a hang the per-test timeout cann
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from pathlib import Path
 
 import pytest
 
-from brokers.connect import connect
+# One torch (OpenMP) thread per process, set before anything imports torch: `make test` runs two xdist
+# workers on 2 cores, each with in-process torch and role subprocesses (which inherit this); at a thread
+# per core each, their spin-waits ate the cores (a 30-step tiny job beside the suite: 93-107 s -> 49 s).
+# `streamrl up` does the same for its roles on a CPU host (streamrl/launch/cpu_threads.py).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+from brokers.connect import connect  # noqa: E402 (after the thread setting above)
 from brokers.embedded import EmbeddedRedis
 from brokers.local_cluster import LocalCluster
 from brokers.redis_streams import RedisBroker

@@ -82,6 +82,11 @@ class SupervisorConfig(Section):
     grace_s: float = Field(45.0, gt=0)
     """On stop, time each role gets to finish or hand back its work before it is killed (longer than
     generator.drain_timeout_s, so a generator can finish its in-flight groups)."""
+    cpu_threads: int | None = Field(None, ge=1)
+    """Torch's CPU threads in each role process (OMP_NUM_THREADS; an OMP_NUM_THREADS already set in the
+    environment wins). None: on a host without a GPU, the cores shared among the processes that compute
+    (trainer ranks, generators, reference, judge), at least 1 each, since one thread per core in each of them
+    oversubscribes a small host (streamrl/launch/cpu_threads.py); on a GPU host, torch's default."""
     devices: dict[Literal["trainer", "feeder", "generator", "reward", "reference", "judge", "env"], list[str]] = {}
     """CUDA_VISIBLE_DEVICES of each role's processes, in turn (process i of a role gets entry i mod
     len): {generator: ["0", "1"], trainer: ["2,3"]} puts two generators on GPUs 0 and 1 and the

@@ -24,6 +24,7 @@ from streamrl.config.files import dump_config
 from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.errors import EXIT_NO_RESTART, WorkerDied
+from streamrl.launch.cpu_threads import host_cores, is_gpu_host, threads_per_role
 from streamrl.launch.env_watch import EnvWatch, NoEnvWatch
 from streamrl.launch.failures import DeadLetterWatch
 from streamrl.launch.leftovers import ProcessTree, describe_removed
@@ -135,6 +136,12 @@ class Supervisor:
         self.oom = OomWatch()
         self.on_trained = on_trained
         self.on_first_step = on_first_step
+        self.cpu_threads = (
+            None
+            if "OMP_NUM_THREADS" in os.environ
+            else threads_per_role(cfg, role_counts(cfg), host_cores(), is_gpu_host())
+        )
+        """OMP_NUM_THREADS given to each role (streamrl/launch/cpu_threads.py); None: the environment's or torch's."""
 
     def spawn(self, role: str, index: int) -> Child:
         wid = f"{role}-{index}"
@@ -168,6 +175,8 @@ class Supervisor:
         env = {**os.environ, "STREAMRL_BROKER_URL": self.broker_url, "PYTHONUNBUFFERED": "1"}
         if (gpus := self.cfg.supervisor.devices_of(role, int(wid.rsplit("-", 1)[1]))) is not None:
             env["CUDA_VISIBLE_DEVICES"] = gpus
+        if self.cpu_threads is not None:
+            env["OMP_NUM_THREADS"] = str(self.cpu_threads)
         return env
 
     def _on_death(self, c: Child, code: int) -> None:
@@ -233,6 +242,7 @@ class Supervisor:
             self.say(
                 f"started {', '.join(f'{n} {r}' for r, n in role_counts(self.cfg).items() if n)}; "
                 f"logs in {self.run_dir / 'logs'}"
+                + (f"; {self.cpu_threads} CPU thread(s) per role (supervisor.cpu_threads)" if self.cpu_threads else "")
             )
             if self.resumed_at is not None:
                 self.say(
