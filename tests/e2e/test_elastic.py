@@ -18,13 +18,15 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.e2e.hold import held, worker_pid
 from tests.nodejs import start_node_producer
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
 ELASTIC_STEPS = 16
-SCALE_STEPS = 24
-"""Long enough that workers started after `up` have joined before the run ends."""
+SCALE_STEPS = 40
+"""Long enough that workers started after `up` have joined before the run ends (seen at 24: the job's
+last step 25 s after the generators' engines were up, before a 5 s heartbeat said so and status ran)."""
 BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000"]
 
 pytestmark = pytest.mark.slow
@@ -283,8 +285,8 @@ def scale(run_dir: Path, *counts: str) -> None:
 def test_scale_changes_the_supervised_count(tmp_path):
     run_dir = tmp_path / "run"
     # No generator to begin with: the run advances only through the ones `streamrl scale` starts.
-    # A short drain and steps to spare after the scale-down: a leaving generator finishes (or hands
-    # back) its in-flight groups within generator.drain_timeout_s, which must end before the job does.
+    # A short drain: a leaving generator finishes (or hands back) its in-flight groups within
+    # generator.drain_timeout_s, which ends while the trainer is held below.
     up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", steps=SCALE_STEPS)
     wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
     scale(run_dir, "generator=2", "reward=2")
@@ -298,25 +300,28 @@ def test_scale_changes_the_supervised_count(tmp_path):
         up,
         run_dir,
     )
-    status = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "status", "--run-dir", str(run_dir), "--once"],
-        cwd=ROOT,
-        env=env(run_dir),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert status.returncode == 0, status.stderr
-    for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
-        assert text in status.stdout, status.stdout
-    assert len(metrics(run_dir)) < SCALE_STEPS
-    scale(run_dir, "generator=1", "reward=1")
-    wait_for(
-        "generator-1 and reward-1 to leave",
-        lambda: all(f"{w} left (exited with code 0)" in up_output(run_dir) for w in ("generator-1", "reward-1")),
-        up,
-        run_dir,
-    )
+    # The trainer held (SIGSTOP) while status and the scale-down are looked at: a step takes well under a
+    # second here, so without the hold the job could end while status is still starting.
+    with held(worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")):
+        status = subprocess.run(
+            [sys.executable, "-m", "streamrl.cli", "status", "--run-dir", str(run_dir), "--once"],
+            cwd=ROOT,
+            env=env(run_dir),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert status.returncode == 0, status.stderr
+        for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
+            assert text in status.stdout, status.stdout
+        assert len(metrics(run_dir)) < SCALE_STEPS
+        scale(run_dir, "generator=1", "reward=1")
+        wait_for(
+            "generator-1 and reward-1 to leave",
+            lambda: all(f"{w} left (exited with code 0)" in up_output(run_dir) for w in ("generator-1", "reward-1")),
+            up,
+            run_dir,
+        )
     rows = finish(up, run_dir, SCALE_STEPS)
     out = up_output(run_dir)
     for line in (

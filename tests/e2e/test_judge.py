@@ -16,6 +16,7 @@ import time
 
 import pytest
 
+from tests.e2e.hold import held, worker_pid
 from tests.e2e.test_faults import ROOT, SMALL, Up, assert_exact
 
 pytestmark = pytest.mark.slow
@@ -42,12 +43,15 @@ def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path)
         time.sleep(0.2)
     cli(up, "scale", "judge=2")  # at once, so judge-1's engine starts while judge-0's does
     up.wait_step(2)
-    status = cli(up, "status", "--once")
-    # The `judge` consumer group's consumers, pending and lag (a row of the streams table), and a judge's
-    # heartbeat with its scoring rate (the workers table).
-    assert re.search(r"│ judge\s+│\s+\d+ │\s+\d+ │\s+\d+ │", status), status
-    assert re.search(r"│ judge\s+│ judge-[01]\s+│.*scored/s", status), status
-    up.kill_role(RUN, "judge")
+    # The trainer held (SIGSTOP) while status runs and judge-0 is killed: the last steps take well under a
+    # second each here, so without the hold the job could end before either (seen in CI).
+    with up.redis() as r, held(worker_pid(r, RUN, "trainer", "trainer-0")):
+        status = cli(up, "status", "--once")
+        # The `judge` consumer group's consumers, pending and lag (a row of the streams table), and a
+        # judge's heartbeat with its scoring rate (the workers table).
+        assert re.search(r"│ judge\s+│\s+\d+ │\s+\d+ │\s+\d+ │", status), status
+        assert re.search(r"│ judge\s+│ judge-[01]\s+│.*scored/s", status), status
+        up.kill_role(RUN, "judge")
     code = up.wait()
     out = up.output()
     assert code == 0, out[-4000:]

@@ -1,0 +1,34 @@
+"""Hold a role's process still (SIGSTOP ... SIGCONT) while a test looks at a live job.
+
+A tiny CPU job trains a step in well under a second once its generators run, so a test that must see
+the job running (a `streamrl status` while every worker is up, a SIGKILL mid-run) cannot rely on steps
+to spare: the job may end while the check is still starting. Holding the trainer keeps the job alive
+for as long as the check takes; the other roles go on (generators fill the admission window, reward
+workers score it), and the run finishes normally once the trainer is let go.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from contextlib import contextmanager
+
+import redis
+
+
+def worker_pid(client: redis.Redis, run: str, role: str, worker_id: str) -> int:
+    """The pid in a worker's heartbeat (docs/protocol.md, "Other keys")."""
+    raw = client.get(f"streamrl:{run}:workers:{role}:{worker_id}")
+    assert raw, f"no heartbeat for {role} {worker_id} of run {run}"
+    return int(json.loads(raw)["pid"])
+
+
+@contextmanager
+def held(pid: int):
+    """SIGSTOP `pid` for the block; SIGCONT after it, also when the block fails."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
