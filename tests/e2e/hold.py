@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from contextlib import contextmanager
 
 import redis
@@ -32,3 +33,25 @@ def held(pid: int):
         yield
     finally:
         os.kill(pid, signal.SIGCONT)
+
+
+def wait_held(what: str, cond, pid: int, steps, job_alive, timeout: float = 400, idle_s: float = 15.0):
+    """Wait for `cond()` while `pid` (the trainer) is held; if it has not come true after `idle_s`, let
+    the trainer take one step (SIGCONT until `steps()` grows, then SIGSTOP again) and go on waiting.
+    The step frees admission slots, so a worker that the held job left without work gets some (one
+    generator may have taken the whole admission window before another was up)."""
+    deadline = time.time() + timeout
+    since = time.time()
+    while not cond():
+        assert job_alive(), f"the job ended before {what}"
+        assert time.time() < deadline, f"timed out waiting for {what}"
+        if time.time() - since > idle_s:
+            before = steps()
+            os.kill(pid, signal.SIGCONT)
+            try:
+                while steps() <= before and time.time() < deadline and job_alive():
+                    time.sleep(0.1)
+            finally:
+                os.kill(pid, signal.SIGSTOP)
+            since = time.time()
+        time.sleep(0.5)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.e2e.hold import held, worker_pid
+from tests.e2e.hold import held, wait_held, worker_pid
 from tests.nodejs import start_node_producer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -238,23 +238,28 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
             run_dir,
         )
         assert metrics(run_dir) == []
-        join("reward", "rew-a")
-        wait_for(
-            "both generators producing and the reward worker scoring",
-            lambda: all(
-                heartbeat(run_dir, role, w).get(counter, 0) > 0
-                for role, w, counter in (
-                    ("generator", "gen-a", "rollouts"),
-                    ("generator", "gen-b", "rollouts"),
-                    ("reward", "rew-a", "scored"),
-                )
-            ),
-            up,
-            run_dir,
-        )
-        assert len(metrics(run_dir)) < ELASTIC_STEPS
-        assert stop(joined["gen-a"]) == 0  # leaves cleanly: drains its in-flight groups first
-        assert not heartbeat(run_dir, "generator", "gen-a")  # and deregisters
+        # The trainer held (SIGSTOP) while gen-a leaves: with the reward worker in, a step takes well under
+        # a second here, so without the hold the job could end before gen-a's stop is seen (seen in CI).
+        trainer = worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")
+        with held(trainer):
+            join("reward", "rew-a")
+            wait_held(
+                "both generators producing and the reward worker scoring",
+                lambda: all(
+                    heartbeat(run_dir, role, w).get(counter, 0) > 0
+                    for role, w, counter in (
+                        ("generator", "gen-a", "rollouts"),
+                        ("generator", "gen-b", "rollouts"),
+                        ("reward", "rew-a", "scored"),
+                    )
+                ),
+                trainer,
+                steps=lambda: len(metrics(run_dir)),
+                job_alive=lambda: up.poll() is None,
+            )
+            assert len(metrics(run_dir)) < ELASTIC_STEPS
+            assert stop(joined["gen-a"]) == 0  # leaves cleanly: drains its in-flight groups first
+            assert not heartbeat(run_dir, "generator", "gen-a")  # and deregisters
         rows = finish(up, run_dir, ELASTIC_STEPS)
     finally:
         for proc in joined.values():
