@@ -12,7 +12,9 @@ Variant options (after the backend, joined by +): compile, ac, nochunk (the mode
 instead of trainer.logprob_chunk_tokens chunks), chunk=N, mbt=N (trainer.micro_batch_tokens),
 mbs=N (trainer.micro_batch_size), bucket=N (trainer.seq_bucket; 1 = no length padding),
 pack=N (trainer.pack_rows: rollouts packed into rows of N tokens, torchtitan only), kernel=eager|compiled
-(trainer.logprob_kernel); parsed by bench/trainer_variants.py.
+(trainer.logprob_kernel), lora=R (trainer.lora.rank: adapters only; the FLOPs above still count the
+full-weight backward, so a LoRA variant's MFU is a comparison figure, its step time and memory the
+measurement); parsed by bench/trainer_variants.py.
 --ragged draws each completion's length uniformly in 1..completion-len (pad waste; tokens/s counts
 real tokens). --prompt-jitter J draws each prompt's length uniformly in prompt-len..prompt-len+J and
 gives every step its own batch, so the longest row may change by a few tokens from step to step as in

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def apply_variant(cfg, variant: str) -> None:
-    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N][+kernel=K] onto cfg.trainer
+    """BACKEND[+compile][+ac][+nochunk][+chunk=N][+mbt=N][+mbs=N][+bucket=N][+pack=N][+kernel=K][+lora=R] onto cfg.trainer
     (bench/trainer_mfu.py's docstring says what each does)."""
     from streamrl.core.errors import ConfigError
 
@@ -28,7 +28,9 @@ def apply_variant(cfg, variant: str) -> None:
             cfg.trainer.pack_rows = int(value)
         elif key == "kernel" and value in ("auto", "compiled", "eager"):
             cfg.trainer.logprob_kernel = value
+        elif key == "lora" and value.isdigit():
+            cfg.trainer.lora.rank = int(value)  # adapters only (trainer.lora's other fields as configured)
         elif key not in ("compile", "ac"):
             raise ConfigError(
-                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N, bucket=N, pack=N, kernel=auto|compiled|eager"
+                f"variant {variant!r}: unknown option {part!r}; use compile, ac, nochunk, chunk=N, mbt=N, mbs=N, bucket=N, pack=N, kernel=auto|compiled|eager, lora=R"
             )

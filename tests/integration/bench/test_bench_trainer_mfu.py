@@ -155,6 +155,9 @@ def test_variant_options_set_the_trainer_section():
     apply_variant(cfg, "hf+chunk=512+kernel=eager")
     assert cfg.trainer.logprob_chunk_tokens == 512 and cfg.trainer.backend == "hf"
     assert cfg.trainer.logprob_kernel == "eager"
+    assert not cfg.trainer.lora.enabled
+    apply_variant(cfg, "hf+lora=16")
+    assert cfg.trainer.lora.rank == 16 and cfg.trainer.lora.enabled
     with pytest.raises(ConfigError, match="unknown option 'chunks=3'"):
         apply_variant(cfg, "hf+chunks=3")
 
