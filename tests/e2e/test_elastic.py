@@ -57,6 +57,18 @@ def start_up(run_dir: Path, *sets: str, steps: int = STEPS) -> subprocess.Popen:
     return cli(run_dir, *args, log="up.log")
 
 
+def run_cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+    """`streamrl ARGS` to its end (60 s at most), its output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        cwd=ROOT,
+        env=env(run_dir),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 def up_output(run_dir: Path) -> str:
     return (run_dir.parent / "up.log").read_text(errors="replace")
 
@@ -142,14 +154,7 @@ JUDGES = (
 def attach_node_producer(up, run_dir: Path, key: str) -> subprocess.Popen:
     """`streamrl producer add KEY` (a restricted broker user), then the Node.js producer of KEY under it."""
     wait_for("the broker", lambda: (run_dir / "broker" / "url").exists(), up, run_dir, timeout=120)
-    res = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "producer", "add", key, "--run", "tiny", "--run-dir", str(run_dir)],
-        cwd=ROOT,
-        env=env(run_dir),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = run_cli(run_dir, "producer", "add", key, "--run", "tiny", "--run-dir", str(run_dir))
     assert res.returncode == 0, res.stderr
     return start_node_producer(
         res.stdout.splitlines()[0],
@@ -308,14 +313,7 @@ def test_scale_changes_the_supervised_count(tmp_path):
     # The trainer held (SIGSTOP) while status and the scale-down are looked at: a step takes well under a
     # second here, so without the hold the job could end while status is still starting.
     with held(worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")):
-        status = subprocess.run(
-            [sys.executable, "-m", "streamrl.cli", "status", "--run-dir", str(run_dir), "--once"],
-            cwd=ROOT,
-            env=env(run_dir),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        status = run_cli(run_dir, "status", "--run-dir", str(run_dir), "--once")
         assert status.returncode == 0, status.stderr
         for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
             assert text in status.stdout, status.stdout

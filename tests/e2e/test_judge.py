@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from tests.e2e.hold import held, worker_pid
+from tests.e2e.hold import held, wait_held, worker_pid
 from tests.e2e.test_faults import ROOT, SMALL, Up, assert_exact
 
 pytestmark = pytest.mark.slow
@@ -42,16 +42,28 @@ def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path)
         assert time.time() < deadline and up.proc.poll() is None, up.output()[-4000:]
         time.sleep(0.2)
     cli(up, "scale", "judge=2")  # at once, so judge-1's engine starts while judge-0's does
-    up.wait_step(2)
-    # The trainer held (SIGSTOP) while status runs and judge-0 is killed: the last steps take well under a
-    # second each here, so without the hold the job could end before either (seen in CI).
-    with up.redis() as r, held(worker_pid(r, RUN, "trainer", "trainer-0")):
-        status = cli(up, "status", "--once")
-        # The `judge` consumer group's consumers, pending and lag (a row of the streams table), and a
-        # judge's heartbeat with its scoring rate (the workers table).
-        assert re.search(r"│ judge\s+│\s+\d+ │\s+\d+ │\s+\d+ │", status), status
-        assert re.search(r"│ judge\s+│ judge-[01]\s+│.*scored/s", status), status
-        up.kill_role(RUN, "judge")
+    # The trainer held (SIGSTOP) from its start while status runs and judge-0 is killed: once the judges
+    # score, the tiny job takes its steps in well under a second each, so a check started after step N
+    # can find the job over (seen in CI). The judges score the admitted groups while the trainer waits.
+    with up.redis() as r:
+        deadline = time.time() + 300
+        while not r.exists(f"streamrl:{RUN}:workers:trainer:trainer-0"):
+            assert time.time() < deadline and up.proc.poll() is None, up.output()[-4000:]
+            time.sleep(0.2)
+        trainer = worker_pid(r, RUN, "trainer", "trainer-0")
+        with held(trainer):
+
+            def scoring() -> bool:
+                raw = r.get(f"streamrl:{RUN}:workers:judge:judge-0")
+                return bool(raw) and json.loads(raw).get("scored", 0) > 0
+
+            wait_held("judge-0 scoring", scoring, trainer, lambda: len(up.steps()), lambda: up.proc.poll() is None)
+            status = cli(up, "status", "--once")
+            # The `judge` consumer group's consumers, pending and lag (a row of the streams table), and a
+            # judge's heartbeat with its scoring rate (the workers table).
+            assert re.search(r"│ judge\s+│\s+\d+ │\s+\d+ │\s+\d+ │", status), status
+            assert re.search(r"│ judge\s+│ judge-[01]\s+│.*scored/s", status), status
+            up.kill_role(RUN, "judge")
     code = up.wait()
     out = up.output()
     assert code == 0, out[-4000:]
