@@ -24,7 +24,7 @@ from pathlib import Path
 
 from streamrl.config.schema import Config
 from streamrl.core.accounting import close_group
-from streamrl.core.bounded_tasks import InFlight
+from streamrl.core.bounded_tasks import InFlight, settle_cancelled
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError, FatalError
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
@@ -37,6 +37,7 @@ from streamrl.generate.adapters import (
     max_loras,
     vllm_lora_rank,
 )
+from streamrl.generate.engine_errors import is_bad_request, is_engine_dead
 from streamrl.generate.episode_runner import EpisodeRunner
 from streamrl.generate.loop_lag import LoopLag
 from streamrl.generate.loop_profile import LoopProfiler
@@ -168,19 +169,19 @@ class GeneratorWorker(Worker):
             pending = await self.groups.drain(timeout=grace)
             for task in pending:  # cancelling a stream aborts its vLLM request; the prompt stays un-acked
                 task.cancel()
-            await _settle(pending, self.log, "groups")
+            await settle_cancelled(pending, self.log, "groups", CANCEL_WAIT_S)
             self.count("groups_aborted", len(pending))
             self.log.info("drained", seconds=round(time.monotonic() - t0, 2), aborted=len(pending))
         if self.episodes is not None:
             await self.episodes.close()
         if self._watcher is not None:
             self._watcher.cancel()
-            await _settle({self._watcher}, self.log, "weights_watcher")
+            await settle_cancelled({self._watcher}, self.log, "weights_watcher", CANCEL_WAIT_S)
         if self.loop_profile is not None:  # before the timer stops: it tells blocked samples apart
             self._finish_loop_profile(self.loop_profile)
         if self._lag_task is not None:
             self._lag_task.cancel()
-            await _settle({self._lag_task}, self.log, "loop_lag")
+            await settle_cancelled({self._lag_task}, self.log, "loop_lag", CANCEL_WAIT_S)
             self.stats.update(self.loop_lag.summary())
         self._update_busy()
         await self._settled()
@@ -216,7 +217,7 @@ class GeneratorWorker(Worker):
         if exc is not None:
             self.count("group_errors")
             self.log.error("group_failed", entry_id=entry.id, attempt=attempt, error=repr(exc))
-            if _is_engine_dead(exc):
+            if is_engine_dead(exc):
                 self._fatal = exc
             elif attempt < MAX_GROUP_ATTEMPTS and not self.stopping.is_set():
                 # A transient failure (e.g. the broker restarting): run the group again now rather
@@ -258,7 +259,7 @@ class GeneratorWorker(Worker):
                 for s in range(prompt.group_size):
                     tg.create_task(self._run_sample(prompt, s))
         except ExceptionGroup as eg:
-            if not all(_is_bad_request(e) for e in eg.exceptions):
+            if not all(is_bad_request(e) for e in eg.exceptions):
                 raise
             # vLLM rejected the request itself (e.g. prompt longer than max_model_len): retrying
             # elsewhere cannot help, so it goes to the dead-letter stream and is acked.
@@ -347,7 +348,7 @@ class GeneratorWorker(Worker):
                 raise
             except Exception as exc:
                 self.log.exception("weights_switch_failed", error=repr(exc))
-                if _is_engine_dead(exc):
+                if is_engine_dead(exc):
                     self._fatal = exc
                     return
             try:  # a publish wakes this at once; `poll` bounds the wait
@@ -496,26 +497,3 @@ class GeneratorWorker(Worker):
                 prefix_cache_hits=pc["hits"],
                 prefix_cache_hit_rate=round(pc["hits"] / pc["queries"], 4),
             )
-
-
-async def _settle(tasks: set[asyncio.Task], log, what: str) -> None:
-    """Wait (bounded) for cancelled tasks to unwind; one stuck in a vLLM call must not hang the stop."""
-    if not tasks:
-        return
-    _, stuck = await asyncio.wait(tasks, timeout=CANCEL_WAIT_S)
-    if stuck:
-        log.warning("cancel_stuck", what=what, tasks=len(stuck), waited_s=CANCEL_WAIT_S)
-
-
-def _is_bad_request(exc: BaseException) -> bool:
-    """vLLM refused the request: ValueError in older builds, VLLMClientError subclasses in newer ones."""
-    return isinstance(exc, ValueError) or any(c.__name__ == "VLLMClientError" for c in type(exc).__mro__)
-
-
-def _is_engine_dead(exc: BaseException) -> bool:
-    """vLLM's EngineDeadError (by name: its module moved between vLLM versions), also inside the
-    ExceptionGroup of a group's TaskGroup: missing it there retried dead-engine groups and left the
-    generator alive but unable to generate (seen after an EngineCore crash)."""
-    if isinstance(exc, BaseExceptionGroup):
-        return any(_is_engine_dead(e) for e in exc.exceptions)
-    return type(exc).__name__ == "EngineDeadError"

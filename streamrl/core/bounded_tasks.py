@@ -87,3 +87,12 @@ class InFlight:
             return set()
         _, late = await asyncio.wait(list(self.tasks), timeout=timeout)
         return late
+
+
+async def settle_cancelled(tasks: set[asyncio.Task], log, what: str, timeout: float) -> None:
+    """Wait (bounded) for cancelled tasks to unwind; one stuck in a vLLM call must not hang the stop."""
+    if not tasks:
+        return
+    _, stuck = await asyncio.wait(tasks, timeout=timeout)
+    if stuck:
+        log.warning("cancel_stuck", what=what, tasks=len(stuck), waited_s=timeout)

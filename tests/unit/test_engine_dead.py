@@ -4,7 +4,7 @@ the group as an ExceptionGroup from its TaskGroup.
     pytest tests/unit/test_engine_dead.py
 """
 
-from workers.generator import _is_engine_dead
+from streamrl.generate.engine_errors import is_engine_dead
 
 
 class EngineDeadError(Exception):
@@ -12,11 +12,11 @@ class EngineDeadError(Exception):
 
 
 def test_engine_dead_inside_a_task_group_is_recognised():
-    assert _is_engine_dead(EngineDeadError("core died"))
-    assert _is_engine_dead(
+    assert is_engine_dead(EngineDeadError("core died"))
+    assert is_engine_dead(
         ExceptionGroup("unhandled errors in a TaskGroup", [EngineDeadError("a"), EngineDeadError("b")])
     )
     nested = ExceptionGroup("outer", [ValueError("x"), ExceptionGroup("inner", [EngineDeadError("c")])])
-    assert _is_engine_dead(nested)
-    assert not _is_engine_dead(ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("transient")]))
-    assert not _is_engine_dead(RuntimeError("broker restarting"))
+    assert is_engine_dead(nested)
+    assert not is_engine_dead(ExceptionGroup("unhandled errors in a TaskGroup", [ValueError("transient")]))
+    assert not is_engine_dead(RuntimeError("broker restarting"))
