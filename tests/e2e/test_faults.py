@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 import redis
 
+from tests.e2e.hold import worker_pid
+
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 SMALL = [
@@ -84,7 +86,7 @@ class Up:
     def kill_role(self, run: str, role: str) -> int:
         """SIGKILL the live process of `<role>-0` (its pid from its heartbeat)."""
         with self.redis() as r:
-            pid = json.loads(r.get(f"streamrl:{run}:workers:{role}:{role}-0"))["pid"]
+            pid = worker_pid(r, run, role, f"{role}-0")
         os.kill(pid, signal.SIGKILL)
         return pid
 
