@@ -5,13 +5,15 @@ Evidence, best first:
 
 - the kernel log (/dev/kmsg; readable by root, or everyone with kernel.dmesg_restrict=0): the
   OOM killer writes "Killed process PID (...)" (older kernels) / "oom-kill:...,pid=PID,..." for the
-  exact process it killed;
+  exact process it killed. Only records written after the child started count: the log keeps old
+  kills, and their pids are handed out again (a test suite that OOM-kills on purpose, then a job
+  whose generator got a recycled pid and was `kill -9`ed, would otherwise read as "out of memory");
 - the `oom_kill` counter of this process's memory cgroup (cgroup v2 memory.events, v1
   memory.oom_control), else the host's (/proc/vmstat): if it rose while the child ran, the OOM
   killer killed *something* near it at that time ("likely").
 
     watch = OomWatch()
-    mark = watch.counter()                          # when the child starts
+    mark = watch.mark()                             # when the child starts
     watch.evidence({pid, *tree_pids}, mark)         # after it died: "" when nothing points to OOM
 """
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 _KILLED = re.compile(rb"(?:Killed process (\d+)|oom-kill:.*?[,:]pid=(\d+))")
@@ -57,13 +60,13 @@ def _read_counter(path: Path, key: str) -> int | None:
     return None
 
 
-def kernel_log_kills(kmsg: str = "/dev/kmsg") -> dict[int, str] | None:
-    """pid -> kernel log line for every OOM kill in the kernel's ring buffer; None if unreadable."""
+def _kernel_log(kmsg: str) -> list[tuple[int, bytes]] | None:
+    """(sequence number, message) of every record in the kernel's ring buffer; None if unreadable."""
     try:
         fd = os.open(kmsg, os.O_RDONLY | os.O_NONBLOCK)
     except OSError:
         return None
-    kills: dict[int, str] = {}
+    records: list[tuple[int, bytes]] = []
     try:
         while True:
             try:
@@ -76,12 +79,41 @@ def kernel_log_kills(kmsg: str = "/dev/kmsg") -> dict[int, str] | None:
                 return None  # EPERM etc.: not observable here
             if not record:
                 break
-            message = record.split(b";", 1)[-1].strip()
-            if m := _KILLED.search(message):
-                kills[int(m.group(1) or m.group(2))] = message.decode(errors="replace")[:200]
+            prefix, _, message = record.partition(b";")  # "priority,sequence,microseconds,flags[,...];text"
+            try:
+                seq = int(prefix.split(b",")[1])
+            except (IndexError, ValueError):
+                continue
+            records.append((seq, message.strip()))
     finally:
         os.close(fd)
+    return records
+
+
+def kernel_log_kills(kmsg: str = "/dev/kmsg", after_seq: int = -1) -> dict[int, str] | None:
+    """pid -> kernel log line for every OOM kill logged after record `after_seq`; None if unreadable."""
+    records = _kernel_log(kmsg)
+    if records is None:
+        return None
+    kills: dict[int, str] = {}
+    for seq, message in records:
+        if seq > after_seq and (m := _KILLED.search(message)):
+            kills[int(m.group(1) or m.group(2))] = message.decode(errors="replace")[:200]
     return kills
+
+
+def kernel_log_end(kmsg: str = "/dev/kmsg") -> int | None:
+    """The sequence number of the kernel log's newest record (-1 if empty); None if unreadable."""
+    records = _kernel_log(kmsg)
+    return None if records is None else max((seq for seq, _ in records), default=-1)
+
+
+@dataclass(frozen=True)
+class OomMark:
+    """Where the evidence stood when a child started: what came after it is about the child."""
+
+    kernel_log_seq: int | None = None
+    counter: int | None = None
 
 
 class OomWatch:
@@ -102,18 +134,24 @@ class OomWatch:
     def counter(self) -> int | None:
         return _read_counter(*self.source) if self.source else None
 
-    def evidence(self, pids: set[int], counter_before: int | None) -> str:
+    def mark(self) -> OomMark:
+        """Taken when a child starts; `evidence` then looks only at what came after it."""
+        return OomMark(kernel_log_end(self.kmsg), self.counter())
+
+    def evidence(self, pids: set[int], mark: OomMark | None) -> str:
         """Why the processes `pids` (a dead child's tree) look OOM-killed, or "" if nothing shows it."""
-        kills = kernel_log_kills(self.kmsg)
-        if kills is not None:  # the log names every process the OOM killer took: decisive
+        mark = mark or OomMark()
+        after = -1 if mark.kernel_log_seq is None else mark.kernel_log_seq
+        kills = kernel_log_kills(self.kmsg, after)
+        if kills is not None:  # the log names every process the OOM killer took since the mark: decisive
             pid = next((p for p in sorted(pids) if p in kills), None)
             return (
                 "" if pid is None else f"killed by the kernel's OOM killer: out of memory (kernel log: {kills[pid]!r})"
             )
-        now = self.counter()
-        if counter_before is not None and now is not None and now > counter_before:
+        now, before = self.counter(), mark.counter
+        if before is not None and now is not None and now > before:
             return (
                 f"likely out of memory: the kernel's OOM killer fired while it ran "
-                f"({self.source[0]} oom_kill {counter_before} -> {now})"
+                f"({self.source[0]} oom_kill {before} -> {now})"
             )
         return ""

@@ -29,7 +29,7 @@ from streamrl.launch.env_watch import EnvWatch, NoEnvWatch
 from streamrl.launch.failures import DeadLetterWatch
 from streamrl.launch.leftovers import ProcessTree, describe_removed
 from streamrl.launch.log_noise import strip_leak_report
-from streamrl.launch.oom import OomWatch
+from streamrl.launch.oom import OomMark, OomWatch
 from streamrl.launch.progress import Progress
 from streamrl.launch.recovery import BrokerWatch, RestartPolicy, describe_exit
 from streamrl.train.metrics import read_metrics
@@ -52,8 +52,8 @@ class Child:
     """Set while the child waits out its restart back-off."""
     tree: ProcessTree = field(default_factory=ProcessTree)
     """Its processes and shared-memory segments, recorded while it runs (cleaned up after it dies)."""
-    oom_mark: int | None = None
-    """The OOM-kill counter when it started (streamrl.launch.oom)."""
+    oom_mark: OomMark | None = None
+    """Where the OOM evidence stood when it started (streamrl.launch.oom)."""
 
 
 def tail(path: Path, lines: int = 15) -> str:
@@ -147,7 +147,7 @@ class Supervisor:
         wid = f"{role}-{index}"
         log_path = self.run_dir / "logs" / f"{wid}.out"
         log_path.parent.mkdir(parents=True, exist_ok=True)
-        child = Child(role, wid, self._popen(role, wid, log_path), log_path, oom_mark=self.oom.counter())
+        child = Child(role, wid, self._popen(role, wid, log_path), log_path, oom_mark=self.oom.mark())
         self.children.append(child)
         return child
 
@@ -204,7 +204,7 @@ class Supervisor:
     def _respawn(self, c: Child) -> None:
         c.restarts += 1
         c.restart_at = None
-        c.tree, c.oom_mark = ProcessTree(), self.oom.counter()
+        c.tree, c.oom_mark = ProcessTree(), self.oom.mark()
         c.proc = self._popen(c.role, c.worker_id, c.log_path)
 
     def _how(self, c: Child) -> str:

@@ -45,7 +45,7 @@ def start_tree(tmp_path: Path, *args: str, preexec_fn=None) -> tuple[subprocess.
 def supervise(tmp_path: Path, proc: subprocess.Popen) -> tuple[Supervisor, Child, list[str]]:
     said: list[str] = []
     sup = Supervisor(Config(), tmp_path, "redis://unused", say=said.append)
-    child = Child("generator", "generator-0", proc, tmp_path / "generator-0.out", oom_mark=sup.oom.counter())
+    child = Child("generator", "generator-0", proc, tmp_path / "generator-0.out", oom_mark=sup.oom.mark())
     sup.children.append(child)
     return sup, child, said
 
@@ -116,7 +116,7 @@ def test_out_of_memory_is_said_only_for_a_real_oom_kill(tmp_path):
     try:
         join = lambda: (group / "cgroup.procs").write_text(str(os.getpid()))  # noqa: E731 - runs in the child
         counter_only = OomWatch(kmsg="/nonexistent", proc_cgroup="/nonexistent")  # where the kernel log is hidden
-        mark = counter_only.counter()
+        mark = counter_only.mark()
         proc, segment = start_tree(tmp_path, "512", preexec_fn=join)
         sup, child, said = supervise(tmp_path, proc)
         sup._record_trees()
@@ -129,7 +129,11 @@ def test_out_of_memory_is_said_only_for_a_real_oom_kill(tmp_path):
         assert "likely out of memory: the kernel's OOM killer fired while it ran" in counter_only.evidence(
             {proc.pid}, mark
         )
-        assert counter_only.evidence({proc.pid}, counter_only.counter()) == ""
+        assert counter_only.evidence({proc.pid}, counter_only.mark()) == ""
+        # The kernel log keeps this kill; a later child handed the same pid and then `kill -9`ed must
+        # not read as out of memory: only what was logged after its start counts.
+        assert "OOM killer" in sup.oom.evidence({proc.pid}, child.oom_mark)
+        assert sup.oom.evidence({proc.pid}, sup.oom.mark()) == ""
     finally:
         for _ in range(50):
             try:
