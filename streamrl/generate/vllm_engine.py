@@ -25,6 +25,7 @@ import structlog
 
 from streamrl.config.schema import GeneratorConfig
 from streamrl.core.errors import FatalError
+from streamrl.generate.eager_ranks import use_eager_token_ranks
 
 log = structlog.get_logger("streamrl").bind(component="vllm_engine")
 
@@ -104,6 +105,8 @@ class VLLMEngine:
             # vLLM's CPU build otherwise starts the model worker as a process of its own, after the
             # EngineCore's: a second Python interpreter importing torch + vLLM on every (re)start.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+        if current_platform.is_cpu() and self.gen.cpu_eager_token_ranks:
+            use_eager_token_ranks()  # no compile at the first request (streamrl/generate/eager_ranks.py)
         from vllm.engine.arg_utils import AsyncEngineArgs
         from vllm.v1.engine.async_llm import AsyncLLM
 
