@@ -50,6 +50,8 @@ def run_job(args, mode: str, run_dir: Path) -> dict:
         f"trainer.steps={args.steps}",
         "--set",
         f"run.name=e2e-{mode}",
+        "--set",
+        "run.export=false",  # a benchmark needs no Hugging Face copy of the model
     ]
     if args.config:
         cmd += ["--config", args.config]

@@ -64,6 +64,8 @@ def run_one(name: str, args, base: Path) -> dict:
         f"trainer.steps={args.steps}",
         "--set",
         f"run.name=obj-{name}",
+        "--set",
+        "run.export=false",  # a benchmark needs no Hugging Face copy of the model
     ]
     for o in args.overrides:
         cmd += ["--set", o]

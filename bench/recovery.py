@@ -78,6 +78,8 @@ def main(argv: list[str] | None = None) -> int:
         "--set",
         f"run.name={RUN}",
         "--set",
+        "run.export=false",  # a benchmark needs no Hugging Face copy of the model
+        "--set",
         f"trainer.steps={args.steps}",
     ] + [x for s in args.overrides for x in ("--set", s)]
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -61,7 +61,7 @@ def run(args) -> int:
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
     embedded = sup = None
     url, code = cfg.broker.url, 1
-    export = Export(run_dir)
+    export = Export(run_dir, enabled=cfg.run.export)
     try:
         if url == "embedded":
             from brokers.embedded import EmbeddedRedis
@@ -167,9 +167,11 @@ class Export:
     job succeeds, so a job that fails its accounting leaves no export behind, as before. A failure
     is reported; the finished run stays a success."""
 
-    def __init__(self, run_dir: Path):
+    def __init__(self, run_dir: Path, enabled: bool = True):
         self.out, self.staging = run_dir / "hf", run_dir / ".hf-export"
         self.run_dir = run_dir
+        self.enabled = enabled
+        """run.export: false makes every method below a no-op but finish's line."""
         self._thread: threading.Thread | None = None
         self._trained = threading.Event()
         self._cancelled = False
@@ -178,13 +180,15 @@ class Export:
     def warm(self) -> None:
         """Import what the export needs (transformers, safetensors: seconds) while the job trains,
         in the background, so the export at the end costs only its writes."""
+        if not self.enabled:
+            return
         self._thread = threading.Thread(target=self._write, name="export", daemon=True)
         self._thread.start()
 
     def start(self) -> None:
         """Export the final checkpoint (the trainer has exited after its last step)."""
         self._trained.set()
-        if self._thread is None:
+        if self._thread is None and self.enabled:
             self.warm()
 
     def _write(self) -> None:
@@ -201,6 +205,10 @@ class Export:
 
     def finish(self) -> str:
         """Wait for the export (started now if on_trained was never called); the line to print."""
+        if not self.enabled:
+            return (
+                f"model: not exported (run.export=false); `streamrl export {self.run_dir} --out {self.out}` writes it"
+            )
         self.start()
         self._thread.join()
         if self._error is None:

@@ -27,6 +27,7 @@ def test_partitioned_job_on_a_cluster_trains_with_exact_accounting(tmp_path, red
         "run.name=clustered",
         "trainer.steps=6",
         "rollout.max_staleness=2",
+        "run.export=false",
     )
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert [r["step"] for r in metrics(run_dir)] == list(range(1, 7))

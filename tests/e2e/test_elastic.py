@@ -27,7 +27,7 @@ ELASTIC_STEPS = 16
 SCALE_STEPS = 40
 """Long enough that workers started after `up` have joined before the run ends (seen at 24: the job's
 last step 25 s after the generators' engines were up, before a 5 s heartbeat said so and status ran)."""
-BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000"]
+BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000", "run.export=false"]
 
 pytestmark = pytest.mark.slow
 

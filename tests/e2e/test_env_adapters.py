@@ -43,6 +43,8 @@ def up(tmp_path, config: str, run_dir: Path, pythonpath: str | None = None) -> s
         str(run_dir),
         "--set",
         "trainer.steps=2",
+        "--set",
+        "run.export=false",
     ]
     env = dict(os.environ)
     if pythonpath:

@@ -42,6 +42,7 @@ def test_eval_rises_and_an_external_loss_trains(tmp_path):
     sets = [
         "trainer.steps=30",
         "trainer.lr=0.005",
+        "run.export=false",
         "loss.kl_beta=0",
         "loss.name=ext_losses.pg:clipped_pg",
         "eval.every_steps=10",

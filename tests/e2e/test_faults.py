@@ -30,6 +30,7 @@ SMALL = [
     "supervisor.grace_s=30",
     "trainer.trim_every_s=2",
     "rollout.max_staleness=1",
+    "run.export=false",  # no RUN_DIR/hf: what these tests check is elsewhere (test_up checks the export)
 ]
 
 

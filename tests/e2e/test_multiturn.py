@@ -26,6 +26,10 @@ pytestmark = pytest.mark.slow
 
 def start(run_dir: Path, *sets: str) -> tuple[subprocess.Popen, Path]:
     cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(CONFIG), "--run-dir", str(run_dir)]
+    cmd += [
+        "--set",
+        "run.export=false",
+    ]  # no RUN_DIR/hf: what these tests check is elsewhere (test_up checks the export)
     for s in sets:
         cmd += ["--set", s]
     out = run_dir.parent / f"{run_dir.name}.out"

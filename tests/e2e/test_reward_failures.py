@@ -32,6 +32,8 @@ def up(run_dir: Path, *sets: str, timeout: int = 300) -> tuple[subprocess.Comple
         "loss.kl_beta=0",
         "--set",
         "rollout.groups_per_step=4",
+        "--set",
+        "run.export=false",
     ]
     for s in sets:
         cmd += ["--set", s]

@@ -33,6 +33,8 @@ def test_tiny_tools_job_executes_tool_calls(tmp_path):
             str(run_dir),
             "--set",
             "trainer.steps=2",
+            "--set",
+            "run.export=false",
         ],
         cwd=ROOT,
         capture_output=True,

@@ -8,6 +8,7 @@ RUN_DIR/hf only when the job succeeds.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -86,8 +87,6 @@ def test_the_export_is_written_in_the_background_and_loads(run_dir):
 
 @pytest.mark.parametrize("trained", [True, False])
 def test_a_job_that_does_not_succeed_leaves_no_export(run_dir, tmp_path, trained):
-    import shutil
-
     copy = tmp_path / "run"
     shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("hf"))
     export = Export(copy)
@@ -104,3 +103,15 @@ def test_a_failed_export_names_the_command_that_redoes_it(tmp_path):
     assert line.startswith("export failed (ConfigError") and "no complete checkpoint" in line
     assert f"retry with `streamrl export {tmp_path} --out {tmp_path / 'hf'}`" in line
     assert not (tmp_path / "hf").exists()
+
+
+def test_run_export_false_writes_nothing_and_says_how_to_export(run_dir, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(run_dir, copy, ignore=shutil.ignore_patterns("hf", ".hf-export"))
+    export = Export(copy, enabled=False)
+    export.warm()  # what up calls at the first step and when the trainer exits: nothing starts
+    export.start()
+    assert export._thread is None
+    line = export.finish()
+    assert line == f"model: not exported (run.export=false); `streamrl export {copy} --out {copy / 'hf'}` writes it"
+    assert not (copy / "hf").exists() and not export.staging.exists()
