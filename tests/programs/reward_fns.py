@@ -21,6 +21,15 @@ def always_nan(prompt: str, completion: str, meta: dict) -> float:
     return float("nan")
 
 
+def raise_or_nan(prompt: str, completion: str, meta: dict) -> float:
+    """Fails on every completion, two ways (by a hash of the text): always_raise's error or always_nan's NaN."""
+    import zlib
+
+    if zlib.crc32(completion.encode()) % 2 == 0:
+        raise ValueError("grader unavailable")
+    return float("nan")
+
+
 def fail_one_in_five(prompt: str, completion: str, meta: dict) -> float:
     """Raises on ~20% of completions (deterministically, by a hash of the text), else charclass."""
     import zlib
