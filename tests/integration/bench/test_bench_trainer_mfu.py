@@ -58,19 +58,13 @@ def _bench(cwd: Path, model: Path, *extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=280)
 
 
-def test_out_dir_is_created_and_the_cwd_stays_clean(tmp_path):
+def test_without_out_the_cwd_stays_clean(tmp_path):
+    """No --out: the per-variant files are scratch (--out is created up front: the smoke test below)."""
     cwd = tmp_path / "cwd"
     cwd.mkdir()
-    out = tmp_path / "not" / "there"
-    proc = _bench(cwd, tmp_path / "model", "--out", str(out))
+    proc = _bench(cwd, tmp_path / "model")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads((out / "result.json").read_text())
-    assert result["results"]["hf"]["tokens_per_s"] > 0
-    assert (out / "trainer_mfu_hf.json").exists()
-    assert list(cwd.iterdir()) == []
-
-    proc = _bench(cwd, tmp_path / "model")  # no --out: the per-variant files are scratch
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "hf: step " in proc.stdout and " tok/s " in proc.stdout, proc.stdout[-2000:]
     assert list(cwd.iterdir()) == []
 
 
@@ -87,7 +81,10 @@ def test_unwritable_out_fails_before_the_run(tmp_path):
 
 
 def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
+    """Also: --out (two folders deep, not there yet) is created, and nothing is written into the cwd."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    cwd, out = tmp_path / "cwd", tmp_path / "not" / "there"
+    cwd.mkdir()
     cmd = [
         sys.executable,
         "-m",
@@ -95,7 +92,7 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
         "bench",
         "trainer_mfu",
         "--out",
-        str(tmp_path / "out"),
+        str(out),
         "--config",
         str(ROOT / "configs" / "qwen3-1.7b-train.yaml"),
         "--shape",
@@ -122,10 +119,13 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
         "--variants",
         "hf,hf+nochunk+mbt=64",
     ]
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+    assert list(cwd.iterdir()) == []
+    assert (out / "trainer_mfu_hf.json").exists() and (out / "trainer_mfu_hf_nochunk_mbt64.json").exists()
     assert "checkpoint: blocking save" in proc.stdout and "publish (pack on the device)" in proc.stdout
-    r = json.loads((tmp_path / "out" / "result.json").read_text())
+    r = json.loads((out / "result.json").read_text())
+    assert r["results"]["hf"]["tokens_per_s"] > 0
     chunked, full = r["results"]["hf"], r["results"]["hf+nochunk+mbt=64"]
     # Same batch, same weights: chunking and packing change the memory and padding, not the step.
     assert chunked["grad_norm"] == pytest.approx(full["grad_norm"], rel=1e-4)
