@@ -1,10 +1,11 @@
 """vLLM ranks every sampled token (its place among the vocabulary's log-probs) through a
 torch.compile'd function, `batched_count_greater_than`. On the CPU build the first request of every
 engine process pays for that compile: dynamo tracing, four `python -c` probes of the CPU's vector
-ISA and an inductor C++ build, about 5 s with warm caches and 15 s cold on 2 cores, on the path to a
+ISA and an inductor C++ build, about 3 s with warm caches and 15 s cold on 2 cores, on the path to a
 job's first step (and every generator restart's). streamrl never reads the ranks (a rollout keeps the
-sampled token's log-prob), so on the CPU build the generator ranks eagerly: the same count, one
-transient bool tensor of the logits' shape, no compile.
+sampled token's log-prob), so with generator.cpu_eager_token_ranks (off by default: see its doc in
+streamrl/config/rollout.py) the CPU generator ranks eagerly: the same count, one transient bool
+tensor of the logits' shape, no compile.
 
 The swap is made in the generator's process before the engine starts; the EngineCore (forked, or
 in-process) inherits it. A spawned EngineCore, or a vLLM without the function, keeps vLLM's own.

@@ -75,8 +75,8 @@ def _trained_after(clock: StepClock, t: float, up: Up, timeout: float = 120) -> 
 
 def _trainer_pid(run_dir: Path) -> int:
     """The trainer's pid from its `started` line (the broker is a cluster: no plain client for its heartbeat)."""
-    lines = (run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
-    return next(json.loads(ln)["pid"] for ln in reversed(lines) if '"event": "started"' in ln)
+    rows = [json.loads(ln) for ln in (run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines() if ln.strip()]
+    return next(r["pid"] for r in reversed(rows) if r.get("event") == "started")
 
 
 @pytest.mark.timeout(900)
