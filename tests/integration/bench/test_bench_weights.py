@@ -28,6 +28,9 @@ def test_random_qwen3_shape_builds_and_every_id_decodes(tmp_path: Path):
     tok = padded_tokenizer(512)
     assert len(tok) == 512 and tok.decode([7, 12, 511]) == "di<|t511|>"
     assert qwen3_config("qwen3-1.7b", "bfloat16").num_hidden_layers == 28
+    chars = qwen3_config("qwen3-0.6b-chars", "bfloat16")  # the learn config's shape: characters only
+    assert chars.vocab_size == 128 and chars.hidden_size == qwen3_config("qwen3-0.6b", "bfloat16").hidden_size
+    assert padded_tokenizer(128).decode([7, 12, 127]) == "di<|t127|>"
 
 
 def test_bench_weights_cpu(tmp_path: Path):
