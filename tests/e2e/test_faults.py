@@ -1,7 +1,8 @@
 """Fault injection on the whole job: `streamrl up` subprocesses on the tiny config, real processes,
 a real redis-server. Each role is SIGKILLed mid-run, the broker is killed and restarted, and the
-trainer is killed and resumed with `streamrl up --resume`; every run must end with the accounting
-invariant exact (RUN_DIR/summary.json), zero lost groups and zero double-trained rollouts.
+trainer is killed, resumed with `streamrl up --resume` and stopped with SIGINT; every run must end
+with the accounting invariant exact (RUN_DIR/summary.json), zero lost groups and zero double-trained
+rollouts.
 
     pytest tests/e2e/test_faults.py
 """
@@ -143,14 +144,18 @@ def resume_to_the_end(run_dir: Path, steps: int, *sets: str) -> None:
 
 
 @pytest.mark.timeout(1500)
-def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resumed(tmp_path):
+def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resumed_and_stopped(tmp_path):
     """generator, reward, reference and feeder each SIGKILLed, then redis-server, under a trainer of
     FSDP2 over two gloo ranks; then the trainer itself: the sharded checkpoint (DCP) is written by both
-    ranks and read back by both; the resumed run replays from it and finishes exactly, nothing lost.
-    (One job, not two: each `up` costs its start-up, about a third of such a test on 2 cores.)"""
-    # 16 steps: once the broker is back a step takes well under a second here, and the trainer must still
-    # be training when it is killed after checkpoint 6 is marked (at 10 CI saw the job end first).
-    run, steps = "faults-a", 16
+    ranks and read back by both. `up --resume` replays the logged steps above the checkpoint; a SIGINT
+    then stops it gracefully (both ranks checkpoint, exit 130); a second resume finishes exactly. No
+    group is trained twice or skipped, staleness stays bounded. (One job, not two: each `up` costs its
+    start-up, about a third of such a test on 2 cores. The single-rank trainer's death message is
+    tests/integration/worker/test_child_leftovers.py's; its graceful stop is test_ctrl_c's.)"""
+    # 20 steps: once the broker is back a step takes well under a second here, and the trainer must still
+    # be training when it is killed after checkpoint 6 is marked (at 10 CI saw the job end first), and
+    # the resumed run when it gets its SIGINT two steps past what the killed run logged.
+    run, steps = "faults-a", 20
     up = Up(
         tmp_path / "a",
         f"run.name={run}",
@@ -178,58 +183,31 @@ def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resu
     assert "broker (redis-server) killed by SIGKILL" in out and "broker back after" in out
     # The heartbeat's pid is rank 0's: the trainer process names the rank and exits, the run ends.
     assert up.proc.returncode == 1 and "trainer rank 0 failed: killed by SIGKILL" in out, out[-4000:]
+    s = up.summary()
+    assert_exact(s)
     # The trainer ran on while checkpoint 6 was written: a later one may be the last complete.
-    version, logged = up.summary()["checkpointed_version"], up.steps()
+    version, logged = s["checkpointed_version"], up.steps()
     assert version >= 6 and version % 3 == 0 and logged[-1] < steps, (version, logged)
+    assert s["in_flight"] > 0  # the steps above the checkpoint wait for their replay
 
     # A trim pass every 0.2 s: the resumed run's last steps can take about a second in all here, less
     # than SMALL's 2 s between passes, and the assertion below is about the resumed trainer's trimming.
-    resume_to_the_end(up.run_dir, steps, "trainer.trim_every_s=0.2")
-    log = [json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()]
-    resumed = [r for r in log if r["event"] == "resumed"]
-    assert resumed and resumed[0]["policy_version"] == version, resumed
-    assert_replays_from(resumed[0]["replay_steps"], version, logged)
-    assert [r["world_size"] for r in log if r["event"] == "trainer_ready"] == [2, 2]
-    trimmed = [r.get("trimmed", 0) for r in log if r["event"] == "stopped"]
-    assert trimmed and trimmed[-1] > 0, "the trainer trims consumed stream entries"
-
-
-@pytest.mark.timeout(1500)
-def test_trainer_sigkilled_then_resumed_and_gracefully_stopped(tmp_path):
-    """SIGKILL the trainer between checkpoints (the run fails, naming it); `up --resume` replays the
-    logged steps above the checkpoint; a SIGINT then stops gracefully (checkpoint, exit 130); a
-    second resume finishes. No group is trained twice or skipped, staleness stays bounded."""
-    # 14 steps: a step takes well under a second here, so the first run must still be training when its
-    # trainer is killed, and the resumed one when it gets its SIGINT (at 8 either could end first).
-    run, steps = "faults-b", 14
-    up = Up(tmp_path / "b", f"run.name={run}", f"trainer.steps={steps}", "trainer.checkpoint_every=3", *SMALL)
-    up.wait_step(4)
-    up.wait_checkpointed(run, 3)  # the step-3 checkpoint is written in the background
-    up.kill_role(run, "trainer")
-    code = up.wait()
-    out = up.output()
-    assert code == 1, out[-4000:]
-    assert "trainer-0 (trainer) killed by SIGKILL;" in out
-    assert "supervisor.restart_trainer=true" in out
-    s = up.summary()
-    assert_exact(s)
-    # The trainer ran on while checkpoint 3 was written: a later one may be the last complete.
-    version, logged = s["checkpointed_version"], up.steps()
-    assert version >= 3 and version % 3 == 0 and logged[-1] < steps, (version, logged)
-    assert s["in_flight"] > 0  # the steps above the checkpoint wait for their replay
-
-    up2 = Up(up.run_dir, resume=True)
+    trim = "trainer.trim_every_s=0.2"
+    up2 = Up(up.run_dir, trim, resume=True)
     up2.wait_step(logged[-1] + 2)  # past what the killed run logged: steps of the resumed run
-    up2.proc.send_signal(signal.SIGINT)  # graceful: the trainer checkpoints what it trained
+    up2.proc.send_signal(signal.SIGINT)  # graceful: both ranks checkpoint what they trained
     assert up2.wait() == 130, up2.output()[-4000:]
     s = up2.summary()
     assert_exact(s)
     stopped_at = up2.steps()[-1]
-    assert s["checkpointed_version"] == stopped_at
-    resumed = [
-        json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines() if '"resumed"' in ln
-    ]
-    assert resumed and resumed[0]["policy_version"] == version
-    assert_replays_from(resumed[0]["replay_steps"], version, logged)
+    assert stopped_at < steps and s["checkpointed_version"] == stopped_at, (s, stopped_at)
 
-    resume_to_the_end(up.run_dir, steps)
+    resume_to_the_end(up.run_dir, steps, trim)
+    log = [json.loads(ln) for ln in (up.run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()]
+    resumed = [r for r in log if r["event"] == "resumed"]
+    assert len(resumed) == 2 and resumed[0]["policy_version"] == version, resumed
+    assert_replays_from(resumed[0]["replay_steps"], version, logged)
+    assert resumed[1]["policy_version"] == stopped_at, resumed
+    assert [r["world_size"] for r in log if r["event"] == "trainer_ready"] == [2, 2, 2]
+    trimmed = [r.get("trimmed", 0) for r in log if r["event"] == "stopped"]
+    assert trimmed and trimmed[-1] > 0, "the trainer trims consumed stream entries"

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.config.schema import Config
+from streamrl.core.errors import WorkerDied
 from streamrl.launch.oom import OomWatch
 from streamrl.launch.supervisor import Child, Supervisor
 
@@ -42,10 +43,10 @@ def start_tree(tmp_path: Path, *args: str, preexec_fn=None) -> tuple[subprocess.
     return proc, Path("/dev/shm") / name_file.read_text()
 
 
-def supervise(tmp_path: Path, proc: subprocess.Popen) -> tuple[Supervisor, Child, list[str]]:
+def supervise(tmp_path: Path, proc: subprocess.Popen, role: str = "generator") -> tuple[Supervisor, Child, list[str]]:
     said: list[str] = []
     sup = Supervisor(Config(), tmp_path, "redis://unused", say=said.append)
-    child = Child("generator", "generator-0", proc, tmp_path / "generator-0.out", oom_mark=sup.oom.mark())
+    child = Child(role, f"{role}-0", proc, tmp_path / f"{role}-0.out", oom_mark=sup.oom.mark())
     sup.children.append(child)
     return sup, child, said
 
@@ -70,6 +71,25 @@ def test_a_killed_trees_segments_are_removed_and_no_others(tmp_path):
         os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
         other_job.close()
         other_job.unlink()
+
+
+def test_a_killed_trainer_ends_the_run_naming_the_setting_that_resumes_it(tmp_path):
+    """The trainer is not restarted by default (its restart is a resume from its checkpoint): its death
+    ends the run with how it died and the setting to change, and still cleans up after its tree."""
+    proc, segment = start_tree(tmp_path)
+    try:
+        sup, child, said = supervise(tmp_path, proc, role="trainer")
+        sup._record_trees()
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        with pytest.raises(WorkerDied) as died:
+            sup._on_death(child, proc.returncode)
+        message = str(died.value)
+        assert message.startswith("trainer-0 (trainer) killed by SIGKILL;"), message
+        assert "supervisor.restart_trainer=true" in message and "out of memory" not in message, message
+        assert not segment.exists() and not any("restarting in" in s for s in said), said
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL) if proc.poll() is None else None
 
 
 def test_a_segment_still_used_by_a_live_process_is_kept(tmp_path):
