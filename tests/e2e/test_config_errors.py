@@ -132,7 +132,14 @@ def test_up_fails_fast_on_config_errors(tmp_path, group):
 def test_config_can_skip_the_checks(tmp_path):
     """--no-preflight prints the resolved config even where the checks would fail (the test above
     shows `config` listing every problem)."""
-    sets = ["--set", "model.path=/nonexistent/model", "--set", "task.name=gsm8k", "--set", "task.path=/nonexistent.jsonl"]
+    sets = [
+        "--set",
+        "model.path=/nonexistent/model",
+        "--set",
+        "task.name=gsm8k",
+        "--set",
+        "task.path=/nonexistent.jsonl",
+    ]
     res, _ = cli("config", "--no-preflight", *sets, cache=tmp_path / "cache")
     assert res.returncode == 0 and "/nonexistent/model" in res.stdout, res.stderr
 

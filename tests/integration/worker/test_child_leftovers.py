@@ -1,6 +1,6 @@
 """What a killed role leaves on the host, through the supervisor's death path with real processes:
-its shared-memory segments are removed (not other processes'), and "out of memory" is said only
-when the kernel's OOM killer did it.
+its shared-memory segments are removed (not other processes'), "out of memory" is said only
+when the kernel's OOM killer did it, and a killed trainer ends the run naming the setting to change.
 
     pytest tests/integration/worker/test_child_leftovers.py
 """
