@@ -42,19 +42,6 @@ SHAPES: dict[str, dict] = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
-    # The 0.6B body with only the character vocabulary (100 characters + filler to 128): a random policy
-    # then samples task characters often enough for the charclass reward to give a learning signal
-    # (with 151,936 ids it almost never does: configs/qwen3-0.6b-learn-gpu.yaml stayed flat).
-    "qwen3-0.6b-chars": dict(
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=128,
-        tie_word_embeddings=True,
-    ),
     # CPU smoke shape (vLLM CPU attention needs head dim >= 32): the bench's CI run.
     "qwen3-tiny": dict(
         hidden_size=128,
@@ -68,6 +55,10 @@ SHAPES: dict[str, dict] = {
     ),
 }
 """shape name -> Qwen3Config fields."""
+# The 0.6B body with only the character vocabulary (100 characters + filler to 128): a random policy
+# then samples task characters often enough for the charclass reward to give a learning signal
+# (with 151,936 ids it almost never does: configs/qwen3-0.6b-learn-gpu.yaml stayed flat).
+SHAPES["qwen3-0.6b-chars"] = {**SHAPES["qwen3-0.6b"], "vocab_size": 128}
 MARKER = "streamrl_shape.json"
 INIT_STD = 0.02
 
