@@ -97,30 +97,11 @@ class ReplicaWait:
     async def write(self, client: Any, key: str, queue: Callable[[Any], Awaitable[Any] | Any]) -> list:
         """Run the command(s) `queue(pipe)` puts in a pipeline on `client` (all on `key`'s node) and return
         their replies, once `replicas` replicas have them (or none is online)."""
-        for attempt in range(RETRIES + 1):
-            try:
-                return await self._write(client, key, queue)
-            except (
-                RedisConnectionError,
-                RedisTimeoutError,
-                RedisClusterException,
-                ClusterDownError,
-                RuntimeError,
-                ResponseError,
-                StaleTopology,
-            ) as exc:
-                if not transient(exc):
-                    raise
-                if demoted(exc):
-                    await _refresh_slots(client)
-                # A failover under way (the client's own retries are spent, or a cluster pipeline lost the
-                # WAIT's target on its retry): write again, as redis-py's retry would; what streamrl
-                # writes tolerates a repeat (docs/fault-tolerance.md, "Failover").
-                if attempt == RETRIES:
-                    raise
-                log.warning("durable_write_retry", key=key, attempt=attempt + 1, of=RETRIES, error=str(exc)[:200])
-                await asyncio.sleep(min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
-        raise AssertionError("unreachable")
+        # A failover under way (the client's own retries are spent, or a cluster pipeline lost the WAIT's
+        # target on its retry): write again, as redis-py's retry would; what streamrl writes tolerates a
+        # repeat (docs/fault-tolerance.md, "Failover"). Once the write's replies are in, only the catch-up
+        # is retried (_write): repeating a done write would add a second copy of it.
+        return await _through_failover(client, key, "durable_write_retry", lambda: self._write(client, key, queue))
 
     async def _write(self, client: Any, key: str, queue: Callable[[Any], Awaitable[Any] | Any]) -> list:
         node = _node(client, key)
@@ -145,14 +126,16 @@ class ReplicaWait:
         # A failover during the call: the cluster client re-ran the pipeline elsewhere and the WAIT
         # may not have run where the write landed; the catch-up asks the key's node of now.
         if int(acked) < self.replicas or _moved(client, key, node):
-            await self._catch_up(client, key, int(acked))
+            self.short += 1
+            # The write is done: a stale slot map met now (a refresh answered by a node that has not seen
+            # the failover yet) is retried on the catch-up alone, never by writing again.
+            await _through_failover(client, key, "replica_wait_retry", lambda: self._catch_up(client, key))
         return replies
 
-    async def _catch_up(self, client: Any, key: str, acked: int) -> None:
+    async def _catch_up(self, client: Any, key: str) -> None:
         """After a short WAIT: write a marker after ours on the key's node and WAIT for it (WAIT counts
         a connection's own writes, and replicas apply a master's writes in order), until enough replicas
         have it or none is online."""
-        self.short += 1
         started = time.monotonic()
         cluster = _node(client, key) is not None
         marker = touch_key(key, cluster)
@@ -204,6 +187,30 @@ class ReplicaWait:
             self._alone[name] = time.monotonic() + ALONE_RECHECK_S
         self.unreplicated += 1
         return True
+
+
+async def _through_failover(client: Any, key: str, event: str, call: Callable[[], Awaitable[Any]]) -> Any:
+    """`call()`, again after a transient broker error (on a fresh slot map after a demotion), with back-off,
+    up to RETRIES times."""
+    for attempt in range(RETRIES + 1):
+        try:
+            return await call()
+        except (
+            RedisConnectionError,
+            RedisTimeoutError,
+            RedisClusterException,
+            ClusterDownError,
+            RuntimeError,
+            ResponseError,
+            StaleTopology,
+        ) as exc:
+            if not transient(exc) or attempt == RETRIES:
+                raise
+            if demoted(exc):
+                await _refresh_slots(client)
+            log.warning(event, key=key, attempt=attempt + 1, of=RETRIES, error=str(exc)[:200])
+            await asyncio.sleep(min(RETRY_CAP_S, RETRY_BASE_S * 2**attempt))
+    raise AssertionError("unreachable")
 
 
 async def _refresh_slots(client: Any) -> None:

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from brokers.connect import connect
-from brokers.replica_wait import ReplicaWait
+from brokers.replica_wait import ReplicaWait, StaleTopology
 from streamrl.core import accounting
 from streamrl.core.broker import Keys
 from tests.replica_pair import ReplicaPair
@@ -88,4 +88,32 @@ async def test_no_replica_online_the_write_returns(tmp_path) -> None:
             await broker.add("s", b"x")
         assert time.monotonic() - t0 < 0.2 * 5, "writes to a master without a replica each waited out a WAIT"
         assert (wait.short, wait.unreplicated) == (1, 6)
+        await broker.close(timeout_s=2)
+
+
+class _StaleOnce(ReplicaWait):
+    """The catch-up's first round meets a stale slot map (what a slot refresh answered by a node that has
+    not seen the failover yet gives): the path of CI's duplicated entry on 2026-12-06."""
+
+    stale = 1
+
+    async def _catch_up(self, client, key: str) -> None:
+        if self.stale:
+            self.stale -= 1
+            raise StaleTopology("node is a replica now (the slot map predates a failover)")
+        await super()._catch_up(client, key)
+
+
+async def test_a_stale_map_after_the_write_retries_the_catch_up_not_the_write(redis_server) -> None:
+    wait = _StaleOnce(replicas=1, timeout_ms=50)  # the embedded server has no replica: every WAIT is short
+    broker = await connect(redis_server.url, retries=0, durable=wait)
+    key = "streamrl:stale_once:rollouts"
+    try:
+        entry = await broker.add(key, b"once")
+        assert wait.stale == 0, "the catch-up did not run (the WAIT was not short)"
+        entries = await broker.read(key, "0", count=10)
+        assert [e.id for e in entries] == [entry], "the write was repeated after its reply came back"
+        assert wait.short == 1
+    finally:
+        await broker.client.delete(key)
         await broker.close(timeout_s=2)
