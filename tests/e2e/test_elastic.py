@@ -23,10 +23,15 @@ from tests.nodejs import start_node_producer
 
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
-ELASTIC_STEPS = 16
-SCALE_STEPS = 40
-"""Long enough that workers started after `up` have joined before the run ends (seen at 24: the job's
-last step 25 s after the generators' engines were up, before a 5 s heartbeat said so and status ran)."""
+NODE_STEPS = 6
+"""The `lost` producer is killed after step 1 with the trainer held (at most steps 2-4 admitted by then):
+steps 5 and 6 are admitted after the kill, so the last batch has only `lost`'s default."""
+ELASTIC_STEPS = 10
+SCALE_STEPS = 16
+"""Few steps suffice: the trainer is held from before the workers join until the checks are done (a step
+takes well under a second here; unheld, a 24-step job ended before status ran). While a started worker
+has no work the held trainer takes a step every 5 s (wait_held): 16 steps leave over a minute for the
+second generator's engine to come up after the first's."""
 BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000", "run.export=false"]
 
 pytestmark = pytest.mark.slow
@@ -121,17 +126,20 @@ def stop(proc: subprocess.Popen, sig=signal.SIGTERM, timeout: float = 120) -> in
         ) from None
 
 
-def end(proc: subprocess.Popen) -> None:
-    """Stop a worker whose broker is gone (the run ended): SIGTERM, then a second one forces the exit."""
-    for sig in (signal.SIGTERM, signal.SIGTERM, signal.SIGKILL):
-        if proc.poll() is not None:
-            return
-        proc.send_signal(sig)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    proc.wait(timeout=10)
+def end(procs: list[subprocess.Popen]) -> None:
+    """Stop workers whose broker is gone (the run ended): SIGTERM, then a second one forces the exit (and
+    takes vLLM's engine process with it). All at once, the second soon: a graceful stop on a missing broker
+    waits out its reconnects (9 s each, one after another, in a run on 2026-12-06), and nothing is checked
+    of it here."""
+    for sig, wait_s in ((signal.SIGTERM, 1), (signal.SIGTERM, 10), (signal.SIGKILL, 10)):
+        live = [p for p in procs if p.poll() is None]
+        for proc in live:
+            proc.send_signal(sig)
+        deadline = time.time() + wait_s
+        while time.time() < deadline and any(p.poll() is None for p in live):
+            time.sleep(0.1)
+    for proc in procs:
+        proc.wait(timeout=10)
 
 
 def assert_nothing_lost(run_dir: Path) -> None:
@@ -171,13 +179,14 @@ def attach_node_producer(up, run_dir: Path, key: str) -> subprocess.Popen:
 @pytest.mark.timeout(900)
 def test_node_producer_scores_reach_the_trainer_and_a_killed_ones_key_times_out(tmp_path):
     run_dir = tmp_path / "run"
-    up = start_up(run_dir, JUDGES)
+    up = start_up(run_dir, JUDGES, steps=NODE_STEPS)
     judge = attach_node_producer(up, run_dir, "judge")
     lost = attach_node_producer(up, run_dir, "lost")
     try:
-        wait_for("step 2", lambda: len(metrics(run_dir)) >= 2, up, run_dir)
-        assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
-        rows = finish(up, run_dir)
+        wait_for("step 1", lambda: len(metrics(run_dir)) >= 1, up, run_dir)
+        with held(worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")):
+            assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
+        rows = finish(up, run_dir, NODE_STEPS)
         code = judge.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
     finally:
         for node in (judge, lost):
@@ -261,14 +270,14 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
                 trainer,
                 steps=lambda: len(metrics(run_dir)),
                 job_alive=lambda: up.poll() is None,
+                idle_s=5,
             )
             assert len(metrics(run_dir)) < ELASTIC_STEPS
             assert stop(joined["gen-a"]) == 0  # leaves cleanly: drains its in-flight groups first
             assert not heartbeat(run_dir, "generator", "gen-a")  # and deregisters
         rows = finish(up, run_dir, ELASTIC_STEPS)
     finally:
-        for proc in joined.values():
-            end(proc)  # gen-b and rew-a lost their broker when the run ended
+        end(list(joined.values()))  # gen-b and rew-a lost their broker when the run ended
     assert all(r["failed"] == 0 for r in rows)
     stopped = next(
         json.loads(x)
@@ -299,20 +308,30 @@ def test_scale_changes_the_supervised_count(tmp_path):
     # generator.drain_timeout_s, which ends while the trainer is held below.
     up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", steps=SCALE_STEPS)
     wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
-    scale(run_dir, "generator=2", "reward=2")
-    wait_for(
-        "both generators and both reward workers working",
-        lambda: all(
-            heartbeat(run_dir, role, f"{role}-{i}").get(counter, 0) > 0
-            for role, counter in (("generator", "rollouts"), ("reward", "scored"))
-            for i in (0, 1)
-        ),
+    trainer = wait_for(
+        "the trainer's heartbeat",
+        lambda: (run_dir / "broker" / "url").exists() and heartbeat(run_dir, "trainer", "trainer-0").get("pid"),
         up,
         run_dir,
+        timeout=120,
     )
-    # The trainer held (SIGSTOP) while status and the scale-down are looked at: a step takes well under a
-    # second here, so without the hold the job could end while status is still starting.
-    with held(worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")):
+    # The trainer held (SIGSTOP) from before the workers join until status and the scale-down are looked
+    # at: a step takes well under a second here, so without the hold the job could end while status is
+    # still starting. wait_held lets it step when a worker is left without work in the admission window.
+    with held(trainer):
+        scale(run_dir, "generator=2", "reward=2")
+        wait_held(
+            "both generators and both reward workers working",
+            lambda: all(
+                heartbeat(run_dir, role, f"{role}-{i}").get(counter, 0) > 0
+                for role, counter in (("generator", "rollouts"), ("reward", "scored"))
+                for i in (0, 1)
+            ),
+            trainer,
+            steps=lambda: len(metrics(run_dir)),
+            job_alive=lambda: up.poll() is None,
+            idle_s=5,
+        )
         status = run_cli(run_dir, "status", "--run-dir", str(run_dir), "--once")
         assert status.returncode == 0, status.stderr
         for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
