@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 def test_env_bench_prints_stream_vs_sync(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "bench", "env", "--latencies", "500", "--steps", "5", "--out", str(out)],
+        [sys.executable, "-m", "streamrl.cli", "bench", "env", "--latencies", "500", "--steps", "3", "--out", str(out)],
         capture_output=True,
         text=True,
         timeout=880,

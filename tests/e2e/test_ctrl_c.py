@@ -1,6 +1,7 @@
 """Ctrl-C in a terminal: SIGINT reaches the whole foreground process group of `streamrl up`, not
 just its pid. The job must still stop cleanly (final checkpoint, accounting written) and quickly,
-with the broker stopped last and not left behind.
+with the broker stopped last and not left behind. It runs at rollout.max_staleness=0, and its steps
+are checked to be on-policy (staleness 0, nothing dropped stale).
 
     pytest tests/e2e/test_ctrl_c.py
 """
@@ -52,6 +53,10 @@ def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
         str(run_dir),
         "--set",
         "trainer.steps=60",
+        # On-policy (the batch waits for the weights it was generated with): what test_up's own 6-step
+        # job used to show, checked on this job's steps instead of a job of its own.
+        "--set",
+        "rollout.max_staleness=0",
     ]
     out_path = tmp_path / "up.out"
     with open(out_path, "wb") as out:
@@ -83,6 +88,9 @@ def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
         assert {r["step"] for r in samples} >= {1, 2} and all(r["prompt"] and r["completion"] for r in samples)
         for log in (run_dir / "logs").glob("*.out"):  # the exit noise of triton's bindings is gone
             assert "nanobind: leaked" not in log.read_text(errors="replace"), log
+        rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        assert all(r["staleness_max"] == 0 and set(r["staleness_hist"]) == {"0"} for r in rows), rows
+        assert all(r["dropped_stale"] == 0 for r in rows)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert_exact(summary)
         last = _steps(run_dir)[-1]

@@ -122,6 +122,7 @@ def test_multiturn_job_learns_and_survives_env_and_generator_sigkill(tmp_path):
     assert e["trained"] == LEARN_STEPS * 64, e
     assert e["groups_restarted"] >= 1 and e["episodes_continued"] >= 1, e
     assert "turns 2.00" in text and "episodes: admitted" in text
+    assert "model: not exported (run.export=false)" in text and not (run_dir / "hf").exists()
 
 
 @pytest.mark.timeout(600)

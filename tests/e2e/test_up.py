@@ -68,18 +68,6 @@ def test_up_learns_asynchronously(tmp_path):
     assert f"model: {run_dir / 'hf'}" in res.stdout and (run_dir / "hf" / "config.json").is_file()  # run.export
 
 
-@pytest.mark.timeout(600)
-def test_up_with_zero_staleness_is_on_policy(tmp_path):
-    run_dir = tmp_path / "sync"
-    res = up(run_dir, "trainer.steps=6", "rollout.max_staleness=0", "loss.kl_beta=0", "run.export=false")
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = metrics(run_dir)
-    assert len(rows) == 6
-    assert all(r["staleness_max"] == 0 and set(r["staleness_hist"]) == {"0"} for r in rows)
-    assert all(r["dropped_stale"] == 0 for r in rows)
-    assert "model: not exported (run.export=false)" in res.stdout and not (run_dir / "hf").exists()
-
-
 def test_bad_config_fails_before_anything_starts(tmp_path):
     run_dir = tmp_path / "bad"
     res = up(run_dir, "trainer.stepz=3", timeout=120)
