@@ -50,6 +50,12 @@ MAX_GROUP_ATTEMPTS = 3
 MAX_GROUP_SIZE = 4096
 """A prompt asking for more completions than this is malformed (it would flood the engine)."""
 CANCEL_WAIT_S = 10.0
+JOIN_FETCH_TRIES = 5
+"""Fetches of the newest weights at start-up before the error is the generator's: a version collected
+between `latest` and its fetch (a resumed trainer replays steps faster than a generator starts) is
+superseded, so the newest is read again; one that stays unreadable (e.g. `weights.backend: shm` on
+another host) ends the start with the loader's message."""
+JOIN_RETRY_WAIT_S = 1.0
 """On stop, how long cancelled groups (their vLLM aborts) may take to unwind before the engine shuts down."""
 
 
@@ -133,9 +139,7 @@ class GeneratorWorker(Worker):
         if self.episodes is not None:
             await self.episodes.start()
         # A late joiner loads the newest version before its first request.
-        newest = await self.loader.latest()
-        if newest is not None and newest.version > self.version:
-            await self._switch(newest, await self.loader.fetch(newest), joining=True)
+        await self._join_newest()
         self.stats["policy_version"] = self.version
         self._watcher = asyncio.create_task(self._watch_weights())
         self._lag_task = asyncio.create_task(self.loop_lag.run())
@@ -329,6 +333,25 @@ class GeneratorWorker(Worker):
         if self.adapters is not None:
             return self.adapters.pin()
         return contextlib.nullcontext(LivePin(lambda: self.version))
+
+    async def _join_newest(self) -> None:
+        """Load the newest published version, reading it again (after a publish or JOIN_RETRY_WAIT_S) while
+        the one read was collected before it could be fetched."""
+        for attempt in range(1, JOIN_FETCH_TRIES + 1):
+            newest = await self.loader.latest()
+            if newest is None or newest.version <= self.version:
+                return
+            try:
+                path = await self.loader.fetch(newest)
+            except WeightStoreError as exc:
+                if attempt == JOIN_FETCH_TRIES:
+                    raise
+                self.count("join_fetch_failed")
+                self.log.warning("weights_fetch_failed", error=str(exc), attempt=attempt, of=JOIN_FETCH_TRIES)
+                await self.loader.wait_for_publish(JOIN_RETRY_WAIT_S)  # a publish wakes it at once
+                continue
+            await self._switch(newest, path, joining=True)
+            return
 
     async def _watch_weights(self) -> None:
         poll = self.cfg.generator.weights_poll_s

@@ -6,7 +6,8 @@ child process, so this needs a __main__ guard, and one engine start serves every
     python tests/programs/gen_script.py spec.json out.json
 
 spec.json: redis_url, run, run_dir, model (tiny model dir), perturbed / peaked (safetensors files).
-Scenarios, in order: late join (versions 1, 2 published before the worker starts), an in-flight
+Scenarios, in order: late join (versions 1, 2 published before the worker starts; version 2's files
+gone at its first fetch, then back), an in-flight
 switch to version 3 (`peaked`), a group admitted at version 4 waiting for it, the in-flight switch
 again (version 5) with a delta per token, a prompt vLLM
 rejects, then stop with a group that can never start (admitted at 99): aborted, left un-acked.
@@ -106,10 +107,19 @@ async def main(spec: dict) -> dict:
 
     try:
         await store.publish(1, perturbed)
-        await store.publish(2, perturbed)
+        h2 = await store.publish(2, perturbed)
+        # Version 2's files gone before the worker fetches them (as a fast trainer's gc does): its join
+        # reads the newest again instead of failing the start; the files come back once it has failed.
+        held_back = Path(spec["run_dir"]) / "held-back-v2"
+        shutil.move(h2.handle, held_back)
         worker = GeneratorWorker(cfg, broker, "gen-0", run_dir)
         t0 = time.time()
         run = asyncio.create_task(worker.run())
+        while not worker.stats.get("join_fetch_failed"):
+            assert not run.done(), run.exception() if not run.cancelled() else "cancelled"
+            await asyncio.sleep(0.01)
+        shutil.move(held_back, h2.handle)
+        out["join_fetch_failed"] = worker.stats["join_fetch_failed"]
 
         # 1. late join + basic group: must be generated with version 2
         sent = await submit("late", admitted=0)

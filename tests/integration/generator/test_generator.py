@@ -99,6 +99,10 @@ def _hf_logprobs(model_dir: str, weights: Path, rollout: dict) -> torch.Tensor:
 
 
 def test_late_joiner_generates_with_newest_version(results):
+    """Also: the newest version's files were gone at the joiner's first fetch (collected, as a resumed
+    trainer's gc does); it read the newest again instead of failing its start (it failed in CI's fault
+    test, and the supervisor restarted the generator: ~20 s of engine start)."""
+    assert results["join_fetch_failed"] >= 1
     late = results["late"]
     assert [r["sample"] for r in late] == list(range(GROUP_SIZE))
     for r in late:
