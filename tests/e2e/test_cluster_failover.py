@@ -1,9 +1,10 @@
-"""Failover without loss: one 40-step tiny job on a local Redis Cluster (3 masters + 3 replicas) while a
-master is SIGKILLed 5 times; each time its replica is promoted by the cluster and the killed node is
-started again (it rejoins as the new master's replica, so the next kill has one to promote). The
-job must go on and end with the accounting exact (lost 0, double-trained 0), with
-`broker.wait_replicas=1` (docs/fault-tolerance.md, "Failover"). The trainer's stall per failover is
-printed: the step that finished after the kill, minus the one before it, minus a typical step.
+"""`streamrl up` on a local Redis Cluster (3 masters + 3 replicas) with `rollout.partitions=3`, and
+failover without loss: one 40-step tiny job while a master is SIGKILLed 5 times; each time its replica
+is promoted by the cluster and the killed node is started again (it rejoins as the new master's
+replica, so the next kill has one to promote). The job must go on and end with the accounting exact
+(lost 0, double-trained 0), with `broker.wait_replicas=1` (docs/fault-tolerance.md, "Failover"), every
+partition carrying traffic on its own master. The trainer's stall per failover is printed: the step
+that finished after the kill, minus the one before it, minus a typical step.
 
     pytest tests/e2e/test_cluster_failover.py -s
 """
@@ -19,6 +20,8 @@ from pathlib import Path
 import pytest
 
 from brokers.local_cluster import LocalCluster
+from streamrl.core.broker import Keys
+from streamrl.core.broker_url import sync_client
 from tests.e2e.hold import held
 from tests.e2e.test_faults import SMALL, Up, assert_exact
 
@@ -114,8 +117,20 @@ def test_five_master_kills_lose_nothing(tmp_path):
                 up.proc.kill()
         summary = up.summary()
         assert_exact(summary, in_flight_ok=False)
+        assert summary["trained"] == STEPS * 8 and summary["dead_lettered"] == 0, summary  # 8 groups a step
         rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), "every step exactly once"
+        keys = Keys("tiny", 3, cluster=True)
+        with sync_client(cluster.url) as r:
+            # Every partition was written and read by the trainer, each on its own master (after the kills
+            # too: a promoted replica holds its master's consumer group).
+            delivered = {
+                s: {g["name"]: g["last-delivered-id"] for g in r.xinfo_groups(s)}[b"trainer"]
+                for s in keys.rollout_streams
+            }
+            assert all(d not in (b"0-0", "0-0") for d in delivered.values()), delivered
+            owners = {r.keyslot(s): r.nodes_manager.get_node_from_slot(r.keyslot(s)).name for s in keys.rollout_streams}
+            assert len(set(owners.values())) == 3, owners
 
         steps = sorted(clock.at)
         gaps = [clock.at[b] - clock.at[a] for a, b in zip(steps, steps[1:])]

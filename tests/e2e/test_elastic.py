@@ -28,7 +28,7 @@ NODE_STEPS = 6
 steps 5 and 6 are admitted after the kill, so the last batch has only `lost`'s default."""
 ELASTIC_STEPS = 10
 SCALE_STEPS = 16
-"""Few steps suffice: the trainer is held from before the workers join until the checks are done (a step
+"""Few steps suffice: the trainer is held from its start until the checks are done (a step
 takes well under a second here; unheld, a 24-step job ended before status ran). While a started worker
 has no work the held trainer takes a step every 5 s (wait_held): 16 steps leave over a minute for the
 second generator's engine to come up after the first's."""
@@ -308,6 +308,7 @@ def test_scale_changes_the_supervised_count(tmp_path):
     # generator.drain_timeout_s, which ends while the trainer is held below.
     up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", steps=SCALE_STEPS)
     wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
+    scale(run_dir, "generator=2", "reward=2")  # while the trainer starts: both start-ups at once
     trainer = wait_for(
         "the trainer's heartbeat",
         lambda: (run_dir / "broker" / "url").exists() and heartbeat(run_dir, "trainer", "trainer-0").get("pid"),
@@ -315,11 +316,11 @@ def test_scale_changes_the_supervised_count(tmp_path):
         run_dir,
         timeout=120,
     )
-    # The trainer held (SIGSTOP) from before the workers join until status and the scale-down are looked
-    # at: a step takes well under a second here, so without the hold the job could end while status is
-    # still starting. wait_held lets it step when a worker is left without work in the admission window.
+    # The trainer held (SIGSTOP) from its start (before the generators' engines are up) until status and
+    # the scale-down are looked at: a step takes well under a second here, so without the hold the job
+    # could end while status is still starting. wait_held lets it step when a worker is left without
+    # work in the admission window.
     with held(trainer):
-        scale(run_dir, "generator=2", "reward=2")
         wait_held(
             "both generators and both reward workers working",
             lambda: all(
