@@ -50,11 +50,12 @@ MAX_GROUP_ATTEMPTS = 3
 MAX_GROUP_SIZE = 4096
 """A prompt asking for more completions than this is malformed (it would flood the engine)."""
 CANCEL_WAIT_S = 10.0
-JOIN_FETCH_TRIES = 5
-"""Fetches of the newest weights at start-up before the error is the generator's: a version collected
-between `latest` and its fetch (a resumed trainer replays steps faster than a generator starts) is
-superseded, so the newest is read again; one that stays unreadable (e.g. `weights.backend: shm` on
-another host) ends the start with the loader's message."""
+JOIN_FETCH_WAIT_S = 30.0
+"""How long a starting generator goes on reading the newest weights when the version `latest` names cannot
+be fetched: a resumed trainer republishes the versions above its checkpoint (each folder replaced) and
+collects older ones while a generator starts, so the files `latest` named may be gone for a moment. One
+that stays unreadable (e.g. `weights.backend: shm` on another host) ends the start with the loader's
+message, as before."""
 JOIN_RETRY_WAIT_S = 1.0
 """On stop, how long cancelled groups (their vLLM aborts) may take to unwind before the engine shuts down."""
 
@@ -336,18 +337,21 @@ class GeneratorWorker(Worker):
 
     async def _join_newest(self) -> None:
         """Load the newest published version, reading it again (after a publish or JOIN_RETRY_WAIT_S) while
-        the one read was collected before it could be fetched."""
-        for attempt in range(1, JOIN_FETCH_TRIES + 1):
+        the one read cannot be fetched, for up to JOIN_FETCH_WAIT_S."""
+        deadline = time.monotonic() + JOIN_FETCH_WAIT_S
+        while True:
             newest = await self.loader.latest()
             if newest is None or newest.version <= self.version:
                 return
             try:
                 path = await self.loader.fetch(newest)
             except WeightStoreError as exc:
-                if attempt == JOIN_FETCH_TRIES:
+                if time.monotonic() >= deadline:
                     raise
                 self.count("join_fetch_failed")
-                self.log.warning("weights_fetch_failed", error=str(exc), attempt=attempt, of=JOIN_FETCH_TRIES)
+                self.log.warning(
+                    "weights_fetch_failed", error=str(exc), retry_for_s=round(deadline - time.monotonic(), 1)
+                )
                 await self.loader.wait_for_publish(JOIN_RETRY_WAIT_S)  # a publish wakes it at once
                 continue
             await self._switch(newest, path, joining=True)
