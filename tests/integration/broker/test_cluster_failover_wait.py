@@ -23,7 +23,9 @@ KEY = "streamrl:cw:{p1}:rollouts"
 
 async def test_durable_writes_through_a_cluster_failover(tmp_path) -> None:
     with LocalCluster(tmp_path / "cluster") as cluster:
-        wait = ReplicaWait(replicas=1, timeout_ms=200)
+        # 2 s for a replica's ack: under the full suite's load a replica lagged 0.3-0.6 s (CI, 2026-12-06),
+        # and a short first WAIT then failed the first check below with nothing wrong.
+        wait = ReplicaWait(replicas=1, timeout_ms=2000)
         broker = await connect(cluster.url, retries=3, durable=wait)
         plain = await connect(cluster.url, retries=3)  # no WAIT: redis-py's own command path
         try:
