@@ -39,6 +39,7 @@ from streamrl.generate.adapters import (
 )
 from streamrl.generate.engine_errors import is_bad_request, is_engine_dead
 from streamrl.generate.episode_runner import EpisodeRunner
+from streamrl.generate.join_weights import fetch_newest
 from streamrl.generate.loop_lag import LoopLag
 from streamrl.generate.loop_profile import LoopProfiler
 from streamrl.generate.sample_stream import SampleStream
@@ -50,13 +51,6 @@ MAX_GROUP_ATTEMPTS = 3
 MAX_GROUP_SIZE = 4096
 """A prompt asking for more completions than this is malformed (it would flood the engine)."""
 CANCEL_WAIT_S = 10.0
-JOIN_FETCH_WAIT_S = 30.0
-"""How long a starting generator goes on reading the newest weights when the version `latest` names cannot
-be fetched: a resumed trainer republishes the versions above its checkpoint (each folder replaced) and
-collects older ones while a generator starts, so the files `latest` named may be gone for a moment. One
-that stays unreadable (e.g. `weights.backend: shm` on another host) ends the start with the loader's
-message, as before."""
-JOIN_RETRY_WAIT_S = 1.0
 """On stop, how long cancelled groups (their vLLM aborts) may take to unwind before the engine shuts down."""
 
 
@@ -140,7 +134,8 @@ class GeneratorWorker(Worker):
         if self.episodes is not None:
             await self.episodes.start()
         # A late joiner loads the newest version before its first request.
-        await self._join_newest()
+        if joined := await fetch_newest(self.loader, self.version, self.log, lambda: self.count("join_fetch_failed")):
+            await self._switch(*joined, joining=True)
         self.stats["policy_version"] = self.version
         self._watcher = asyncio.create_task(self._watch_weights())
         self._lag_task = asyncio.create_task(self.loop_lag.run())
@@ -334,28 +329,6 @@ class GeneratorWorker(Worker):
         if self.adapters is not None:
             return self.adapters.pin()
         return contextlib.nullcontext(LivePin(lambda: self.version))
-
-    async def _join_newest(self) -> None:
-        """Load the newest published version, reading it again (after a publish or JOIN_RETRY_WAIT_S) while
-        the one read cannot be fetched, for up to JOIN_FETCH_WAIT_S."""
-        deadline = time.monotonic() + JOIN_FETCH_WAIT_S
-        while True:
-            newest = await self.loader.latest()
-            if newest is None or newest.version <= self.version:
-                return
-            try:
-                path = await self.loader.fetch(newest)
-            except WeightStoreError as exc:
-                if time.monotonic() >= deadline:
-                    raise
-                self.count("join_fetch_failed")
-                self.log.warning(
-                    "weights_fetch_failed", error=str(exc), retry_for_s=round(deadline - time.monotonic(), 1)
-                )
-                await self.loader.wait_for_publish(JOIN_RETRY_WAIT_S)  # a publish wakes it at once
-                continue
-            await self._switch(newest, path, joining=True)
-            return
 
     async def _watch_weights(self) -> None:
         poll = self.cfg.generator.weights_poll_s
