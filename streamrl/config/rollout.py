@@ -40,6 +40,12 @@ class GeneratorConfig(Section):
     gpu_memory_utilization: float = Field(0.1, gt=0, le=1)
     """vLLM's memory fraction (on the CPU build: the fraction of RAM for the KV cache)."""
     enforce_eager: bool = True
+    compile: bool = True
+    """vLLM's torch.compile of the model (its default). False: vLLM's own kernels run uncompiled, with
+    full CUDA graphs still (unless enforce_eager): no compilation at start, which on a fresh machine is
+    the longest part of the engine's start (29 s of the 0.6B job's 130 s on a fresh H100; 5-7 s when
+    vLLM's compile cache holds the model). Its cost in generation speed is not measured on a GPU yet
+    (docs/configuration.md)."""
     max_model_len: int = Field(256, ge=16)
     max_num_seqs: int | None = Field(None, ge=1)
     """Sequences vLLM decodes at once (its scheduler's max_num_seqs); requests past it wait in vLLM's

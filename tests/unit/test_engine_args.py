@@ -12,7 +12,7 @@ from pydantic import ValidationError
 
 from streamrl.config.schema import GeneratorConfig
 from streamrl.core.errors import FatalError
-from streamrl.generate.vllm_engine import VLLMEngine, _sampled_logprobs, kv_cache_args, output_mode
+from streamrl.generate.vllm_engine import VLLMEngine, _sampled_logprobs, compile_args, kv_cache_args, output_mode
 
 
 def test_kv_cache_size_is_fixed_on_a_gpu_only():
@@ -22,6 +22,18 @@ def test_kv_cache_size_is_fixed_on_a_gpu_only():
     assert kv_cache_args(GeneratorConfig(), cpu=False) == {}  # None: vLLM's memory profile
     with pytest.raises(ValidationError):
         GeneratorConfig(kv_cache_memory_gb=0)
+
+
+def test_compile_off_keeps_full_cuda_graphs_unless_eager():
+    assert compile_args(GeneratorConfig()) == {}  # vLLM's own default: torch.compile + CUDA graphs
+    graphs = GeneratorConfig(compile=False, enforce_eager=False)
+    assert compile_args(graphs) == {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL"}}
+    # enforce_eager already turns both off in vLLM; no graph mode is asked for then
+    assert compile_args(GeneratorConfig(compile=False, enforce_eager=True)) == {"compilation_config": {"mode": 0}}
+    from vllm.config import CompilationConfig, CompilationMode, CUDAGraphMode
+
+    built = CompilationConfig(**compile_args(graphs)["compilation_config"])  # what vLLM makes of it
+    assert built.mode == CompilationMode.NONE and built.cudagraph_mode == CUDAGraphMode.FULL
 
 
 def test_detokenize_setting_reaches_the_request():
