@@ -32,6 +32,7 @@ from streamrl.launch.log_noise import strip_leak_report
 from streamrl.launch.oom import OomMark, OomWatch
 from streamrl.launch.progress import Progress
 from streamrl.launch.recovery import BrokerWatch, RestartPolicy, describe_exit
+from streamrl.launch.startup_watch import StartupWatch
 from streamrl.train.metrics import read_metrics
 
 SCALE_FILE = "scale.json"
@@ -127,6 +128,8 @@ class Supervisor:
         self._stop_requested = 0
         self.resumed_at = resumed_at
         self.progress = Progress(cfg.trainer.steps, say, after_step=resumed_at or 0, started_at=started_at)
+        self.startup = StartupWatch(run_dir, started_at=started_at)
+        """Until the first step: each role's readiness and who is still starting (streamrl/launch/startup_watch.py)."""
         self.failures = DeadLetterWatch(broker_url, cfg.run.name)
         """Dead-lettered entries per cause, printed while the job runs (streamrl/launch/failures.py)."""
         self.env_watch = EnvWatch(broker_url, cfg.run.name) if cfg.env.fn == EXTERNAL else NoEnvWatch()
@@ -312,6 +315,9 @@ class Supervisor:
     def _watch(self) -> int:
         trainer = next(c for c in self.children if c.role == "trainer")
         while True:
+            first = self.progress.shown > (self.resumed_at or 0)  # before _progress: ready lines come first
+            for line in self.startup.poll([c.worker_id for c in self.children], first_step_seen=first):
+                self.say(line)
             self._progress()
             if line := self.failures.poll():
                 self.say(line)

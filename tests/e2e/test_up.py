@@ -64,6 +64,13 @@ def test_up_learns_asynchronously(tmp_path):
     last = sum(r["reward_mean"] for r in rows[-10:]) / 10
     assert last - first >= 0.3, f"reward did not rise enough: first10={first:.3f} last10={last:.3f}"
     assert "step" in res.stdout and "reward" in res.stdout
+    # the start-up is not silence: each role is said ready (a generator with its engine's start time)
+    # before the first step (streamrl/launch/startup_watch.py)
+    out = res.stdout
+    first_step = out.index("step    1/")
+    assert -1 < out.find("trainer-0 ready, ") < first_step, out[:first_step]
+    assert -1 < out.find("generator-0 ready, ") < first_step, out[:first_step]
+    assert "(vLLM engine start " in out[out.find("generator-0 ready, ") : first_step]
     assert (run_dir / "logs" / "trainer-0.jsonl").exists() and (run_dir / "logs" / "generator-0.jsonl").exists()
     assert f"model: {run_dir / 'hf'}" in res.stdout and (run_dir / "hf" / "config.json").is_file()  # run.export
 
