@@ -60,6 +60,12 @@ def add_arguments(p) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.3)
     p.add_argument("--cuda-graphs", action="store_true", help="vLLM CUDA graphs (enforce_eager=False)")
     p.add_argument(
+        "--no-compile",
+        action="store_true",
+        help="generator.compile=false: vLLM uncompiled, full CUDA graphs kept with --cuda-graphs (run once "
+        "with and once without, in one call, to compare tok/s and the engine's start)",
+    )
+    p.add_argument(
         "--max-num-seqs",
         type=int,
         default=None,
@@ -108,6 +114,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
             max_inflight_groups=max(1, args.requests // 8),
             gpu_memory_utilization=args.gpu_memory_utilization,
             enforce_eager=not args.cuda_graphs,
+            compile=not args.no_compile,
             drain_timeout_s=2.0,
             **({"weights_poll_s": args.poll_s} if args.poll_s else {}),
             loop_profile_s=args.loop_profile_s,

@@ -115,3 +115,17 @@ def test_a_running_request_no_id_finds_stops_the_generator_where_tokens_are_held
         _engine_holding(0, states, external).token_counts(["a", "b"])
     # A delta per token: what "b" received is all it made (the switch drained its deltas first).
     assert _engine_holding(1, states, external).token_counts(["a", "b"]) == {"a": 5, "b": None}
+
+
+def test_bench_weights_no_compile_reaches_the_engine_args():
+    import argparse
+
+    from bench.weights import _config, add_arguments
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    for flags, compiled in ((["--cuda-graphs"], True), (["--cuda-graphs", "--no-compile"], False)):
+        cfg = _config(p.parse_args(flags), "redis://unused", "unused", "bfloat16", "cuda_ipc")
+        assert cfg.generator.compile is compiled and cfg.generator.enforce_eager is False
+        expected = {} if compiled else {"compilation_config": {"mode": 0, "cudagraph_mode": "FULL"}}
+        assert compile_args(cfg.generator) == expected
