@@ -3,8 +3,9 @@
 A GPU job's generator takes one to two minutes to start vLLM (imports, torch.compile, CUDA graphs,
 kernel warm-up: docs/benchmarks/gpu-round9_h100_2026-12-07.md). Without this watch, that time is
 silence on the console. The watch says when each role is ready, how long a generator's engine took,
-and every 30 s which roles are still starting. It reads the roles' structured logs
-(RUN_DIR/logs/<worker id>.jsonl) from where it last stopped and stops once the first step is in.
+and every 30 s which roles are still starting. It reads what the roles append to their structured
+logs (RUN_DIR/logs/<worker id>.jsonl) after it was made (a resumed run's logs hold the earlier runs'
+lines) and stops once the first step is in.
 
     watch = StartupWatch(run_dir, started_at=t0, every_s=30)
     for line in watch.poll(workers=["trainer-0", "generator-0"], first_step_seen=False):
@@ -43,7 +44,8 @@ class StartupWatch:
         """When the command started (time.time()); the lines count from it."""
         self.every_s = every_s
         self.ready: set[str] = set()
-        self._offsets: dict[Path, int] = {}
+        # A resumed run appends to the logs of the runs before it: only what this one writes is read.
+        self._offsets: dict[Path, int] = {p: p.stat().st_size for p in self.logs.glob("*.jsonl")}
         self._engine_s: dict[str, float] = {}
         self._said_at = time.monotonic()
         self.done = False

@@ -39,11 +39,27 @@ def test_each_role_is_said_ready_once_with_its_engine_time(tmp_path):
 
 def test_it_says_who_is_still_starting_and_stops_at_the_first_step(tmp_path):
     (tmp_path / "logs").mkdir()
-    _log(tmp_path / "logs" / "trainer-0.jsonl", event="started", worker_id="trainer-0")
     watch = StartupWatch(tmp_path, started_at=time.time() - 61, every_s=0)
+    _log(tmp_path / "logs" / "trainer-0.jsonl", event="started", worker_id="trainer-0")
     lines = watch.poll(["trainer-0", "generator-0"], first_step_seen=False)
     assert lines[0].startswith("trainer-0 ready")
     assert lines[1] == "still starting, 61s after the command: waiting for generator-0"
     assert watch.poll(["trainer-0", "generator-0"], first_step_seen=True) == []
     _log(tmp_path / "logs" / "generator-0.jsonl", event="started", worker_id="generator-0")
     assert watch.poll(["trainer-0", "generator-0"], first_step_seen=False) == []  # done for good
+
+
+def test_a_resumed_run_is_not_said_ready_from_the_earlier_runs_lines(tmp_path):
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    _log(logs / "trainer-0.jsonl", event="started", worker_id="trainer-0")  # the run before the resume
+    _log(logs / "generator-0.jsonl", event="engine_started", worker_id="generator-0", seconds=10.6)
+    _log(logs / "generator-0.jsonl", event="started", worker_id="generator-0")
+    watch = StartupWatch(tmp_path, started_at=time.time(), every_s=3600)
+    assert watch.poll(["trainer-0", "generator-0"], first_step_seen=False) == []
+    _log(logs / "generator-0.jsonl", event="engine_started", worker_id="generator-0", seconds=20.5)
+    _log(logs / "generator-0.jsonl", event="started", worker_id="generator-0")
+    _log(logs / "reward-0.jsonl", event="started", worker_id="reward-0")  # a log new since the resume
+    lines = watch.poll(["trainer-0", "generator-0", "reward-0"], first_step_seen=False)
+    assert [line.split(",")[0] for line in lines] == ["generator-0 ready", "reward-0 ready"]
+    assert lines[0].endswith("(vLLM engine start 20.5s)")
