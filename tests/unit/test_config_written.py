@@ -52,3 +52,9 @@ def test_the_objective_defaults_survive_the_run_directory(objective, field, valu
 def test_an_unset_horizon_still_follows_max_tokens_after_the_write(tmp_path):
     path, _ = _written(load_config(None, ["loss.name=dr_grpo", "generator.max_tokens=24"]), tmp_path)
     assert resolve_loss(load_config(path, ["generator.max_tokens=40"])).horizon == 40
+
+
+def test_generator_compile_off_survives_the_run_directory(tmp_path):
+    # every role (and a resumed run) starts its engine from the written file: compile must stay off
+    _, again = _written(load_config(CONFIGS[0].parent / "qwen3-0.6b-gpu.yaml", ["generator.compile=false"]), tmp_path)
+    assert again.generator.compile is False and again.generator.enforce_eager is False
