@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -69,6 +71,11 @@ def _init_group(rank: int, world: int, backend: str | None, init_method: str) ->
 
 
 def _run(rank: int, world: int, fn: Callable[[int, int], None], backend: str | None, init_method: str) -> None:
+    if rank > 0 and threading.current_thread() is threading.main_thread():
+        # Rank 0 orders every stop (its last orders are the stop checkpoint's collectives). A terminal's
+        # Ctrl-C reaches every rank, and torch's spawn sends SIGINT to ranks whose launcher died: a rank
+        # > 0 that left on it would leave rank 0 alone in those collectives. (SFT sets its own handler.)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
     _init_group(rank, world, backend, init_method)
     try:
         fn(rank, world)
@@ -112,7 +119,8 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
 
     Under torchrun (RANK and WORLD_SIZE set) this process is one rank: init the group and call fn.
     Otherwise world_size 1 runs in this process (still a 1-rank group, so FSDP runs the same code)
-    and world_size > 1 spawns that many local ranks on 127.0.0.1 with a free port.
+    and world_size > 1 spawns that many local ranks on 127.0.0.1 with a free port; this process then
+    passes a stop signal to rank 0, which orders every rank's stop, and stays until they have ended.
     """
     if world_size < 1:
         raise ConfigError(f"world_size={world_size}; set trainer.world_size to 1 or more")
@@ -141,11 +149,14 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
         join=False,
         start_method="spawn",
     )
+    forwarded = _forward_stops(ctx.processes[0])
     try:
         # join() returns False while ranks run; on the first failure it terminates the others.
         while not ctx.join():
             pass
     except mp.ProcessExitedException as exc:
+        if forwarded["n"] and exc.error_index == 0 and exc.signal_name == "SIGTERM":
+            return  # stopped before rank 0 handled signals (still starting): nothing trained to save
         if exc.signal_name not in (None, "SIGTERM"):
             hint = " (SIGKILL usually means out of memory)" if exc.signal_name == "SIGKILL" else ""
             raise RankFailed(exc.error_index, f"killed by {exc.signal_name}{hint}") from None
@@ -153,10 +164,46 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
     except mp.ProcessRaisedException as exc:
         raise _first_failure(report_dir) or RankFailed(exc.error_index, str(exc).strip()) from None
     finally:
+        for sig, handler in forwarded["old"].items():
+            signal.signal(sig, handler)
         shutil.rmtree(report_dir, ignore_errors=True)
         for path in ctx.error_files:  # torch.multiprocessing leaves these in /tmp
             if os.path.exists(path):
                 os.unlink(path)
+
+
+def _forward_stops(rank0: mp.Process) -> dict:
+    """While the spawned ranks run, a stop signal to this process goes to rank 0 as SIGTERM, and this
+    process stays to join them. `streamrl up` stops a role with SIGTERM to its pid; were the launcher to
+    die of it, the ranks would get torch's parent-death SIGINT and the supervisor would SIGKILL the
+    process group once the other roles had stopped: often before rank 0's stop checkpoint.
+    A SIGINT from this process's terminal is not passed on: that Ctrl-C reached every rank already."""
+    forwarded: dict = {"n": 0, "old": {}}
+
+    def forward(signum: int, _frame) -> None:
+        if signum == signal.SIGINT and _terminal_foreground():
+            return
+        forwarded["n"] += 1
+        if rank0.is_alive():
+            os.kill(rank0.pid, signal.SIGTERM)  # a second one: rank 0 exits at once (streamrl.launch.runtime)
+
+    if threading.current_thread() is threading.main_thread():
+        forwarded["old"] = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    return forwarded
+
+
+def _terminal_foreground() -> bool:
+    """Whether this process group is its terminal's foreground group (a Ctrl-C there signals all of it)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY)
+    except OSError:
+        return False  # no controlling terminal (e.g. a role `streamrl up` started): only `kill` sends it
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
 
 
 def _first_failure(report_dir: str) -> RankFailed | FatalError | None:
