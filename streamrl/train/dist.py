@@ -70,12 +70,11 @@ def _init_group(rank: int, world: int, backend: str | None, init_method: str) ->
     )
 
 
-def _run(rank: int, world: int, fn: Callable[[int, int], None], backend: str | None, init_method: str) -> None:
+def _run(
+    rank: int, world: int, fn: Callable[[int, int], None], backend: str | None, init_method: str, torchrun: bool = False
+) -> None:
     if rank > 0 and threading.current_thread() is threading.main_thread():
-        # Rank 0 orders every stop (its last orders are the stop checkpoint's collectives). A terminal's
-        # Ctrl-C reaches every rank, and torch's spawn sends SIGINT to ranks whose launcher died: a rank
-        # > 0 that left on it would leave rank 0 alone in those collectives. (SFT sets its own handler.)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _leave_stops_to_rank0(torchrun)
     _init_group(rank, world, backend, init_method)
     try:
         fn(rank, world)
@@ -86,6 +85,17 @@ def _run(rank: int, world: int, fn: Callable[[int, int], None], backend: str | N
             dist.destroy_process_group()
         raise
     dist.destroy_process_group()
+
+
+def _leave_stops_to_rank0(torchrun: bool) -> None:
+    """Ranks > 0: rank 0 orders every stop (its last orders are the stop checkpoint's collectives); a rank
+    that left on a signal of its own would leave rank 0 alone in them. A terminal's Ctrl-C reaches every
+    rank, torch's spawn sends SIGINT to ranks whose launcher died, and torchrun passes the SIGINT or
+    SIGTERM it gets to every rank (and SIGKILLs them after its shutdown timeout, 30 s). A spawned rank
+    keeps SIGTERM: launch's cleanup after a failed rank ends the others with it. (SFT sets its own.)"""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if torchrun:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def _child(
@@ -131,7 +141,7 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
                 f"torchrun started {world} ranks but trainer.world_size={world_size}; "
                 f"set trainer.world_size={world} or change torchrun's --nproc-per-node/--nnodes"
             )
-        _run(rank, world, fn, backend, "env://")
+        _run(rank, world, fn, backend, "env://", torchrun=True)
         return
     if world_size == 1:
         try:

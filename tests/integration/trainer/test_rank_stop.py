@@ -4,7 +4,8 @@ takes part in rank 0's last collectives (the stop checkpoint's), and the launchi
 `streamrl up` stops a role with SIGTERM to its pid. Before launch passed it on, the launcher died of it,
 the ranks got torch's parent-death SIGINT (rank 1 left on it) and the supervisor SIGKILLed the group:
 CI's test_faults saw a resumed 2-rank trainer stopped at step 10 with checkpoint 9. A terminal's Ctrl-C
-(a real pty here) reaches every rank at once: the launcher must not pass on a second one."""
+(a real pty here) reaches every rank at once: the launcher must not pass on a second one. torchrun passes
+the SIGTERM it gets to every rank: ranks > 0 leave the stop to rank 0 there too."""
 
 from __future__ import annotations
 
@@ -118,3 +119,21 @@ def test_ctrl_c_in_a_terminal_stops_both_ranks_after_the_last_collective(tmp_pat
             pass
         os.close(master)
     assert _result(tmp_path) == {"ranks_in_last_collective": 2, "signals": ["SIGINT"]}
+
+
+def test_sigterm_to_torchrun_stops_both_ranks_after_the_last_collective(tmp_path):
+    # As a service manager stops a multi-host trainer: SIGTERM to torchrun, which sends it to every rank.
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    proc = subprocess.Popen([*cmd, "-m", __name__, str(tmp_path)], cwd=ROOT, start_new_session=True)
+    try:
+        _wait_ready(tmp_path, lambda: proc.poll() is None)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)  # torchrun itself exits non-zero after a signal: the ranks' result is the point
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert _result(tmp_path) == {"ranks_in_last_collective": 2, "signals": ["SIGTERM"]}
+
+
+if __name__ == "__main__":  # torchrun's entry point in the test above
+    job(sys.argv[1])
