@@ -194,7 +194,9 @@ def main(cfg: Config, run_dir: Path, resume: bool = False) -> bool:
     """Train (or continue) the run; True if it reached trainer.steps, False if a signal stopped it."""
     run_dir = Path(run_dir)
     (run_dir / STOP_FILE).unlink(missing_ok=True)
-    with stop_on_signal(run_dir):  # the launching process (ranks > 1 are its children)
+    # The launching process: with one rank, and before and after spawned ranks run (while they run,
+    # streamrl/train/dist.py passes a stop signal to rank 0, whose own handler touches the stop file).
+    with stop_on_signal(run_dir):
         launch(cfg.trainer.world_size, partial(_rank_main, cfg, run_dir, resume))
     (run_dir / STOP_FILE).unlink(missing_ok=True)
     found = list_checkpoints(run_dir)  # a stop asked for during the last step still finished the run

@@ -315,8 +315,8 @@ class Supervisor:
     def _watch(self) -> int:
         trainer = next(c for c in self.children if c.role == "trainer")
         while True:
-            first = self.progress.shown > (self.resumed_at or 0)  # before _progress: ready lines come first
-            for line in self.startup.poll([c.worker_id for c in self.children], first_step_seen=first):
+            # Before _progress: a role's ready line comes before the first step's.
+            for line in self.startup.poll([c.worker_id for c in self.children], self._first_step_shown()):
                 self.say(line)
             self._progress()
             if line := self.failures.poll():
@@ -390,9 +390,13 @@ class Supervisor:
 
     def _progress(self) -> None:
         self.progress.show(read_metrics(self.run_dir))
-        if self.on_first_step is not None and self.progress.shown > (self.resumed_at or 0):
+        if self.on_first_step is not None and self._first_step_shown():
             hook, self.on_first_step = self.on_first_step, None
             hook()
+
+    def _first_step_shown(self) -> bool:
+        """Whether the console has shown a step of this run (a resumed run's first is past resumed_at)."""
+        return self.progress.shown > (self.resumed_at or 0)
 
     def stop_all(self) -> None:
         live = [c for c in self.children if c.proc.poll() is None]

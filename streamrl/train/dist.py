@@ -159,47 +159,55 @@ def launch(world_size: int, fn: Callable[[int, int], None], backend: str | None 
         join=False,
         start_method="spawn",
     )
-    forwarded = _forward_stops(ctx.processes[0])
-    try:
-        # join() returns False while ranks run; on the first failure it terminates the others.
-        while not ctx.join():
-            pass
-    except mp.ProcessExitedException as exc:
-        if forwarded["n"] and exc.error_index == 0 and exc.signal_name == "SIGTERM":
-            return  # stopped before rank 0 handled signals (still starting): nothing trained to save
-        if exc.signal_name not in (None, "SIGTERM"):
-            hint = " (SIGKILL usually means out of memory)" if exc.signal_name == "SIGKILL" else ""
-            raise RankFailed(exc.error_index, f"killed by {exc.signal_name}{hint}") from None
-        raise _first_failure(report_dir) or RankFailed(exc.error_index, f"exit code {exc.exit_code}") from None
-    except mp.ProcessRaisedException as exc:
-        raise _first_failure(report_dir) or RankFailed(exc.error_index, str(exc).strip()) from None
-    finally:
-        for sig, handler in forwarded["old"].items():
-            signal.signal(sig, handler)
-        shutil.rmtree(report_dir, ignore_errors=True)
-        for path in ctx.error_files:  # torch.multiprocessing leaves these in /tmp
-            if os.path.exists(path):
-                os.unlink(path)
+    with _StopForwarder(ctx.processes[0]) as stops:
+        try:
+            # join() returns False while ranks run; on the first failure it terminates the others.
+            while not ctx.join():
+                pass
+        except mp.ProcessExitedException as exc:
+            if stops.forwarded and exc.error_index == 0 and exc.signal_name == "SIGTERM":
+                return  # stopped before rank 0 handled signals (still starting): nothing trained to save
+            if exc.signal_name not in (None, "SIGTERM"):
+                hint = " (SIGKILL usually means out of memory)" if exc.signal_name == "SIGKILL" else ""
+                raise RankFailed(exc.error_index, f"killed by {exc.signal_name}{hint}") from None
+            raise _first_failure(report_dir) or RankFailed(exc.error_index, f"exit code {exc.exit_code}") from None
+        except mp.ProcessRaisedException as exc:
+            raise _first_failure(report_dir) or RankFailed(exc.error_index, str(exc).strip()) from None
+        finally:
+            shutil.rmtree(report_dir, ignore_errors=True)
+            for path in ctx.error_files:  # torch.multiprocessing leaves these in /tmp
+                if os.path.exists(path):
+                    os.unlink(path)
 
 
-def _forward_stops(rank0: mp.Process) -> dict:
+class _StopForwarder:
     """While the spawned ranks run, a stop signal to this process goes to rank 0 as SIGTERM, and this
     process stays to join them. `streamrl up` stops a role with SIGTERM to its pid; were the launcher to
     die of it, the ranks would get torch's parent-death SIGINT and the supervisor would SIGKILL the
     process group once the other roles had stopped: often before rank 0's stop checkpoint.
     A SIGINT from this process's terminal is not passed on: that Ctrl-C reached every rank already."""
-    forwarded: dict = {"n": 0, "old": {}}
 
-    def forward(signum: int, _frame) -> None:
+    def __init__(self, rank0: mp.Process):
+        self.rank0 = rank0
+        self.forwarded = 0
+        """Signals passed on to rank 0 (a second one makes it exit at once: streamrl.launch.runtime)."""
+        self._old: dict = {}
+
+    def __enter__(self) -> _StopForwarder:
+        if threading.current_thread() is threading.main_thread():
+            self._old = {s: signal.signal(s, self._forward) for s in (signal.SIGINT, signal.SIGTERM)}
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        for sig, handler in self._old.items():
+            signal.signal(sig, handler)
+
+    def _forward(self, signum: int, _frame) -> None:
         if signum == signal.SIGINT and _terminal_foreground():
             return
-        forwarded["n"] += 1
-        if rank0.is_alive():
-            os.kill(rank0.pid, signal.SIGTERM)  # a second one: rank 0 exits at once (streamrl.launch.runtime)
-
-    if threading.current_thread() is threading.main_thread():
-        forwarded["old"] = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    return forwarded
+        self.forwarded += 1
+        if self.rank0.is_alive():
+            os.kill(self.rank0.pid, signal.SIGTERM)
 
 
 def _terminal_foreground() -> bool:
