@@ -56,11 +56,25 @@ def _rank(out: str, rank: int, world: int) -> None:
     Path(out, "result.json").write_text(json.dumps({"ranks_in_last_collective": int(total.item()), "signals": signals}))
 
 
+def _rank_still_starting(out: str, rank: int, world: int) -> None:
+    """Rank 0 stopped before it has a handler (the trainer loading its model); rank 1 waits for orders."""
+    if rank == 0:
+        Path(out, "ready").touch()
+        time.sleep(120)
+    broadcast_object(None)
+
+
 def job(out: str) -> None:
     """The launching process (what `streamrl worker trainer` runs with trainer.world_size=2)."""
     from functools import partial
 
     launch(2, partial(_rank, out))
+
+
+def job_still_starting(out: str) -> None:
+    from functools import partial
+
+    launch(2, partial(_rank_still_starting, out))
 
 
 CMD = [sys.executable, "-c", f"import sys; from {__name__} import job; job(sys.argv[1])"]
@@ -91,6 +105,20 @@ def test_sigterm_to_the_launcher_stops_both_ranks_after_the_last_collective(tmp_
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     assert _result(tmp_path) == {"ranks_in_last_collective": 2, "signals": ["SIGTERM"]}
+
+
+def test_a_stop_while_rank_0_is_still_starting_ends_the_trainer_quietly(tmp_path):
+    # Rank 0 dies of the SIGTERM passed to it: nothing was trained, so that is no failure to report.
+    cmd = [sys.executable, "-c", f"import sys; from {__name__} import job_still_starting as j; j(sys.argv[1])"]
+    proc = subprocess.Popen([*cmd, str(tmp_path)], cwd=ROOT, start_new_session=True, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_ready(tmp_path, lambda: proc.poll() is None)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0 and "RankFailed" not in err, err[-2000:]
 
 
 def test_ctrl_c_in_a_terminal_stops_both_ranks_after_the_last_collective(tmp_path):
