@@ -61,6 +61,9 @@ redis.call('SET', KEYS[2], ARGV[1])
 return #ARGV - 1
 """
 
+# KEYS: group starts hash. ARGV: group id. Returns the group's attempts so far, this one included.
+_COUNT_START = "return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)"
+
 
 class LedgerKeys:
     def __init__(self, keys: Keys):
@@ -95,6 +98,12 @@ async def log_step(
 async def admit(broker: Broker, keys: Keys, payloads: list[bytes], new_total: int) -> None:
     """Append prompt entries and move the admitted counter to `new_total`, atomically."""
     await broker.script(_ADMIT, [keys.prompts, keys.feeder_admitted], [new_total, *payloads])
+
+
+async def count_group_start(broker: Broker, keys: Keys, group_id: str) -> int:
+    """Count one attempt at a multi-turn group in `ledger:group_starts` (more than 1: a generator died
+    and another continued it); `summarize` reports the restarts. Returns the attempts so far."""
+    return int(await broker.script(_COUNT_START, [keys.ledger_group_starts], [group_id]))
 
 
 async def logged_steps(broker: Broker, keys: Keys) -> dict[int, dict]:

@@ -36,7 +36,7 @@ import json
 import time
 import uuid
 
-from streamrl.core.accounting import close_group
+from streamrl.core.accounting import close_group, count_group_start
 from streamrl.core.broker import Entry
 from streamrl.core.errors import DecodeError
 from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode, peek_field
@@ -50,10 +50,6 @@ STEPS_MAXLEN = 100_000
 """Approximate cap of an env worker's own steps stream (the trainer trims only the shared streams)."""
 MAX_RESTARTS = 2
 """Restarts of one episode after its env lost state, before the episode fails."""
-
-
-_COUNT_START = "return redis.call('HINCRBY', KEYS[1], ARGV[1], 1)"
-"""Attempts per group: more than 1 means the group was restarted (streamrl.core.accounting reports it)."""
 
 
 class Lockstep:
@@ -205,7 +201,7 @@ class EpisodeRunner:
     # -- one group / one episode ---------------------------------------------------------------
     async def run_group(self, entry: Entry, prompt: Prompt) -> bool:
         """Run the group's episodes; publish its rollouts (True) or close it as failed (False)."""
-        await self.gen.broker.script(_COUNT_START, [self.keys.ledger_group_starts], [prompt.group_id])
+        await count_group_start(self.gen.broker, self.keys, prompt.group_id)
         saved = await self._load_states(prompt)
         tasks = [asyncio.create_task(self._episode(prompt, s, saved.get(s))) for s in range(prompt.group_size)]
         try:
