@@ -8,7 +8,7 @@ task polls the weight store; a newer version is fetched while generation continu
 engine is paused (running requests keep their KV cache), reloaded and resumed, and every token
 after the switch is recorded with the new version. With trainer.lora each version is an adapter
 loaded next to the others without a pause; a request runs on the version newest at its start to its
-end (streamrl/generate/adapters.py).
+end (streamrl/generate/lora_versions.py).
 
     streamrl worker generator --config configs/tiny-cpu.yaml    # (through the CLI)
     worker = GeneratorWorker(cfg, broker, "generator-0", run_dir); await worker.run()
@@ -29,19 +29,19 @@ from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError, FatalError
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.core.worker import Worker
-from streamrl.generate.adapters import (
-    AdapterVersions,
-    LivePin,
-    kind_mismatch,
-    lora_support_problem,
-    max_loras,
-    vllm_lora_rank,
-)
 from streamrl.generate.engine_errors import is_bad_request, is_engine_dead
 from streamrl.generate.episode_runner import EpisodeRunner
 from streamrl.generate.join_weights import fetch_newest
 from streamrl.generate.loop_lag import LoopLag
 from streamrl.generate.loop_profile import LoopProfiler
+from streamrl.generate.lora_versions import (
+    LivePin,
+    LoraVersions,
+    kind_mismatch,
+    lora_support_problem,
+    max_loras,
+    vllm_lora_rank,
+)
 from streamrl.generate.sample_stream import SampleStream
 from streamrl.generate.vllm_engine import LoraSlots, VLLMEngine, sample_seed
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightStoreError, make_loader
@@ -71,7 +71,7 @@ class GeneratorWorker(Worker):
         self.loader = loader or make_loader(cfg, broker, self.run_dir)
         """The weight store's generator side: newest version, fetch, vLLM's reload call."""
         lora = cfg.trainer.lora
-        self.adapters = AdapterVersions(max_loras(cfg)) if lora.enabled else None
+        self.adapters = LoraVersions(max_loras(cfg)) if lora.enabled else None
         """trainer.lora: the adapter versions in the engine and the requests pinned to each; None: full weights."""
         slots = LoraSlots(vllm_lora_rank(lora.rank), max_loras(cfg)) if lora.enabled else None
         if slots is not None:  # vLLM re-reads an adapter's folder when it evicts and needs it again

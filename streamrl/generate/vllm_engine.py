@@ -50,7 +50,7 @@ class Delta:
 
 @dataclass(frozen=True)
 class LoraSlots:
-    """What vLLM reserves for LoRA adapters (trainer.lora; streamrl/generate/adapters.py)."""
+    """What vLLM reserves for LoRA adapters (trainer.lora; streamrl/generate/lora_versions.py)."""
 
     max_rank: int
     """vLLM's max_lora_rank: one of the ranks it accepts, >= trainer.lora.rank."""

@@ -25,7 +25,7 @@ from streamrl.core.cache import cache_dir
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import cwd_on_path
 from streamrl.envs.tools import check_tools
-from streamrl.generate.adapters import LORA_SUPPORT_CHECK, lora_support_message
+from streamrl.generate.lora_versions import LORA_SUPPORT_CHECK, lora_support_message
 
 
 def check_reward_fn(cfg: Config) -> str | None:

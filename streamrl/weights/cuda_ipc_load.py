@@ -23,9 +23,9 @@ import torch
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
 from streamrl.core.errors import ConfigError
-from streamrl.weights.adapter import ADAPTER_CONFIG, ADAPTER_FILE, is_peft_dir, write_peft_dir_tensors
 from streamrl.weights.cuda_ipc import decode_spec, open_spec
 from streamrl.weights.files import version_dirs
+from streamrl.weights.lora import ADAPTER_CONFIG, ADAPTER_FILE, is_peft_dir, write_peft_dir_tensors
 from streamrl.weights.shm import shm_root
 from streamrl.weights.store import WeightHandle, WeightLoader
 

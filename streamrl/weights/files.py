@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from streamrl.core.broker import Broker, Keys
-from streamrl.weights.adapter import ADAPTER_CONFIG, ADAPTER_FILE, is_peft_dir, write_peft_dir
+from streamrl.weights.lora import ADAPTER_CONFIG, ADAPTER_FILE, is_peft_dir, write_peft_dir
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightPublisher, WeightStoreError
 
 WEIGHTS_FILE = "model.safetensors"

@@ -37,7 +37,7 @@ import torch
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
 from streamrl.core.errors import ConfigError, StreamRLError
-from streamrl.weights.adapter import adapter_json
+from streamrl.weights.lora import adapter_json
 
 BACKENDS: dict[str, tuple[str, str]] = {
     "shm": ("streamrl.weights.shm:ShmPublisher", "streamrl.weights.shm:ShmLoader"),
@@ -74,7 +74,7 @@ class WeightHandle:
     """Wall-clock time the publish started (switch latency is measured from here)."""
     adapter: str = ""
     """The version is a LoRA adapter (trainer.lora): its PEFT adapter config as JSON; "" for full
-    weights. A loader's fetch then gives a PEFT folder (streamrl.weights.adapter)."""
+    weights. A loader's fetch then gives a PEFT folder (streamrl.weights.lora)."""
 
     @property
     def is_adapter(self) -> bool:

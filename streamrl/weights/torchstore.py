@@ -33,8 +33,8 @@ from safetensors.torch import save_file
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
 from streamrl.core.errors import ConfigError
-from streamrl.weights.adapter import adapter_json, write_peft_dir
 from streamrl.weights.files import WEIGHTS_FILE, version_dirs, version_files
+from streamrl.weights.lora import adapter_json, write_peft_dir
 from streamrl.weights.shm import shm_root
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightPublisher, WeightStoreError
 

@@ -54,7 +54,7 @@ def test_a_vllm_without_lora_is_refused_with_the_fix(tmp_path, monkeypatch):
 
 def test_the_generator_checks_the_same_before_its_engine_starts(tmp_path, monkeypatch):
     shim = _shim(tmp_path, monkeypatch)
-    code = "from streamrl.generate.adapters import lora_support_problem; print(lora_support_problem())"
+    code = "from streamrl.generate.lora_versions import lora_support_problem; print(lora_support_problem())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert "has no LoRA kernels" in out.stdout and "trainer.lora.rank=0" in out.stdout, (shim, out.stdout)
 

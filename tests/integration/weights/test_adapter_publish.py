@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from streamrl.config.schema import Config, ModelConfig, TinyModelConfig, WeightsConfig
 from streamrl.models.tiny import build_tiny_model
-from streamrl.weights.adapter import ADAPTER_CONFIG, ADAPTER_FILE, AdapterError
+from streamrl.weights.lora import ADAPTER_CONFIG, ADAPTER_FILE, AdapterError
 from streamrl.weights.shm import shm_root
 from streamrl.weights.store import WeightHandle, make_loader, make_publisher
 from tests.programs.lora_adapter import adapter_payload, tiny_peft

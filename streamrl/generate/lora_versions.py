@@ -8,7 +8,7 @@ its end, so every one of its tokens carries that version (no switch inside a req
 prefix cache by the request's adapter (name and path; vllm/v1/core/kv_cache_utils.py,
 `_gen_lora_extra_hash_keys`), so cached prefixes are never shared between versions.
 
-    versions = AdapterVersions(max_loras=2)
+    versions = LoraVersions(max_loras=2)
     with versions.pin() as pin:                       # the newest version (0: the base model)
         async for d in engine.stream(ids, params, rid, lora=pin.request): sample.add(d, pin.version)
     request = versions.loaded_as(3, "/dev/shm/.../v3"); await engine.add_lora(request)
@@ -112,7 +112,7 @@ def kind_mismatch(version: int, is_adapter: bool) -> ConfigError:
     )
 
 
-class AdapterVersions:
+class LoraVersions:
     """Which adapter versions the engine holds, which requests still run on each, and which may go."""
 
     def __init__(self, keep: int):

@@ -1,6 +1,6 @@
 """Which LoRA adapter versions a generator keeps in vLLM: the newest max_loras, plus any a request still runs on.
 
-pytest tests/unit/test_adapter_versions.py
+pytest tests/unit/test_lora_versions.py
 """
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import pytest
 
 from streamrl.config.schema import Config, GeneratorConfig, RolloutConfig
 from streamrl.core.errors import ConfigError
-from streamrl.generate.adapters import AdapterVersions, max_loras, vllm_lora_rank
+from streamrl.generate.lora_versions import LoraVersions, max_loras, vllm_lora_rank
 
 
 def test_requests_pin_the_newest_version_and_keep_it_loaded_until_they_end():
-    versions = AdapterVersions(keep=2)
+    versions = LoraVersions(keep=2)
     with versions.pin() as base:
         assert (base.version, base.request) == (0, None)  # before any adapter: the base model
     assert versions.added(1, "A1") == []
