@@ -153,7 +153,9 @@ async def _through_streamrl(worker, broker, prompts: list[list[int]], tag: str, 
     for g, ids in enumerate(prompts):
         await broker.add(
             worker.keys.prompts,
-            encode(Prompt(group_id=f"{tag}-{g}", prompt_ids=ids, group_size=8, admitted_version=worker.version)),
+            encode(
+                Prompt(group_id=f"{tag}-{g}", prompt_ids=ids, group_size=8, admitted_version=worker.weights.version)
+            ),
         )
     want, tokens, first = 8 * len(prompts), 0, None
     while want:
@@ -233,8 +235,8 @@ async def _bench(args, url: str, tmp: Path) -> dict:
             await asyncio.sleep(0.001)
         # The engine's first step with v: a running request's count moves (or one finishes); with
         # generator.stream_interval 0 no delta arrives before a request ends.
-        t_ready, made = time.time(), worker.tokens_made()
-        while worker.tokens_made() == made:
+        t_ready, made = time.time(), worker.requests.tokens_made(worker.engine)
+        while worker.requests.tokens_made(worker.engine) == made:
             _alive(background, loop_task)
             await asyncio.sleep(0.001)
         first_token = time.time() - t_ready
@@ -252,7 +254,7 @@ async def _bench(args, url: str, tmp: Path) -> dict:
                 "paused_s": worker.stats.get("last_switch_paused_s"),
                 **(worker.stats.get("last_switch_phases") or {}),
                 "preempted": worker.engine.prefix_cache.get("preempted", 0) - preempted0,
-                "active_requests": worker._active,
+                "active_requests": worker.requests.active,
             }
         )
         await asyncio.sleep(0.3)  # generation runs on between publishes

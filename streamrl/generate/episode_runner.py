@@ -454,16 +454,13 @@ class EpisodeRunner:
         request_id = f"{gen.worker_id}:{prompt.group_id}:{sample}:{turn}:{uuid.uuid4().hex[:8]}"
         text = []
         before = s.model_tokens
-        gen._set_active(+1)
-        try:
-            with gen.pinned() as pin:  # LoRA: the turn runs on the adapter newest at its start
-                async for delta in gen.engine.stream(s.context, params, request_id, pin.request):
-                    gen._deliveries += 1
-                    # Full weights: consumed before a weight switch completes (GeneratorWorker._switch
-                    # drains), so the version current now is the one that produced these tokens.
-                    s.add_model(delta.token_ids, delta.logprobs, pin.version)
-                    text.append(delta.text)
-        finally:
-            gen._set_active(-1)
+        # LoRA: the turn runs on the adapter newest at its start.
+        with gen.requests.running(request_id), gen.weights.pinned() as pin:
+            async for delta in gen.engine.stream(s.context, params, request_id, pin.request):
+                gen.requests.delivered()
+                # Full weights: consumed before a weight switch completes (WeightFollower.switch
+                # drains), so the version current now is the one that produced these tokens.
+                s.add_model(delta.token_ids, delta.logprobs, pin.version)
+                text.append(delta.text)
         gen.count("tokens_generated", s.model_tokens - before)
         return "".join(text)

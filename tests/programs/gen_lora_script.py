@@ -94,7 +94,7 @@ async def main(spec: dict) -> dict:
     async def publish(version: int) -> float:
         tensors, config = adapters[version - 1]
         await store.publish(version, tensors, adapter=config)
-        while worker.version < version:  # loaded: requests started from now on use it
+        while worker.weights.version < version:  # loaded: requests started from now on use it
             await asyncio.sleep(0.002)
         return time.time()
 
@@ -123,9 +123,11 @@ async def main(spec: dict) -> dict:
 
         # 2. version 2 arrives while a group streams on version 1
         await submit("inflight", admitted=1)
-        while worker.tokens_made() < 4 * GROUP_SIZE:  # generator.stream_interval 0: no delta until the end
+        while (
+            worker.requests.tokens_made(worker.engine) < 4 * GROUP_SIZE
+        ):  # generator.stream_interval 0: no delta until the end
             await asyncio.sleep(0.002)
-        out["active_at_switch"] = worker._active
+        out["active_at_switch"] = worker.requests.active
         out["switched_at"] = await publish(2)
         out["switch_stats"] = {k: worker.stats.get(k) for k in ("last_switch_latency_s", "last_switch_paused_s")}
         await submit("after", admitted=2)
@@ -135,8 +137,8 @@ async def main(spec: dict) -> dict:
         # 3. version 3: version 1 leaves the engine (max_loras = 2), 2 and 3 stay
         await publish(3)
         out["engine_loras"] = sorted(await worker.engine.llm.list_loras())
-        out["kept"] = {str(ver): req.lora_int_id for ver, req in worker.adapters.loaded.items()}
-        out["names"] = {str(ver): req.lora_name for ver, req in worker.adapters.loaded.items()}
+        out["kept"] = {str(ver): req.lora_int_id for ver, req in worker.weights.lora.loaded.items()}
+        out["names"] = {str(ver): req.lora_name for ver, req in worker.weights.lora.loaded.items()}
         out["prefix_cache"] = dict(worker.engine.prefix_cache)
         worker.stop()
         await asyncio.wait_for(run, timeout=60)

@@ -132,14 +132,14 @@ async def main(spec: dict) -> dict:
 
         # 2. in-flight switch: publish version 3 once tokens are being made (generator.stream_interval
         # 0, the default: each request's tokens come in one output at its end)
-        base = worker._deliveries
+        base = worker.requests.deliveries
         sent = await submit("switch", admitted=2)
-        while worker.tokens_made() < 4 * GROUP_SIZE:
+        while worker.requests.tokens_made(worker.engine) < 4 * GROUP_SIZE:
             await asyncio.sleep(0.002)
-        out["switch_made_at_publish"] = worker.tokens_made()
+        out["switch_made_at_publish"] = worker.requests.tokens_made(worker.engine)
         h3 = await store.publish(3, peaked)
         out["switch"] = await _collect(broker, keys, state, "switch", GROUP_SIZE)
-        out["switch_deliveries"] = worker._deliveries - base
+        out["switch_deliveries"] = worker.requests.deliveries - base
         out["switch_stats"] = {k: worker.stats.get(k) for k in ("last_switch_latency_s", "last_switch_paused_s")}
         out["switch_publish_s"] = time.time() - h3.created_at
         out["switch_wall_s"] = max(r["finished_at"] for r in out["switch"]) - sent
@@ -155,13 +155,13 @@ async def main(spec: dict) -> dict:
 
         # 3b. the same in-flight switch (version 5, `peaked`) streaming a delta per token
         worker.cfg.generator.stream_interval = 1
-        base = worker._deliveries
+        base = worker.requests.deliveries
         await submit("switch_delta", admitted=4)
-        while worker._deliveries - base < 4 * GROUP_SIZE:
+        while worker.requests.deliveries - base < 4 * GROUP_SIZE:
             await asyncio.sleep(0.002)
         await store.publish(5, peaked)
         out["switch_delta"] = await _collect(broker, keys, state, "switch_delta", GROUP_SIZE)
-        out["switch_delta_deliveries"] = worker._deliveries - base
+        out["switch_delta_deliveries"] = worker.requests.deliveries - base
         out["versions_on_disk"] = sorted(version_dirs(store.root))
 
         # 4. a prompt vLLM refuses (longer than max_model_len) is dead-lettered and acked

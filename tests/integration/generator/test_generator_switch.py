@@ -52,7 +52,7 @@ class UncountableEngine(FaultyEngine):
 def generator(config, broker, engine) -> GeneratorWorker:
     cfg = config.model_copy(update={"model": ModelConfig(path="/nonexistent-model")})
     worker = GeneratorWorker(cfg, broker, "gen-0")
-    worker.engine = engine
+    worker.engine = worker.weights.engine = engine
     return worker
 
 
@@ -60,16 +60,16 @@ async def test_a_failed_pause_is_resumed_and_the_version_kept(config, broker):
     w = generator(config, broker, FaultyEngine("raise"))
     handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0)
     with pytest.raises(RuntimeError, match="KV connector"):
-        await w._switch_within(handle, "/nowhere", timeout=5)
+        await w.weights.switch_within(handle, "/nowhere", timeout=5)
     assert w.engine.calls == ["pause", "resume"]  # never left paused
-    assert w.version == 0 and w._fatal is None  # the watcher retries at its next poll
+    assert w.weights.version == 0 and w.weights.fatal is None  # the watcher retries at its next poll
 
 
 async def test_a_hung_switch_marks_the_engine_broken(config, broker):
     w = generator(config, broker, FaultyEngine("hang"))
     handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0)
-    assert await w._switch_within(handle, "/nowhere", timeout=0.3) is False
-    assert isinstance(w._fatal, RuntimeError) and "generator.switch_timeout_s" in str(w._fatal)
+    assert await w.weights.switch_within(handle, "/nowhere", timeout=0.3) is False
+    assert isinstance(w.weights.fatal, RuntimeError) and "generator.switch_timeout_s" in str(w.weights.fatal)
     with pytest.raises(RuntimeError, match="did not finish in 0.3s"):
         await w.step()  # the run loop ends with the error; `streamrl up` restarts the generator
 
@@ -84,8 +84,8 @@ async def test_a_version_of_the_other_kind_stops_the_generator_with_the_fix(conf
     kind = "" if lora_rank else '{"peft_type": "LORA", "r": 4}'  # the other kind than this generator's
     handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0, adapter=kind)
     with pytest.raises(ConfigError, match="give every role the same trainer.lora"):
-        await w._switch_within(handle, "/nowhere", timeout=5)
-    assert w.engine.calls == [] and w.version == 0  # nothing was paused or loaded
+        await w.weights.switch_within(handle, "/nowhere", timeout=5)
+    assert w.engine.calls == [] and w.weights.version == 0  # nothing was paused or loaded
     with pytest.raises(ConfigError):
         await w.step()  # fatal: the worker exits with the message instead of retrying every poll
 
@@ -94,7 +94,7 @@ async def test_a_switch_that_cannot_keep_versions_exact_stops_the_generator_with
     w = generator(config, broker, UncountableEngine("raise"))
     handle = WeightHandle(version=3, transport="shm", handle="/nowhere", bytes=0)
     with pytest.raises(FatalError):
-        await w._switch_within(handle, "/nowhere", timeout=5)
-    assert w.engine.calls == ["pause", "reload", "resume"] and w.version == 0
+        await w.weights.switch_within(handle, "/nowhere", timeout=5)
+    assert w.engine.calls == ["pause", "reload", "resume"] and w.weights.version == 0
     with pytest.raises(FatalError, match="stream_interval=1"):
         await w.step()  # exits with the fix (no restart) instead of failing every later switch
