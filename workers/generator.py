@@ -29,7 +29,7 @@ from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
 from streamrl.core.worker import Worker
 from streamrl.generate.engine_errors import is_bad_request, is_engine_dead
-from streamrl.generate.episode_runner import EpisodeRunner
+from streamrl.generate.episode_runner import EpisodeContext, EpisodeRunner
 from streamrl.generate.loop_lag import LoopLag
 from streamrl.generate.loop_profile import LoopProfiler
 from streamrl.generate.lora_versions import lora_support_problem, max_loras, vllm_lora_rank
@@ -89,7 +89,8 @@ class GeneratorWorker(Worker):
         )
         """The engine following the weight store: the version each request runs on, the switches."""
         self._fatal: BaseException | None = None
-        self.episodes = EpisodeRunner(self) if cfg.env.fn else None
+        context = EpisodeContext.of(self, self.engine, self.weights.pinned, self.requests)
+        self.episodes = EpisodeRunner(context) if cfg.env.fn else None
         """Multi-turn episodes (streamrl/generate/episode_runner.py) when env.fn is set."""
 
     # -- lifecycle -------------------------------------------------------------------------

@@ -1,14 +1,15 @@
 """The generator's side of multi-turn episodes: run a group's G episodes, never blocking on envs.
 
-    runner = EpisodeRunner(generator); await runner.start()      # when env.fn is set
+    ctx = EpisodeContext.of(generator, engine, weights.pinned, requests)   # what it uses of the generator
+    runner = EpisodeRunner(ctx); await runner.start()              # when env.fn is set
     ok = await runner.run_group(entry, prompt)                     # True: rollouts published
 
 Each episode alternates a model turn (one vLLM request over the exact token history) and an
 environment step: a StepRequest goes to `env_steps`, the episode's coroutine then waits on a
-future, holding no engine slot, so the engine serves other episodes meanwhile. A reader task
-consumes `observations:{generator id}` and resolves the futures; the observation text is
-tokenized alone, on a thread, and appended (streamrl.generate.episode_sample); one longer than
-env.max_observation_tokens fails the episode. The episode ends when the env says done, after
+future, holding no engine slot, so the engine serves other episodes meanwhile (the exchange with
+env workers: streamrl/generate/env_channel.py). The observation text is tokenized alone, on a
+thread, and appended (streamrl.generate.episode_sample); one longer than env.max_observation_tokens
+fails the episode. The episode ends when the env says done, after
 env.max_turns model turns, or when the next turn would pass generator.max_model_len. Once all G
 episodes are done the group's G rollouts are published together, so a group that fails publishes
 nothing.
@@ -32,176 +33,76 @@ The hash is deleted once the group's rollouts are published or the group fails.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import Any, Callable
 
+from streamrl.config.schema import Config
 from streamrl.core.accounting import close_group, count_group_start
-from streamrl.core.broker import Entry
+from streamrl.core.broker import Broker, Entry, Keys
+from streamrl.core.consumer import StreamConsumer
 from streamrl.core.errors import DecodeError
-from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode, peek_field
+from streamrl.core.messages import EpisodeState, Observation, Prompt, Rollout, StepRequest, decode, encode
+from streamrl.core.worker import Worker
 from streamrl.generate.chat import ChatBridge
+from streamrl.generate.env_channel import EnvChannel, EpisodeFailed, Lockstep
 from streamrl.generate.episode_sample import EpisodeSample
+from streamrl.generate.running_requests import RunningRequests
 from streamrl.generate.vllm_engine import sample_seed
 
-READ_GROUP = "episodes"
-"""Consumer group on observations:{generator id} (one consumer: the generator itself)."""
-STEPS_MAXLEN = 100_000
-"""Approximate cap of an env worker's own steps stream (the trainer trims only the shared streams)."""
 MAX_RESTARTS = 2
 """Restarts of one episode after its env lost state, before the episode fails."""
 
 
-class Lockstep:
-    """env.lockstep: a barrier over a generator's live episodes, so every episode's next turn
-    starts only once every live episode has its observation (the synchronous turn loop)."""
+@dataclass(frozen=True)
+class EpisodeContext:
+    """What the episode runner uses of its generator, and nothing else of it."""
 
-    def __init__(self) -> None:
-        self.members: set[str] = set()
-        self.arrived: set[str] = set()
-        self.round = 0
-        self.cond = asyncio.Condition()
+    cfg: Config
+    worker_id: str
+    broker: Broker
+    keys: Keys
+    log: Any
+    count: Callable[..., None]
+    """The generator's counters (its heartbeat and `stopped` line)."""
+    consumer: StreamConsumer
+    """The generator's reads (its observation stream) and dead letters (a failed group's prompt)."""
+    engine: Any = None
+    """The generator's VLLMEngine (model turns); None where none runs (tests of the env side)."""
+    pinned: Callable[[], AbstractContextManager] | None = None
+    """WeightFollower.pinned: the version (with LoRA the adapter) a model turn runs on."""
+    requests: RunningRequests | None = None
+    """The generator's running requests: a model turn counts as one while it streams."""
 
-    async def join(self, eid: str) -> None:
-        async with self.cond:
-            self.members.add(eid)
-
-    async def leave(self, eid: str) -> None:
-        async with self.cond:
-            self.members.discard(eid)
-            self.arrived.discard(eid)
-            self._release()
-
-    async def wait(self, eid: str) -> None:
-        async with self.cond:
-            self.arrived.add(eid)
-            mine = self.round
-            self._release()
-            await self.cond.wait_for(lambda: self.round > mine)
-
-    def _release(self) -> None:
-        if self.arrived and self.members <= self.arrived:
-            self.round += 1
-            self.arrived.clear()
-            self.cond.notify_all()
-
-
-class EpisodeFailed(Exception):
-    """An episode cannot finish: the reason goes to the dead-letter stream and the logs."""
+    @classmethod
+    def of(cls, w: Worker, engine=None, pinned=None, requests=None) -> EpisodeContext:
+        """The context of worker `w` (a generator) with its engine side."""
+        return cls(w.cfg, w.worker_id, w.broker, w.keys, w.log, w.count, w.consumer, engine, pinned, requests)
 
 
 class EpisodeRunner:
-    def __init__(self, gen):
-        self.gen = gen
-        self.cfg = gen.cfg
-        self.keys = gen.keys
-        self.stream = self.keys.observations(gen.worker_id)
-        self.waiting: dict[tuple[str, int], asyncio.Future] = {}
-        self._reader: asyncio.Task | None = None
-        self._closing = False
+    def __init__(self, ctx: EpisodeContext):
+        self.ctx = ctx
+        self.cfg, self.keys = ctx.cfg, ctx.keys
+        self.env = EnvChannel(ctx.cfg, ctx.consumer, ctx.count)
+        """Step requests out, observations back to the waiting episode."""
         self.lockstep = Lockstep() if self.cfg.env.lockstep else None
         self._longest: int | None = None
-        self._routed: set[str] = set()
 
     async def start(self) -> None:
-        self.tokenizer = self.gen.engine.get_tokenizer()
+        self.tokenizer = self.ctx.engine.get_tokenizer()
         self.chat = ChatBridge(self.tokenizer, self.cfg.tools) if self.cfg.tools.chat else None
-        await self.gen.broker.ensure_group(self.stream, READ_GROUP)
-        await self.gen.broker.ensure_group(self.keys.env_steps, "env")  # steps wait even before an env joins
-        self._reader = asyncio.create_task(self._read_loop())
+        await self.env.start()
 
     async def close(self) -> None:
-        """Stop the reader between reads: cancelling it inside a blocking XREADGROUP was seen to
-        leave the stop waiting on redis-py's shielded command for good."""
-        self._closing = True
-        if self._reader is not None:
-            _, stuck = await asyncio.wait({self._reader}, timeout=self.cfg.broker.block_ms / 1000 + 2)
-            for task in stuck:
-                task.cancel()
-
-    # -- observations ------------------------------------------------------------------------
-    async def _read_loop(self) -> None:
-        while not self._closing:
-            try:
-                await self.read_once()
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # broker hiccup: episodes keep waiting (bounded by their timeout)
-                self.gen.log.warning("observation_read_failed", error=repr(exc))
-                await asyncio.sleep(0.5)
-
-    async def read_once(self) -> int:
-        """Deliver what is on this generator's observation stream; malformed entries are
-        dead-lettered (Worker.read), observations nobody waits for (a redone step's duplicate, an
-        episode that already failed) are acked and counted as ignored."""
-        items = await self.gen.read(
-            self.stream, READ_GROUP, count=256, expect=Observation, claim=False, on_bad=self._rejected
-        )
-        for _, obs in items:
-            fut = self.waiting.get((obs.episode_id, obs.turn))
-            if fut is not None and not fut.done():
-                fut.set_result(obs)
-            else:
-                self.gen.count("observations_ignored")
-        if items:
-            await self.gen.broker.ack(self.stream, READ_GROUP, [e.id for e, _ in items])
-        return len(items)
-
-    def _rejected(self, entry: Entry, reason: str) -> None:
-        """A dead-lettered observation that names a waiting episode fails it now, with the real
-        reason, instead of after env.observation_timeout_s with a guess. An episode waits on one
-        turn at a time, so its id alone finds it (the turn may be what is missing or wrong)."""
-        episode_id = peek_field(entry.data, "episode_id")
-        for (eid, turn), fut in list(self.waiting.items()):
-            if eid == episode_id and not fut.done():
-                fut.set_exception(
-                    EpisodeFailed(f"the observation for turn {turn} of {eid} was dead-lettered: {reason}")
-                )
-
-    async def _route(self, env_worker: str) -> str:
-        """The stream for an episode's next step: the own stream of the env worker that answered its
-        last one while that worker lives and reads it (`sticky` in its heartbeat), so the episode's
-        state is reused there instead of replayed elsewhere; else the shared `env_steps`. A worker
-        that dies after this check leaves the step to the others (workers/env.py takes it over)."""
-        if not env_worker:
-            return self.keys.env_steps
-        try:
-            raw = await self.gen.broker.get(self.keys.worker("env", env_worker))
-            sticky = raw is not None and bool(json.loads(raw).get("sticky"))
-        except Exception:  # not a JSON map (an env worker of another kind), or not a string key at all
-            sticky = False
-        if not sticky:
-            return self.keys.env_steps
-        stream = self.keys.env_steps_of(env_worker)
-        if stream not in self._routed:
-            await self.gen.broker.ensure_group(stream, "env")
-            self._routed.add(stream)
-        return stream
-
-    async def _observe(self, req: StepRequest, env_worker: str = "") -> Observation:
-        key = (req.episode_id, req.turn)
-        fut = asyncio.get_running_loop().create_future()
-        self.waiting[key] = fut
-        try:
-            stream = await self._route(env_worker)
-            await self.gen.broker.add(
-                stream, encode(req), maxlen=None if stream == self.keys.env_steps else STEPS_MAXLEN
-            )
-            timeout = self.cfg.env.observation_timeout_s
-            try:
-                return await asyncio.wait_for(fut, timeout)
-            except asyncio.TimeoutError:
-                raise EpisodeFailed(
-                    f"no observation for turn {req.turn} within {timeout:g}s "
-                    "(env.observation_timeout_s): is an env worker running?"
-                ) from None
-        finally:
-            self.waiting.pop(key, None)
+        await self.env.close()
 
     # -- one group / one episode ---------------------------------------------------------------
     async def run_group(self, entry: Entry, prompt: Prompt) -> bool:
         """Run the group's episodes; publish its rollouts (True) or close it as failed (False)."""
-        await count_group_start(self.gen.broker, self.keys, prompt.group_id)
+        await count_group_start(self.ctx.broker, self.keys, prompt.group_id)
         saved = await self._load_states(prompt)
         tasks = [asyncio.create_task(self._episode(prompt, s, saved.get(s))) for s in range(prompt.group_size)]
         try:
@@ -220,21 +121,21 @@ class EpisodeRunner:
             raise other[0]  # engine or broker trouble: the generator's usual retry/fatal handling
         if failed:
             reason = f"episode failed: {failed[0].exception()}"
-            await self.gen.broker.incr(self.keys.stat("episodes_failed"), len(failed))
-            self.gen.count("episodes_failed", len(failed))
-            self.gen.log.warning("episode_failed", group_id=prompt.group_id, reason=reason)
-            await self.gen.dead_letter(self.keys.prompts, entry, reason)
-            if await close_group(self.gen.broker, self.keys, prompt.group_id, "failed"):
-                await self.gen.broker.incr(self.keys.stat("groups_failed"))  # metrics.jsonl's `failed`
-            await self.gen.broker.delete(self.state_key(prompt.group_id))
+            await self.ctx.broker.incr(self.keys.stat("episodes_failed"), len(failed))
+            self.ctx.count("episodes_failed", len(failed))
+            self.ctx.log.warning("episode_failed", group_id=prompt.group_id, reason=reason)
+            await self.ctx.consumer.dead_letter(self.keys.prompts, entry, reason)
+            if await close_group(self.ctx.broker, self.keys, prompt.group_id, "failed"):
+                await self.ctx.broker.incr(self.keys.stat("groups_failed"))  # metrics.jsonl's `failed`
+            await self.ctx.broker.delete(self.state_key(prompt.group_id))
             return False
         rollouts = [t.result() for t in tasks]
-        await self.gen.broker.add_many(self.keys.rollouts_for(prompt.group_id), [encode(r) for r in rollouts])
+        await self.ctx.broker.add_many(self.keys.rollouts_for(prompt.group_id), [encode(r) for r in rollouts])
         # A death between these two lines continues the episodes once more under new ids; the
         # trainer trains the first copy of each sample (docs/protocol.md, "Rollout ids").
-        await self.gen.broker.delete(self.state_key(prompt.group_id))
-        self.gen.count("rollouts", len(rollouts))
-        self.gen.count("episodes", len(rollouts))
+        await self.ctx.broker.delete(self.state_key(prompt.group_id))
+        self.ctx.count("rollouts", len(rollouts))
+        self.ctx.count("episodes", len(rollouts))
         return True
 
     # -- checkpoints -------------------------------------------------------------------------
@@ -245,7 +146,7 @@ class EpisodeRunner:
         """The group's episode checkpoints a dead generator left (empty on a first attempt). One
         that does not fit this prompt or config is skipped: that episode starts from the prompt."""
         out = {}
-        for name, blob in (await self.gen.broker.hgetall(self.state_key(prompt.group_id))).items():
+        for name, blob in (await self.ctx.broker.hgetall(self.state_key(prompt.group_id))).items():
             try:
                 st = decode(blob, expect=EpisodeState)
                 if st.group_id != prompt.group_id or str(st.sample) != name:
@@ -257,8 +158,8 @@ class EpisodeRunner:
                 if st.prompt_ids.tolist() != prompt.prompt_ids.tolist():
                     raise DecodeError("its prompt ids differ from the prompt's")
             except DecodeError as exc:
-                self.gen.count("episode_states_invalid")
-                self.gen.log.warning("episode_state_skipped", group_id=prompt.group_id, sample=name, reason=str(exc))
+                self.ctx.count("episode_states_invalid")
+                self.ctx.log.warning("episode_state_skipped", group_id=prompt.group_id, sample=name, reason=str(exc))
                 continue
             out[st.sample] = st
         return out
@@ -285,17 +186,17 @@ class EpisodeRunner:
             step_s=list(step_s),
             env_reward=env_reward,
             counts=dict(counts),
-            writer=self.gen.worker_id,
+            writer=self.ctx.worker_id,
             **s.rollout_fields(),
         )
-        await self.gen.broker.hset(self.state_key(prompt.group_id), {str(sample): encode(st)})
+        await self.ctx.broker.hset(self.state_key(prompt.group_id), {str(sample): encode(st)})
 
     async def _episode(self, prompt: Prompt, sample: int, saved: EpisodeState | None = None) -> Rollout:
         restart = False
         for _ in range(MAX_RESTARTS + 1):
             if restart:  # counted when the next attempt begins: the last "replay" answer fails the episode
-                self.gen.count("episodes_restarted")
-                await self.gen.broker.incr(self.keys.stat("episodes_restarted"))
+                self.ctx.count("episodes_restarted")
+                await self.ctx.broker.incr(self.keys.stat("episodes_restarted"))
             result = await self._attempt(prompt, sample, saved)
             saved = None  # a restart (the env lost its state) begins at the prompt
             if result is not None:
@@ -316,7 +217,7 @@ class EpisodeRunner:
     async def _run(self, prompt: Prompt, sample: int, episode_id: str, saved: EpisodeState | None) -> Rollout | None:
         """One try at the episode (from `saved`'s last model turn if given); None when the env lost
         its state and it must start over."""
-        gen, env = self.gen, self.cfg.env
+        ctx, env = self.ctx, self.cfg.env
         s = EpisodeSample(prompt.prompt_ids.tolist())
         item = {"text": prompt.text, "meta": prompt.meta}
         actions, texts, step_s = [], [], []
@@ -335,9 +236,9 @@ class EpisodeRunner:
             actions, texts, step_s = list(saved.actions), list(saved.texts), list(saved.step_s)
             env_reward, first = float(saved.env_reward), saved.turn
             counts = dict(saved.counts)  # the tool calls of the turns kept count once, here
-            gen.count("episodes_continued")
-            await gen.broker.incr(self.keys.stat("episodes_continued"))
-            gen.log.info(
+            ctx.count("episodes_continued")
+            await ctx.broker.incr(self.keys.stat("episodes_continued"))
+            ctx.log.info(
                 "episode_continued",
                 episode_id=episode_id,
                 previous=saved.episode_id,
@@ -362,10 +263,10 @@ class EpisodeRunner:
                 turn=turn,
                 item=item,
                 actions=list(actions),
-                reply_to=gen.worker_id,
+                reply_to=ctx.worker_id,
             )
             t0 = time.monotonic()
-            obs = await self._observe(req, env_worker)
+            obs = await self.env.observe(req, env_worker)
             env_worker = obs.env_worker
             step_s.append(round(time.monotonic() - t0, 6))
             if obs.error_kind == "replay":
@@ -408,7 +309,7 @@ class EpisodeRunner:
             text="".join(texts),
             prompt_text=prompt.text,
             meta=meta,
-            worker=gen.worker_id,
+            worker=ctx.worker_id,
             finished_at=time.time(),
             **s.rollout_fields(),
         )
@@ -448,19 +349,19 @@ class EpisodeRunner:
 
     async def _model_turn(self, s: EpisodeSample, prompt: Prompt, sample: int, turn: int, room: int) -> str:
         """Sample one model turn over the exact history; tokens carry the version that made them."""
-        gen = self.gen
+        ctx = self.ctx
         seed = sample_seed(self.cfg.run.seed, f"{prompt.group_id}#{turn}", sample)
-        params = gen.engine.sampling_params(seed, max_tokens=min(self.cfg.generator.max_tokens, room))
-        request_id = f"{gen.worker_id}:{prompt.group_id}:{sample}:{turn}:{uuid.uuid4().hex[:8]}"
+        params = ctx.engine.sampling_params(seed, max_tokens=min(self.cfg.generator.max_tokens, room))
+        request_id = f"{ctx.worker_id}:{prompt.group_id}:{sample}:{turn}:{uuid.uuid4().hex[:8]}"
         text = []
         before = s.model_tokens
         # LoRA: the turn runs on the adapter newest at its start.
-        with gen.requests.running(request_id), gen.weights.pinned() as pin:
-            async for delta in gen.engine.stream(s.context, params, request_id, pin.request):
-                gen.requests.delivered()
+        with ctx.requests.running(request_id), ctx.pinned() as pin:
+            async for delta in ctx.engine.stream(s.context, params, request_id, pin.request):
+                ctx.requests.delivered()
                 # Full weights: consumed before a weight switch completes (WeightFollower.switch
                 # drains), so the version current now is the one that produced these tokens.
                 s.add_model(delta.token_ids, delta.logprobs, pin.version)
                 text.append(delta.text)
-        gen.count("tokens_generated", s.model_tokens - before)
+        ctx.count("tokens_generated", s.model_tokens - before)
         return "".join(text)

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from streamrl.generate.episode_runner import Lockstep
+from streamrl.generate.env_channel import Lockstep
 
 pytestmark = pytest.mark.anyio
 

@@ -125,11 +125,12 @@ async def _acked(r, stream: str) -> bool:
 
 def runner(cfg, broker, gen_id: str = "gen-0"):
     from streamrl.core.worker import Worker
-    from streamrl.generate.episode_runner import EpisodeRunner
+    from streamrl.generate.env_channel import EnvChannel
 
     cfg = cfg.model_copy(deep=True)
     cfg.env.fn, cfg.env.observation_timeout_s = "external", 60
-    return EpisodeRunner(Worker(cfg, broker, gen_id))
+    worker = Worker(cfg, broker, gen_id)
+    return EnvChannel(cfg, worker.consumer, worker.count)
 
 
 def request_of(data: dict):
@@ -154,11 +155,11 @@ async def test_a_malformed_observation_fails_its_waiting_episode_at_once(config,
     """`observation`: `text`, `reward`, `done` are required (never defaulted). A malformed observation
     that names a waiting episode is dead-lettered and fails that episode at once with the reason,
     not after env.observation_timeout_s (60 s here)."""
-    from streamrl.generate.episode_runner import READ_GROUP, EpisodeFailed
+    from streamrl.generate.env_channel import READ_GROUP, EpisodeFailed
 
     r = runner(config, broker)
     await broker.ensure_group(r.stream, READ_GROUP)
-    waiting = asyncio.create_task(r._observe(request_of(step_request())))
+    waiting = asyncio.create_task(r.observe(request_of(step_request())))
     raw = aioredis.Redis.from_url(config.broker.url)
     try:
         await wait_for(lambda: raw.xlen(r.keys.env_steps), what="the step request")
@@ -204,7 +205,7 @@ async def test_the_node_env_under_the_env_user_is_sticky_and_takes_over_a_dead_w
 
     from brokers.connect import connect
     from streamrl.config.schema import BrokerConfig, Config, RunConfig
-    from streamrl.generate.episode_runner import READ_GROUP
+    from streamrl.generate.env_channel import READ_GROUP
     from tests.integration.broker.test_env_acl import envuser_add
 
     url = envuser_add(redis7.url, run_name, "node")
@@ -219,9 +220,9 @@ async def test_the_node_env_under_the_env_user_is_sticky_and_takes_over_a_dead_w
     try:
         beat = await wait_for(lambda: admin.get(keys.worker("env", "node-a")), what="node-a's heartbeat")
         assert json.loads(beat)["sticky"] == 1
-        first = await r._observe(request_of(step_request(actions=["hi"])))
+        first = await r.observe(request_of(step_request(actions=["hi"])))
         assert (first.env_worker, first.text, first.error) == ("node-a", "\ndigits:", ""), first
-        second = await r._observe(request_of(step_request(actions=["hi", "12ab"])), env_worker=first.env_worker)
+        second = await r.observe(request_of(step_request(actions=["hi", "12ab"])), env_worker=first.env_worker)
         assert (second.env_worker, second.reward, second.done) == ("node-a", 0.5, True)
         assert await admin.client.xlen(keys.env_steps_of("node-a")) == 1  # the second step went there
         assert await admin.client.xlen(keys.env_steps) == 1
@@ -229,7 +230,7 @@ async def test_the_node_env_under_the_env_user_is_sticky_and_takes_over_a_dead_w
         # TTL does); node-b takes that step over from node-a's stream.
         stop(a, signal.SIGKILL)
         g1 = request_of(step_request("g1:0:n0", actions=["hi", "7777"]))
-        waiting = asyncio.create_task(r._observe(g1, env_worker="node-a"))
+        waiting = asyncio.create_task(r.observe(g1, env_worker="node-a"))
         await wait_for(
             lambda: _eq(admin.client.xlen(keys.env_steps_of("node-a")), 2), what="the step routed to dead node-a"
         )

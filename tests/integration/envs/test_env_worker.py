@@ -248,14 +248,15 @@ async def test_an_episodes_steps_stay_on_the_env_worker_holding_it_until_it_dies
     is gone, a step already routed to it is taken over (replayed) by the other, and its episodes'
     next steps go to the shared stream."""
     from streamrl.core.worker import Worker
-    from streamrl.generate.episode_runner import READ_GROUP, EpisodeRunner
+    from streamrl.generate.env_channel import READ_GROUP, EnvChannel
 
     cfg = env_config(config, "tests.programs.env_fns:Counter", concurrency=4)  # 50 ms steps: both take first steps
     # The fixture's 200 ms claim window lets a loaded machine hand a live worker's pending first step to
     # the other one too (both then hold the episode, and no takeover replays it): only dead workers' steps here.
     cfg.broker.claim_idle_ms = 2000
     a, b = EnvWorker(cfg, broker, "env-a"), EnvWorker(cfg, broker, "env-b")
-    runner = EpisodeRunner(Worker(cfg, broker, "gen-0"))
+    generator = Worker(cfg, broker, "gen-0")
+    runner = EnvChannel(cfg, generator.consumer, generator.count)
     await broker.ensure_group(runner.stream, READ_GROUP)
     stops = {w.worker_id: asyncio.Event() for w in (a, b)}
     for w in (a, b):
@@ -272,7 +273,7 @@ async def test_an_episodes_steps_stay_on_the_env_worker_holding_it_until_it_dies
         actions, worker = [], ""
         for t in range(turns):
             actions.append(f"t{t}")
-            obs = await asyncio.wait_for(runner._observe(request(list(actions), f"g{i}:0:a", 0.05), worker), 20)
+            obs = await asyncio.wait_for(runner.observe(request(list(actions), f"g{i}:0:a", 0.05), worker), 20)
             assert obs.error == "" and obs.text == f"{t + 1}:" + "|".join(actions), obs
             worker = obs.env_worker
         return worker

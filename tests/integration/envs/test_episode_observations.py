@@ -9,19 +9,21 @@ import pytest
 
 from streamrl.core.messages import Observation, StepRequest, decode, encode
 from streamrl.core.worker import Worker
-from streamrl.generate.episode_runner import READ_GROUP, EpisodeFailed, EpisodeRunner
+from streamrl.generate.env_channel import READ_GROUP, EpisodeFailed
+from streamrl.generate.episode_runner import EpisodeContext, EpisodeRunner
 
 pytestmark = pytest.mark.anyio
 
 
-async def runner(config, broker, **env) -> EpisodeRunner:
+async def runner(config, broker, **env) -> tuple[EpisodeRunner, Worker]:
     cfg = config.model_copy(deep=True)
     cfg.env.fn = "charclass_dialog"
     for k, v in env.items():
         setattr(cfg.env, k, v)
-    r = EpisodeRunner(Worker(cfg, broker, "gen-0"))  # the reader needs only the Worker side
-    await broker.ensure_group(r.stream, READ_GROUP)
-    return r
+    w = Worker(cfg, broker, "gen-0")
+    r = EpisodeRunner(EpisodeContext.of(w))  # the reader needs only the Worker side
+    await broker.ensure_group(r.env.stream, READ_GROUP)
+    return r, w
 
 
 def req(turn: int = 0, episode_id: str = "g0:0:x") -> StepRequest:
@@ -37,8 +39,8 @@ def req(turn: int = 0, episode_id: str = "g0:0:x") -> StepRequest:
 
 
 async def test_malformed_observations_are_dead_lettered_and_the_good_one_delivered(config, broker):
-    r = await runner(config, broker)
-    waiting = asyncio.create_task(r._observe(req()))
+    r, w = await runner(config, broker)
+    waiting = asyncio.create_task(r.env.observe(req()))
     await asyncio.sleep(0.05)
     steps = await broker.read(r.keys.env_steps)
     assert len(steps) == 1 and decode(steps[0].data).actions == ["a"]  # the step request went out
@@ -47,20 +49,20 @@ async def test_malformed_observations_are_dead_lettered_and_the_good_one_deliver
         {**{"schema": 1, "kind": "observation"}, **Observation("g0:1:y", 0).__dict__, "done": 1}, use_bin_type=True
     )
     for payload in (b"\x00garbage", encode(req(episode_id="g0:1:y")), bad_done):
-        await broker.add(r.stream, payload)
-    await broker.client.xadd(r.stream, {"x": b"no d field"})
+        await broker.add(r.env.stream, payload)
+    await broker.client.xadd(r.env.stream, {"x": b"no d field"})
     good = Observation(episode_id="g0:0:x", turn=0, text="\ndigits:", env_worker="env-0")
-    await broker.add(r.stream, encode(good))
-    await broker.add(r.stream, encode(good))  # a redone step's duplicate
-    while await r.read_once():
+    await broker.add(r.env.stream, encode(good))
+    await broker.add(r.env.stream, encode(good))  # a redone step's duplicate
+    while await r.env.read_once():
         pass
     assert (await asyncio.wait_for(waiting, 5)) == good
     dead = [e.data.split(b"\n", 1)[0].decode() for e in await broker.read(r.keys.deadletter, count=100)]
     assert len(dead) == 4, dead
     assert any("not valid msgpack" in d for d in dead) and any("done must be a bool" in d for d in dead)
     assert any("does not belong on this stream" in d for d in dead) and any("no 'd' field" in d for d in dead)
-    assert r.gen.stats["observations_ignored"] == 1
-    info = {g["name"]: g for g in await broker.group_info(r.stream)}
+    assert w.stats["observations_ignored"] == 1
+    info = {g["name"]: g for g in await broker.group_info(r.env.stream)}
     assert info[READ_GROUP]["pending"] == 0
 
 
@@ -85,27 +87,27 @@ def observation(drop: str = "", **fields) -> bytes:
 async def test_a_malformed_observation_fails_its_waiting_episode_at_once_with_the_reason(config, broker, payload, why):
     """No silent default (a missing reward is not 0.0) and no wait for env.observation_timeout_s:
     the entry is dead-lettered and the episode it names fails now, with the decoder's reason."""
-    r = await runner(config, broker, observation_timeout_s=60)
-    waiting = asyncio.create_task(r._observe(req()))
+    r, _ = await runner(config, broker, observation_timeout_s=60)
+    waiting = asyncio.create_task(r.env.observe(req()))
     await asyncio.sleep(0.05)
-    await broker.add(r.stream, payload)
+    await broker.add(r.env.stream, payload)
     t0 = time.monotonic()
-    await r.read_once()
+    await r.env.read_once()
     with pytest.raises(EpisodeFailed, match=f"turn 0 of g0:0:x was dead-lettered: .*{why}"):
         await asyncio.wait_for(waiting, 5)
     assert time.monotonic() - t0 < 5
     dead = [e.data.split(b"\n", 1)[0].decode() for e in await broker.read(r.keys.deadletter, count=10)]
     assert len(dead) == 1 and why.split(".")[0] in dead[0], dead
-    assert not r.waiting
+    assert not r.env.waiting
 
 
 async def test_a_missing_observation_fails_the_episode_after_the_timeout(config, broker):
-    r = await runner(config, broker, observation_timeout_s=0.3)
+    r, _ = await runner(config, broker, observation_timeout_s=0.3)
     t0 = time.monotonic()
     with pytest.raises(EpisodeFailed, match="no observation for turn 1 within 0.3s"):
-        await r._observe(req(turn=1))
+        await r.env.observe(req(turn=1))
     assert 0.3 <= time.monotonic() - t0 < 2
-    assert not r.waiting
+    assert not r.env.waiting
 
 
 async def test_only_checkpoints_that_fit_the_prompt_are_continued(config, broker):
@@ -113,7 +115,7 @@ async def test_only_checkpoints_that_fit_the_prompt_are_continued(config, broker
 
     from streamrl.core.messages import EpisodeState, Prompt
 
-    r = await runner(config, broker, max_turns=2)
+    r, w = await runner(config, broker, max_turns=2)
     prompt = Prompt(group_id="g0", prompt_ids=np.array([1, 40]), group_size=4, admitted_version=0)
 
     def state(sample: int, turn: int = 0, prompt_ids=(1, 40)) -> bytes:
@@ -137,7 +139,7 @@ async def test_only_checkpoints_that_fit_the_prompt_are_continued(config, broker
     )
     saved = await r._load_states(prompt)
     assert list(saved) == [0] and saved[0].completion_ids.tolist() == [5, 6]
-    assert r.gen.stats["episode_states_invalid"] == 4  # other prompt, turn past max_turns, garbage, wrong field
+    assert w.stats["episode_states_invalid"] == 4  # other prompt, turn past max_turns, garbage, wrong field
 
 
 @pytest.fixture(scope="module")
@@ -174,7 +176,7 @@ async def tokens_with_loop_gap(r: EpisodeRunner, text: str) -> tuple[object, flo
 
 
 async def test_a_large_observation_is_tokenized_off_the_event_loop(config, broker, tokenizer):
-    r = await runner(config, broker, max_observation_tokens=2_000_000)
+    r, _ = await runner(config, broker, max_observation_tokens=2_000_000)
     r.tokenizer, r.chat = tokenizer, None
     text = "digits: 12345 hello. " * 40_000  # 840k characters: ~2 s to tokenize on the CI machine
     ids, gap = await tokens_with_loop_gap(r, text)
@@ -183,7 +185,7 @@ async def test_a_large_observation_is_tokenized_off_the_event_loop(config, broke
 
 
 async def test_an_observation_past_max_observation_tokens_fails_its_episode(config, broker, tokenizer):
-    r = await runner(config, broker, max_observation_tokens=1000)
+    r, _ = await runner(config, broker, max_observation_tokens=1000)
     r.tokenizer, r.chat = tokenizer, None
     out, _ = await tokens_with_loop_gap(r, "ab" * 600)  # 1200 tokens: counted, then failed
     assert isinstance(out, EpisodeFailed)
@@ -219,18 +221,18 @@ def prompt():
 async def test_the_replay_answer_that_fails_the_episode_is_not_counted_as_a_restart(config, broker):
     from streamrl.generate.episode_runner import MAX_RESTARTS
 
-    r = LosesState(Worker(config, broker, "gen-0"))
+    r = LosesState(EpisodeContext.of(w := Worker(config, broker, "gen-0")))
     with pytest.raises(EpisodeFailed, match=f"lost the episode's state {MAX_RESTARTS + 1} times"):
         await r._episode(prompt(), 0)
     assert int(await broker.get(r.keys.stat("episodes_restarted"))) == MAX_RESTARTS
-    assert r.gen.stats["episodes_restarted"] == MAX_RESTARTS
+    assert w.stats["episodes_restarted"] == MAX_RESTARTS
 
 
 async def test_a_group_failed_by_its_episodes_counts_in_groups_failed(config, broker):
     """The trainer adds stats:groups_failed to metrics.jsonl's `failed` (it stayed 0 before)."""
     from streamrl.core.broker import Entry
 
-    r = LosesState(Worker(config, broker, "gen-0"))
+    r = LosesState(EpisodeContext.of(Worker(config, broker, "gen-0")))
     r.fail = True
     entry_id = await broker.add(r.keys.prompts, encode(prompt()))
     assert await r.run_group(Entry(entry_id, encode(prompt()), {}), prompt()) is False
