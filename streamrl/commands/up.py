@@ -59,8 +59,10 @@ def run(args) -> int:
             "folder under runs/)"
         )
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
+    if warning := cfg.broker.inline_password_warning():
+        print(warning, flush=True)
     embedded = sup = None
-    url, code = cfg.broker.url, 1
+    url, code = cfg.broker.connect_url(), 1
     export = Export(run_dir, enabled=cfg.run.export)
     try:
         if url == "embedded":
