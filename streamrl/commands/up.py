@@ -44,7 +44,7 @@ def run(args) -> int:
         args.config, args.run_dir = args.config or str(written), args.resume
     cfg = load(args)
     if args.resume and Path(args.config) == written:
-        from streamrl.config.resume import switch_objective
+        from streamrl.losses.resume import switch_objective
 
         cfg, note = switch_objective(written, cfg, args.overrides)
         if note:

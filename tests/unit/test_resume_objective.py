@@ -7,8 +7,8 @@ resolved values written in RUN_DIR/config.yaml, and says so (issue 42 item 3).
 from __future__ import annotations
 
 from streamrl.config.files import dump_config, load_config
-from streamrl.config.resume import switch_objective
 from streamrl.losses import resolve_loss
+from streamrl.losses.resume import switch_objective
 
 
 def resumed(tmp_path, first: list[str], now: list[str]):

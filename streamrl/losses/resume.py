@@ -27,7 +27,7 @@ def _fmt(value: Any) -> str:
 def switch_objective(written_path: Path, cfg: Config, overrides: list[str]) -> tuple[Config, str | None]:
     """`cfg` (RUN_DIR/config.yaml plus this command's --set) with its loss section rebuilt for a new
     objective, and the console note; unchanged (note None) when the objective is the run's."""
-    from streamrl.losses.registry import get_objective, loss_settings  # imports the objectives
+    from streamrl.losses.registry import get_objective, loss_settings  # imports the objective modules
 
     written = (yaml.safe_load(Path(written_path).read_text()) or {}).get("loss") or {}
     old, new = written.get("name", LossConfig().name), cfg.loss.name
