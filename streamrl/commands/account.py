@@ -24,7 +24,11 @@ DESCRIPTION = (
 
 def add_arguments(p) -> None:
     add_config_args(p)
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument(
+        "--broker",
+        help="redis:// or redis+cluster:// URL (default: $STREAMRL_BROKER_URL, RUN_DIR/broker/url, else the "
+        "config's broker.url with its password_env or password_file)",
+    )
     p.add_argument("--run", help="run name (overrides run.name)")
     p.add_argument("--run-dir", required=True, help="where summary.json goes (the trainer's --run-dir)")
 
@@ -36,7 +40,7 @@ def run(args) -> int:
     run_dir = Path(args.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     per_group = cfg.rollout.group_size if cfg.env.fn else 0
-    s = write_summary(broker_url(args), cfg.run.name, run_dir, per_group)
+    s = write_summary(broker_url(args, cfg), cfg.run.name, run_dir, per_group)
     parts = ("trained", "dropped_stale", "filtered", "failed", "requeued", "in_flight", "lost")
     print(
         f"run {cfg.run.name}: {s['trained_steps']} steps trained; groups admitted {s['admitted']} = "

@@ -56,8 +56,9 @@ def resolve_model(cfg: Config) -> Config:
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(path)})})
 
 
-def broker_url(args) -> str:
-    """--broker, then $STREAMRL_BROKER_URL, then RUN_DIR/broker/url of a running `streamrl up`."""
+def broker_url(args, cfg: Config | None = None) -> str:
+    """--broker, then $STREAMRL_BROKER_URL, then RUN_DIR/broker/url of a running `streamrl up`, then
+    the config's broker.url (an external broker) with its password_env / password_file."""
     if getattr(args, "broker", None):
         return args.broker
     if os.environ.get("STREAMRL_BROKER_URL"):
@@ -65,6 +66,8 @@ def broker_url(args) -> str:
     run_dir = getattr(args, "run_dir", None)
     if run_dir and (Path(run_dir) / "broker" / "url").exists():
         return (Path(run_dir) / "broker" / "url").read_text().strip()
+    if cfg is not None and cfg.broker.url != "embedded":
+        return cfg.broker.connect_url()
     raise ConfigError(
         "no broker URL: pass --broker redis://HOST:6379/0, set STREAMRL_BROKER_URL, "
         "or --run-dir of a running `streamrl up`"

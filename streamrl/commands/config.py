@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from streamrl.commands.common import add_config_args, add_preflight_arg, load, preflight
 
 NAME = "config"
@@ -28,6 +30,8 @@ def run(args) -> int:
     from streamrl.losses import resolve_loss
 
     cfg = load(args)
+    if warning := cfg.broker.inline_password_warning():
+        print(warning, file=sys.stderr)
     preflight(args, cfg)
     data = resolved_dump(cfg)  # as RUN_DIR/config.yaml will hold it: the objective's defaults applied
     if args.explain:

@@ -40,8 +40,15 @@ def run(args) -> int:
             raise ConfigError(
                 f"--resume {args.resume}: no config.yaml there; pass the run directory of an earlier `streamrl up`"
             )
-        args.config, args.run_dir = args.config or str(Path(args.resume) / "config.yaml"), args.resume
+        written = Path(args.resume) / "config.yaml"
+        args.config, args.run_dir = args.config or str(written), args.resume
     cfg = load(args)
+    if args.resume and Path(args.config) == written:
+        from streamrl.losses.resume import switch_objective
+
+        cfg, note = switch_objective(written, cfg, args.overrides)
+        if note:
+            print(note, flush=True)
     preflight(args, cfg)
     cfg = resolve_model(cfg)
     # Only now: a config error above leaves no empty run directory behind.
@@ -59,8 +66,10 @@ def run(args) -> int:
             "folder under runs/)"
         )
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
+    if warning := cfg.broker.inline_password_warning():
+        print(warning, flush=True)
     embedded = sup = None
-    url, code = cfg.broker.url, 1
+    url, code = cfg.broker.connect_url(), 1
     export = Export(run_dir, enabled=cfg.run.export)
     try:
         if url == "embedded":

@@ -20,7 +20,11 @@ ROLES = ["feeder", "generator", "reward", "reference", "judge", "env", "trainer"
 def add_arguments(p) -> None:
     p.add_argument("role", choices=ROLES)
     add_config_args(p)
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    p.add_argument(
+        "--broker",
+        help="redis:// or redis+cluster:// URL (default: $STREAMRL_BROKER_URL, RUN_DIR/broker/url, else the "
+        "config's broker.url with its password_env or password_file)",
+    )
     p.add_argument("--run", help="run name (overrides run.name)")
     p.add_argument("--run-dir", help="folder for this worker's logs (and the trainer's metrics)")
     p.add_argument("--id", help="worker id, unique within its role (default: ROLE-HOST-PID)")
@@ -31,7 +35,7 @@ def run(args) -> int:
 
     try:
         cfg = load(args)
-        url = broker_url(args)
+        url = broker_url(args, cfg)
         if cfg.model.path is None:
             cfg = resolve_model(cfg)
     except ConfigError as exc:  # the same config on every restart: tell the supervisor not to retry

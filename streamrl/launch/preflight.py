@@ -183,19 +183,27 @@ def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
     import redis
 
     from brokers.redis_streams import redact
+    from streamrl.core.errors import ConfigError
 
     shown = redact(cfg.broker.url)
+    try:
+        url = cfg.broker.connect_url()
+    except ConfigError as exc:
+        return str(exc)
     deadline, error = time.monotonic() + timeout_s, None
     while time.monotonic() < deadline:
         try:
-            client = redis.Redis.from_url(cfg.broker.url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
+            client = redis.Redis.from_url(url, socket_connect_timeout=timeout_s, socket_timeout=timeout_s)
             try:
                 client.ping()
                 return None
             finally:
                 client.close()
         except redis.AuthenticationError as exc:
-            return f"broker {shown} rejected the credentials ({exc}); put the right password (and user) in broker.url"
+            return (
+                f"broker {shown} rejected the credentials ({exc}); put the right password in broker.password_env "
+                "or broker.password_file (and the user in broker.url)"
+            )
         except (redis.ConnectionError, redis.TimeoutError, OSError, ValueError) as exc:
             error = exc
             time.sleep(0.3)
@@ -212,16 +220,16 @@ def _check_cluster(cfg: Config) -> str | None:
 
     from brokers.cluster import check_slots, connect_cluster
     from streamrl.core.broker import Keys
-    from streamrl.core.errors import BrokerError
+    from streamrl.core.errors import BrokerError, ConfigError
 
     async def probe() -> None:
-        broker = await connect_cluster(cfg.broker.url, retries=2, strict=True)
+        broker = await connect_cluster(cfg.broker.connect_url(), retries=2, strict=True)
         await broker.close()
 
     try:
         check_slots(Keys.of(cfg))
         asyncio.run(probe())
-    except BrokerError as exc:
+    except (BrokerError, ConfigError) as exc:
         return str(exc)
     return None
 

@@ -130,10 +130,10 @@ def run(cfg: LossConfig, inp: LossInputs, obj: Objective) -> tuple[torch.Tensor,
     norm = _check(inp, loss_requirements(cfg), obj.name)
     norm = Norm(norm.tokens, norm.seqs, cfg.horizon)
     mask = inp.mask.to(inp.logprobs.dtype)
-    terms: Terms = obj.fn(cfg, inp)
+    terms: Terms = obj.fn(cfg, corrections.objective_inputs(cfg, obj, inp))
     fixes: dict[str, torch.Tensor] = {}
     if corrections.enabled(cfg):
-        factor, fixes = corrections.correction(cfg, inp)
+        factor, fixes = corrections.correction(cfg, inp, obj)
         terms.loss = terms.loss * factor
 
     def token_mean(x: torch.Tensor) -> torch.Tensor:

@@ -23,7 +23,7 @@ class DecoupledPPOSettings(PPOSettings):
     """Truncation of the behaviour weight exp(l_prox - l_b)."""
 
 
-@register_loss("decoupled_ppo", requires=("prox_logprobs",), settings=DecoupledPPOSettings)
+@register_loss("decoupled_ppo", requires=("prox_logprobs",), settings=DecoupledPPOSettings, weights_behaviour=True)
 def decoupled_ppo(cfg, inp: LossInputs) -> Terms:
     prox = inp.prox_logprobs.detach()
     u = torch.exp(log_ratio(inp.logprobs, prox, cfg.log_ratio_clamp))

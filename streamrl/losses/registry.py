@@ -56,6 +56,10 @@ class Objective:
     """Optional LossInputs fields the objective itself needs (beyond what cfg implies)."""
     settings: type[LossSettings] = ClipSettings
     """Its settings: the parameters it reads from cfg and its defaults (streamrl/losses/settings.py)."""
+    weights_behaviour: bool = False
+    """The objective itself weights each token by a truncated importance weight pi_old / pi_b
+    (tis, decoupled_ppo): the shared TIS caps would weight it twice, so they are refused, and the
+    mismatch corrections only mask it (streamrl/losses/corrections.py)."""
 
 
 _REGISTRY: dict[str, Objective] = {}
@@ -63,9 +67,16 @@ _USER_LOSSES: dict[str, Objective] = {}
 """`module:function` objectives loaded so far (kept apart: they are not names to list or register)."""
 
 
-def register_loss(name: str, *, requires: Iterable[str] = (), settings: type[LossSettings] = ClipSettings) -> Callable:
+def register_loss(
+    name: str,
+    *,
+    requires: Iterable[str] = (),
+    settings: type[LossSettings] = ClipSettings,
+    weights_behaviour: bool = False,
+) -> Callable:
     """Decorator: make `fn(cfg, inp) -> Terms` available as `loss.name=<name>`; `cfg` is an instance
-    of `settings` (the objective's parameters and defaults, a LossSettings subclass)."""
+    of `settings` (the objective's parameters and defaults, a LossSettings subclass).
+    `weights_behaviour`: see Objective."""
     req = frozenset(requires)
     if not req <= set(INPUT_NAMES):
         raise ValueError(f"register_loss({name!r}): requires={sorted(req)} must be a subset of {INPUT_NAMES}")
@@ -81,7 +92,7 @@ def register_loss(name: str, *, requires: Iterable[str] = (), settings: type[Los
                 f"loss {name!r} is already registered by {old.fn.__module__}.{old.fn.__qualname__}; "
                 "pick another name for the new objective"
             )
-        _REGISTRY[name] = Objective(name, fn, req, settings)
+        _REGISTRY[name] = Objective(name, fn, req, settings, weights_behaviour)
         return fn
 
     return deco
@@ -188,9 +199,28 @@ def loss_settings(loss: LossConfig, max_tokens: int | None = None) -> LossSettin
         settings = cls.model_validate({**data, **cls.fixed})
     except ValidationError as exc:
         raise settings_error(loss.name, cls, exc) from None
+    _check_corrections(loss.name, obj, settings)
     if settings.aggregation == "fixed_horizon" and settings.horizon is None and max_tokens is not None:
         settings = settings.model_copy(update={"horizon": max_tokens})
     return settings
+
+
+def _check_corrections(name: str, obj: Objective, cfg: LossSettings) -> None:
+    """Importance weights that would count the sampler's ratio twice are config errors."""
+    if cfg.tis_token_cap is not None and cfg.tis_seq_cap is not None:
+        raise ConfigError(
+            "loss.tis_token_cap and loss.tis_seq_cap are two importance weights for the same sampler "
+            "mismatch (together they weight a token twice); keep one of them (docs/losses.md, "
+            "'Mismatch corrections')"
+        )
+    caps = [k for k in ("tis_token_cap", "tis_seq_cap") if getattr(cfg, k) is not None]
+    if caps and obj.weights_behaviour:
+        own = {"tis": "loss.tis_cap", "decoupled_ppo": "loss.behav_weight_cap"}.get(name, "its own cap")
+        raise ConfigError(
+            f"loss.name={name} already weights each token by a truncated importance weight "
+            f"pi_old / pi_b; loss.{caps[0]} would weight it twice. Set {own} instead, or use "
+            f"loss.{caps[0]} with another objective (e.g. loss.name=reinforce or grpo)"
+        )
 
 
 def resolve_loss(cfg: Config) -> LossSettings:

@@ -20,7 +20,7 @@ class TISSettings(LossSettings):
     """Truncation c of the importance weight min(r, c)."""
 
 
-@register_loss("tis", settings=TISSettings)
+@register_loss("tis", settings=TISSettings, weights_behaviour=True)
 def tis(cfg, inp: LossInputs) -> Terms:
     ratio = torch.exp(log_ratio(inp.logprobs, inp.old_logprobs, cfg.log_ratio_clamp)).detach()
     high = ratio > cfg.tis_cap

@@ -114,7 +114,28 @@ def decode_with_extras(blob: Any, expect: type | None = None) -> tuple[Any, list
         ) from None
     if not isinstance(data, dict):
         raise DecodeError(f"payload must be a msgpack map, got a msgpack {type(data).__name__}")
-    schema = data.pop("schema", None)
+    kind = data.get("kind")
+    other = isinstance(kind, str) and kind in MESSAGE_TYPES and kind != "annotation"
+    annotation = kind == "annotation" or (expect is Annotation and not other)
+    try:
+        return _decode_map(data, expect)
+    except DecodeError as exc:
+        if annotation:
+            # name the writer (docs/protocol.md, "Dead letters"): its key and producer, as far as they can be read
+            who = {f: data.get(f, "?") for f in ("key", "producer", "rollout_id")}
+            raise DecodeError(
+                f"annotation {who['key']!r} from producer {who['producer']!r} for rollout {who['rollout_id']!r}: {exc}"
+            ) from None
+        raise
+
+
+def _decode_map(data: dict, expect: type | None) -> tuple[Any, list[str]]:
+    if "schema" not in data:
+        raise DecodeError(
+            f"missing required field schema (it has {', '.join(sorted(map(str, data))) or 'no fields'}); "
+            f"every payload carries schema: {SCHEMA_VERSION} (docs/protocol.md, Entries)"
+        )
+    schema = data.pop("schema")
     if type(schema) is not int or schema != SCHEMA_VERSION:
         raise DecodeError(f"unknown schema version {schema!r} (this worker reads {SCHEMA_VERSION})")
     kind = data.pop("kind", None)
@@ -126,15 +147,7 @@ def decode_with_extras(blob: Any, expect: type | None = None) -> tuple[Any, list
         raise DecodeError(
             f"{article} {cls.kind} message does not belong on this stream (expected kind {expect.kind!r})"
         )
-    try:
-        return _build(cls, data)
-    except DecodeError as exc:
-        if cls is Annotation:  # name the writer: its key and producer, as far as they can be read
-            who = {f: data.get(f, "?") for f in ("key", "producer", "rollout_id")}
-            raise DecodeError(
-                f"annotation {who['key']!r} from producer {who['producer']!r} for rollout {who['rollout_id']!r}: {exc}"
-            ) from None
-        raise
+    return _build(cls, data)
 
 
 def _build(cls: type, data: dict) -> tuple[Any, list[str]]:
