@@ -148,9 +148,10 @@ class LocalCluster:
             ]
         )
 
-    def _launch(self, binary: str, node: Node) -> None:
+    def _launch(self, binary: str, node: Node, fresh: bool = True) -> None:
         node.dir.mkdir(parents=True, exist_ok=True)
-        _write_private(node.dir / "redis.conf", self._config(node) + "\n")
+        if fresh:  # a restart keeps the file: broker users are saved in it (CONFIG REWRITE, brokers/acl.py)
+            _write_private(node.dir / "redis.conf", self._config(node) + "\n")
         with open(node.dir / "redis.log", "ab") as out:
             # Own session: a terminal's Ctrl-C must not reach the servers before the roles drain.
             node.proc = subprocess.Popen(
@@ -229,7 +230,7 @@ class LocalCluster:
     def restart(self, port: int) -> None:
         """Start the node on `port` again on its folder: it rejoins (as a replica if it was failed over)."""
         node = next(n for n in self.nodes if n.port == port)
-        self._launch(find_redis_server(self.binary), node)
+        self._launch(find_redis_server(self.binary), node, fresh=False)
         self._wait_ping(node, time.monotonic() + 30)
 
     def stop(self, timeout: float = 10) -> None:

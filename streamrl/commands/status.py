@@ -23,6 +23,7 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
+from streamrl.commands.common import add_broker_arg
 from streamrl.core.broker import Keys
 
 NAME = "status"
@@ -52,7 +53,7 @@ LEGEND = (
 
 def add_arguments(p) -> None:
     p.add_argument("--run-dir", help="run directory of a `streamrl up` (broker URL and run name from it)")
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    add_broker_arg(p)
     p.add_argument("--run", help="run name (default: run.name in RUN_DIR/config.yaml, else tiny)")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
