@@ -14,11 +14,10 @@ key patterns are granted independently; on Redis >= 7 selectors pair XADD with
 from __future__ import annotations
 
 import asyncio
-import re
 
 from streamrl.commands import acl_users
 from streamrl.commands.acl_users import cluster_grant, delete_user, set_user, users_starting
-from streamrl.core.broker import Keys
+from streamrl.core.broker import Keys, found_partitions
 from streamrl.core.errors import ConfigError
 from streamrl.core.run_end import user_name
 
@@ -84,9 +83,7 @@ async def add(admin_url: str, keys: Keys, name: str) -> str:
 async def check_partitions(broker, keys: Keys) -> None:
     """Refuse a user (and groups, which would create streams) for a layout the run does not use: a job
     already running with another rollout.partitions has its `rollouts` under other names."""
-    run = re.escape(keys.run)
-    mine = re.compile(rf"streamrl:{run}:(\{{{run}(:p\d+\.\d+)?\}}:)?rollouts")
-    found = sorted(k for k in await broker.scan(f"streamrl:{keys.run}:*rollouts") if mine.fullmatch(k))
+    found = await found_partitions(broker, keys.run)
     if found and not set(keys.rollout_streams) & set(found):
         raise ConfigError(
             f"run {keys.run!r} has its rollouts in {found} ({len(found)} partition(s)), not in "

@@ -13,6 +13,7 @@ broker instance in their constructor; nothing here is global.
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Protocol
@@ -129,6 +130,15 @@ def partition_tag(run: str, i: int, partitions: int) -> str:
     while not lo <= key_slot(f"{run}:p{i}.{n}") < hi:
         n += 1
     return f"{run}:p{i}.{n}"
+
+
+async def found_partitions(broker: "Broker", run: str) -> list[str]:
+    """The `rollouts` streams of `run` that exist on `broker`, in any layout (one server or cluster, any
+    rollout.partitions): what a process outside the job (`streamrl status`, `streamrl producer add`) can
+    tell the job's partitions from. Needs SCAN (an admin's user)."""
+    name = re.escape(run)
+    mine = re.compile(rf"streamrl:{name}:(\{{{name}(:p\d+\.\d+)?\}}:)?rollouts")
+    return sorted(k for k in await broker.scan(f"streamrl:{run}:*rollouts") if mine.fullmatch(k))
 
 
 class Keys:
