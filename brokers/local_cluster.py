@@ -9,11 +9,18 @@ master; `start()` returns once every node says `cluster_state:ok` and every repl
         broker = await connect(cluster.url)   # redis+cluster://:PW@127.0.0.1:P1,127.0.0.1:P2,...
         cluster.kill(cluster.masters()[0])    # SIGKILL one master: its replica takes over
 
+To try a job on a cluster by hand (runs until Ctrl-C; the URL, with its password, in DIR/url, mode 0600):
+
+    python -m brokers.local_cluster --dir /tmp/streamrl-cluster --port 7000   # nodes on 7000-7005
+    streamrl up --config configs/tiny-cpu.yaml --set broker.url="$(cat /tmp/streamrl-cluster/url)" \
+        --set rollout.partitions=3 --set broker.wait_replicas=1
+
 Not for production: a real cluster spreads its nodes over hosts (docs/scaling-brokers.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import secrets
@@ -21,6 +28,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +38,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from brokers.embedded import _quote, _write_private, find_redis_server, server_version
+from streamrl.core.broker_url import redact_cluster
 from streamrl.core.errors import BrokerError
 
 MIN_VERSION = (7, 0)
@@ -251,3 +260,38 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m brokers.local_cluster`: start a local cluster, write its URL to DIR/url, wait for Ctrl-C."""
+    p = argparse.ArgumentParser(prog="python -m brokers.local_cluster", description=__doc__.split("\n")[0])
+    p.add_argument("--dir", required=True, help="a new or empty folder for the nodes' data, logs and the URL file")
+    p.add_argument("--port", type=int, help="first client port (nodes on PORT.., cluster bus +10000); default: free")
+    p.add_argument("--masters", type=int, default=3)
+    p.add_argument("--replicas", type=int, default=1, help="replicas per master (failover needs 1)")
+    p.add_argument("--binary", help="redis-server >= 7 (default: found as for the embedded broker)")
+    p.add_argument("--node-timeout-ms", type=int, default=5000, help="cluster-node-timeout: silence before a failover")
+    args = p.parse_args(argv)
+    data = Path(args.dir)
+    if data.exists() and any(data.iterdir()):
+        raise SystemExit(f"--dir {data} is not empty (a cluster is created once per folder); pass a new folder")
+    size = args.masters * (1 + args.replicas)
+    ports = list(range(args.port, args.port + size)) if args.port else None
+    cluster = LocalCluster(
+        data, args.masters, args.replicas, ports=ports, binary=args.binary, node_timeout_ms=args.node_timeout_ms
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with cluster:
+        _write_private(cluster.data_dir / "url", cluster.url + "\n")
+        print(
+            f"cluster up: {redact_cluster(cluster.url)}; its URL (with the password) is in {cluster.data_dir / 'url'}"
+        )
+        print("Ctrl-C stops every node (their folders stay)", flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
