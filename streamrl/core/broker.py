@@ -124,7 +124,7 @@ def key_slot(tag: str) -> int:
 
 def partition_tag(run: str, i: int, partitions: int) -> str:
     """The hash tag of partition i of P: `RUN:p<i>.<n>` with n the smallest integer >= 0 whose slot is in
-    [lo + 1, hi - 1), lo = i*16384//P, hi = (i+1)*16384//P (docs/protocol.md, "Key layout"; about P tries).
+    [lo + 1, hi - 1), lo = i*16384//P, hi = (i+1)*16384//P (docs/protocol.md, "Partitions"; about P tries).
     One slot off each end: `redis-cli --cluster create` rounds its P masters' boundaries where this floors,
     so a slot at either end of the plain range may be the neighbouring master's (two partitions on one)."""
     lo, hi = i * SLOTS // partitions + 1, (i + 1) * SLOTS // partitions - 1
