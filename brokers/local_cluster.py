@@ -11,8 +11,8 @@ master; `start()` returns once every node says `cluster_state:ok` and every repl
 
 To try a job on a cluster by hand (runs until Ctrl-C; the URL, with its password, in DIR/url, mode 0600):
 
-    python -m brokers.local_cluster --dir /tmp/streamrl-cluster --port 7000   # nodes on 7000-7005
-    streamrl up --config configs/tiny-cpu.yaml --set broker.url="$(cat /tmp/streamrl-cluster/url)" \
+    python -m brokers.local_cluster --dir runs/cluster --port 7000   # nodes on 7000-7005
+    streamrl up --config configs/tiny-cpu.yaml --set broker.url="$(cat runs/cluster/url)" \
         --set rollout.partitions=3 --set broker.wait_replicas=1
 
 Not for production: a real cluster spreads its nodes over hosts (docs/scaling-brokers.md).
