@@ -173,6 +173,21 @@ async def test_wrong_partitions_are_refused_and_a_user_without_the_cluster_grant
         text = str(err.value)
         assert "NOPERM" in text and "+cluster|slots" in text and "+command" in text, text
         assert "cluster-enabled no" not in text and "start the nodes" not in text, text
+
+        # `streamrl envuser add` on a cluster: the same, for an env worker's keys.
+        res = cli("envuser", "add", "node", "--run", run, "--broker", redis_cluster.url)
+        assert res.returncode == 0, res.stderr
+        assert all(f"env-{run}-node" in users_on(redis_cluster, n.port) for n in redis_cluster.nodes)
+        eb = await connect(res.stdout.splitlines()[0], retries=0)
+        try:
+            env = Keys(run, cluster=True)
+            assert [g["name"] for g in await eb.group_info(env.env_steps)] == ["env"]
+            await eb.add(env.observations("generator-0"), b"x")
+            with pytest.raises(NoPermissionError):
+                await eb.client.xadd(keys.rollout_streams[0], {"d": b"x"})
+        finally:
+            await eb.close()
+        assert cli("envuser", "remove", "node", "--run", run, "--broker", redis_cluster.url).returncode == 0
     finally:
         for n in redis_cluster.nodes:
             with redis_cluster.client(n.port) as c:
