@@ -170,6 +170,8 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 cwd=node.dir,
                 start_new_session=True,
+                umask=0o077,  # what the server writes stays private: CONFIG REWRITE (brokers/acl.py) rewrites
+                # redis.conf, password included, with the server's umask; AOF and RDB hold the data
             )
 
     def _wait_ping(self, node: Node, deadline: float) -> None:

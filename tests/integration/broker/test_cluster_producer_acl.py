@@ -92,6 +92,9 @@ async def test_a_producer_user_works_on_every_node_through_a_restart_and_a_failo
             assert f"--partitions {P}" in res.stdout and "warning" not in res.stderr, res.stderr
             user = f"producer-{RUN}-judge"
             assert all(user in users_on(cluster, n.port) for n in cluster.nodes), "the user is on every node"
+            for node in cluster.nodes:  # saved for a restart (CONFIG REWRITE), in a file still private
+                conf = node.dir / "redis.conf"
+                assert f"user {user} on" in conf.read_text() and conf.stat().st_mode & 0o077 == 0, conf
             # The groups are on the partition streams; no stream under an unpartitioned name was created.
             streams = await admin.scan(f"streamrl:{RUN}:*rollouts")
             assert sorted(streams) == sorted(keys.rollout_streams), streams
@@ -193,3 +196,11 @@ async def test_wrong_partitions_are_refused_and_a_user_without_the_cluster_grant
             with redis_cluster.client(n.port) as c:
                 c.execute_command("ACL", "DELUSER", f"bare-{run}")
         await admin.close()
+
+
+def test_the_embedded_server_keeps_its_config_private_when_a_user_is_saved(redis_server):
+    res = cli("producer", "add", "judge", "--run", "acl-embedded", "--broker", redis_server.url)
+    assert res.returncode == 0, res.stderr
+    conf = redis_server.data_dir / "redis.conf"
+    assert "user producer-acl-embedded-judge on" in conf.read_text() and conf.stat().st_mode & 0o077 == 0
+    assert cli("producer", "remove", "judge", "--run", "acl-embedded", "--broker", redis_server.url).returncode == 0
