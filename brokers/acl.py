@@ -1,7 +1,8 @@
 """Broker users (Redis ACL) on every node that may serve a run, kept across node restarts.
 
-    nodes = await acl_nodes(broker)                       # the one server, or every node of a cluster
-    notes = await on_every_node(nodes, "ACL", "SETUSER", user, *rules)
+    nodes = await acl_nodes(broker, admin_url)         # the one server, or every node of a cluster
+    replies, notes = await on_every_node(nodes, "ACL", "SETUSER", user, *rules)
+    await close_nodes(nodes)
 
 Redis keeps ACL users per node: on a cluster a user set on one node is unknown to the others (masters
 serving the other slots, and the replicas that take over after a failover), so `streamrl producer add`
@@ -74,9 +75,10 @@ async def acl_nodes(broker, url: str) -> list[AclNode]:
         nodes.append(AclNode(addr, client, own=True))
     if down or not nodes:
         await close_nodes(nodes)
+        which = ", ".join(down) or "(none listed by CLUSTER NODES)"
         raise BrokerError(
-            f"cluster node(s) {', '.join(down) or '(none listed by CLUSTER NODES)'} are down: a broker user set now would be missing there once "
-            "they are back (and refused after a failover to them). Start them (or remove a node gone for good: "
+            f"cluster node(s) {which} are down: a broker user set now would be missing there once they are "
+            "back (and refused after a failover to them). Start them (or remove a node gone for good: "
             "`redis-cli --cluster del-node`), then run the command again"
         )
     return nodes

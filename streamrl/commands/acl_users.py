@@ -15,6 +15,7 @@ import sys
 from typing import Any, Awaitable, Callable
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from streamrl.commands.common import add_broker_arg, run_dir_config
 from streamrl.core.broker import Keys
 from streamrl.core.broker_url import is_cluster_url
 from streamrl.core.errors import ConfigError
@@ -33,10 +34,12 @@ def add_arguments(p, name_help: str, partitioned: bool = True) -> None:
     p.add_argument("action", choices=["add", "remove", "list"])
     p.add_argument("name", nargs="?", help=name_help)
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    from streamrl.commands.common import add_broker_arg
-
     add_broker_arg(p, "the admin's")
-    p.add_argument("--run-dir", help="run directory of a `streamrl up` (for its broker URL and rollout.partitions)")
+    p.add_argument(
+        "--run-dir",
+        help="run directory of a `streamrl up` (for its broker URL"
+        + (" and rollout.partitions)" if partitioned else ")"),
+    )
     if not partitioned:
         return
     p.add_argument(
@@ -50,8 +53,6 @@ def add_arguments(p, name_help: str, partitioned: bool = True) -> None:
 def run_keys(args, url: str) -> Keys:
     """The keys of the run the user is for: its partitions (--partitions, else the run dir's config) and
     the cluster layout when `url` is a cluster's."""
-    from streamrl.commands.common import run_dir_config
-
     partitions = getattr(args, "partitions", None)
     if partitions is None:
         cfg = run_dir_config(args.run_dir) if getattr(args, "run_dir", None) else None

@@ -1,9 +1,11 @@
 """`streamrl producer add|remove|list`: broker users (Redis ACL) for external reward producers.
 
     streamrl producer add judge --key judge --run tiny --run-dir runs/demo     # prints the producer's URL
+    streamrl producer add judge --key judge --run tiny --partitions 3 --broker redis+cluster://:ADMIN@h1:7000,h2:7000
     streamrl producer remove judge --run tiny --broker redis://:ADMIN@host:6379/0
 
-`add` creates the consumer group NAME on `rollouts` (as the admin) and a user that may only run
+`add` creates the consumer group NAME on every partition of `rollouts` (as the admin) and a user, on
+every node of a cluster (brokers/acl.py, saved there for restarts), that may only run
 the stream commands a producer needs (ACL_COMMANDS) on its run's `rollouts`, `annotations` and
 `deadletter` keys, and GET the run's end mark (`run:end`, streamrl/core/run_end.py). What Redis can and
 cannot restrict is spelled out in docs/protocol.md ("Access control"): on Redis 6.2 commands and
@@ -47,7 +49,7 @@ HEARTBEAT_COMMANDS = ["set", "del"]
 
 def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[str]:
     """ACL SETUSER arguments for producer `name` (after the user name): the keys of `keys` (every partition,
-    the cluster layout), plus what a cluster client needs (acl_users.CLUSTER_COMMANDS) on a cluster."""
+    the cluster layout), plus what a cluster client needs (brokers.acl.CLUSTER_COMMANDS) on a cluster."""
     read = [f"~{s}" for s in keys.rollout_streams]
     write = [*(f"~{s}" for s in keys.annotation_streams), f"~{keys.deadletter}"]
     heartbeat = "~" + keys.worker("producer", f"{name}-*")
