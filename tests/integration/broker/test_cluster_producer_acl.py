@@ -19,11 +19,10 @@ from redis.exceptions import NoPermissionError
 
 from brokers.connect import connect
 from brokers.local_cluster import LocalCluster
-from streamrl.annotate.sdk import ProducerWorker, spec_of
-from streamrl.config.schema import BrokerConfig
 from streamrl.core.broker import Keys
 from streamrl.core.errors import BrokerError
 from streamrl.core.messages import Annotation, decode, encode
+from tests.integration.rewards.test_producer_partitions import ones
 from tests.integration.rewards.test_producers import rollout
 
 pytestmark = pytest.mark.anyio
@@ -57,15 +56,7 @@ async def score(url: str, admin, keys: Keys, first: int, n: int) -> list[Annotat
         r = rollout(i, 1 + i % 16)
         await admin.add(keys.rollouts_for(r.group_id), encode(r))
     pb = await connect(url, retries=0)
-    worker = ProducerWorker(
-        lambda rs: [1.0] * len(rs),
-        spec_of(lambda rs: [], key="judge"),
-        pb,
-        RUN,
-        "judge-0",
-        BrokerConfig(claim_idle_ms=200, block_ms=50),
-        partitions=P,
-    )
+    worker = ones(pb, RUN, P, claim_idle_ms=200, block_ms=50)
     task = asyncio.create_task(worker.run())
     try:
         got = await annotations(admin, keys, first + n)

@@ -16,16 +16,16 @@ from streamrl.core.broker import Keys
 pytestmark = pytest.mark.anyio
 
 
-async def started(broker, run: str, partitions: int) -> list[dict]:
-    worker = ProducerWorker(
-        lambda rs: [1.0] * len(rs),
-        spec_of(lambda rs: [], key="judge"),
-        broker,
-        run,
-        "judge-0",
-        BrokerConfig(),
-        partitions,
+def ones(broker, run: str, partitions: int, **broker_cfg) -> ProducerWorker:
+    """A producer `judge-0` of key `judge` that scores every rollout 1.0, for a job of `partitions`."""
+    spec = spec_of(lambda rs: [], key="judge")
+    return ProducerWorker(
+        lambda rs: [1.0] * len(rs), spec, broker, run, "judge-0", BrokerConfig(**broker_cfg), partitions
     )
+
+
+async def started(broker, run: str, partitions: int) -> list[dict]:
+    worker = ones(broker, run, partitions)
     with capture_logs() as logs:
         await worker.start()
     return [e for e in logs if e["event"].startswith("rollouts_not")]
