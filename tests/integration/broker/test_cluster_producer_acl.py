@@ -144,7 +144,7 @@ async def test_a_producer_user_works_on_every_node_through_a_restart_and_a_failo
             await admin.close()
 
 
-async def test_wrong_partitions_are_refused_and_a_user_without_the_cluster_grant_is_told_the_fix(redis_cluster):
+async def test_a_producer_for_another_rollout_partitions_than_the_running_jobs_is_refused(redis_cluster):
     run = "acl-wrong"
     keys = Keys(run, P, cluster=True)
     admin = await connect(redis_cluster.url, retries=3)
@@ -154,39 +154,49 @@ async def test_wrong_partitions_are_refused_and_a_user_without_the_cluster_grant
         res = cli("producer", "add", "judge", "--run", run, "--broker", redis_cluster.url)  # --partitions 1
         assert res.returncode != 0 and f"--partitions {P}" in res.stderr, res.stderr
         assert not await admin.scan(f"streamrl:{run}:{{{run}}}:rollouts"), "no stray stream"
+    finally:
+        await admin.close()
 
+
+async def test_a_cluster_user_without_the_cluster_grant_is_told_the_noperm_and_the_rules(redis_cluster):
+    run = "acl-bare"
+    try:
         # A user made by hand with the single-server grant only (no CLUSTER SLOTS, COMMAND, CLUSTER INFO).
+        # Then one with the slot map but not the command table (redis-py) nor CLUSTER INFO.
         user, pw = f"bare-{run}", "pw-bare-1234"
-        rules = ["reset", "on", f">{pw}", "-@all", "+ping", "+xreadgroup", "+xadd", "~*"]
-        for n in redis_cluster.nodes:
-            with redis_cluster.client(n.port) as c:
-                c.execute_command("ACL", "SETUSER", user, *rules)
         seeds = ",".join(f"127.0.0.1:{n.port}" for n in redis_cluster.nodes)
-        with pytest.raises(BrokerError) as err:
-            await connect(f"redis+cluster://{user}:{pw}@{seeds}", retries=1)
-        text = str(err.value)
-        assert "NOPERM" in text and "+cluster|slots" in text and "+command" in text, text
-        assert "cluster-enabled no" not in text and "start the nodes" not in text, text
-
-        # `streamrl envuser add` on a cluster: the same, for an env worker's keys.
-        res = cli("envuser", "add", "node", "--run", run, "--broker", redis_cluster.url)
-        assert res.returncode == 0, res.stderr
-        assert all(f"env-{run}-node" in users_on(redis_cluster, n.port) for n in redis_cluster.nodes)
-        eb = await connect(res.stdout.splitlines()[0], retries=0)
-        try:
-            env = Keys(run, cluster=True)
-            assert [g["name"] for g in await eb.group_info(env.env_steps)] == ["env"]
-            await eb.add(env.observations("generator-0"), b"x")
-            with pytest.raises(NoPermissionError):
-                await eb.client.xadd(keys.rollout_streams[0], {"d": b"x"})
-        finally:
-            await eb.close()
-        assert cli("envuser", "remove", "node", "--run", run, "--broker", redis_cluster.url).returncode == 0
+        for extra in ([], ["+cluster|slots", "+cluster|shards"]):
+            rules = ["reset", "on", f">{pw}", "-@all", "+ping", "+xreadgroup", "+xadd", "~*", *extra]
+            for n in redis_cluster.nodes:
+                with redis_cluster.client(n.port) as c:
+                    c.execute_command("ACL", "SETUSER", user, *rules)
+            with pytest.raises(BrokerError) as err:
+                await connect(f"redis+cluster://{user}:{pw}@{seeds}", retries=1)
+            text = str(err.value)
+            assert "NOPERM" in text and "+cluster|slots" in text and "+command" in text, text
+            assert "cluster-enabled no" not in text and "start the nodes" not in text, text
     finally:
         for n in redis_cluster.nodes:
             with redis_cluster.client(n.port) as c:
                 c.execute_command("ACL", "DELUSER", f"bare-{run}")
-        await admin.close()
+
+
+async def test_an_env_user_on_a_cluster_is_on_every_node_with_its_keys_only(redis_cluster):
+    run = "acl-env"
+    keys = Keys(run, P, cluster=True)
+    res = cli("envuser", "add", "node", "--run", run, "--broker", redis_cluster.url)
+    assert res.returncode == 0, res.stderr
+    assert all(f"env-{run}-node" in users_on(redis_cluster, n.port) for n in redis_cluster.nodes)
+    eb = await connect(res.stdout.splitlines()[0], retries=0)
+    try:
+        env = Keys(run, cluster=True)
+        assert [g["name"] for g in await eb.group_info(env.env_steps)] == ["env"]
+        await eb.add(env.observations("generator-0"), b"x")
+        with pytest.raises(NoPermissionError):
+            await eb.client.xadd(keys.rollout_streams[0], {"d": b"x"})
+    finally:
+        await eb.close()
+    assert cli("envuser", "remove", "node", "--run", run, "--broker", redis_cluster.url).returncode == 0
 
 
 def test_the_embedded_server_keeps_its_config_private_when_a_user_is_saved(redis_server):
