@@ -25,7 +25,7 @@ from rich.table import Table
 from rich.text import Text
 
 from streamrl.commands.common import add_broker_arg
-from streamrl.core.broker import Keys
+from streamrl.core.broker import Keys, partition_tag
 
 NAME = "status"
 HELP = "live view of a run: trainer, streams, consumer lag, workers, staleness, reward"
@@ -125,7 +125,7 @@ class Collector:
         """One stream split into partitions: the sums over them, and each partition under `partitions`."""
         parts = [
             {
-                "name": f"  [{i}] {key.split('{')[1].split('}')[0]}",
+                "name": f"  [{i}] {partition_tag(self.keys.run, i, len(keys))}",
                 "length": await self.broker.stream_len(key),
                 "groups": await self.broker.group_info(key),
             }
