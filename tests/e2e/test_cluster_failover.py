@@ -92,10 +92,11 @@ def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
     )
 
 
-def start_judge(run_dir: Path) -> subprocess.Popen:
+def start_judge(up: Up) -> subprocess.Popen:
     """`streamrl producer add` (user, groups and partitions from the run dir's config), then the producer."""
-    deadline = time.monotonic() + 120
+    run_dir, deadline = up.run_dir, time.monotonic() + 400  # `up` writes config.yaml after its checks
     while not (run_dir / "config.yaml").exists():
+        assert up.proc.poll() is None, f"up exited early ({up.proc.returncode}):\n{up.output()[-4000:]}"
         assert time.monotonic() < deadline, "no config.yaml"
         time.sleep(0.1)
     made = cli("producer", "add", "judge", "--key", "judge", "--run", "tiny", "--run-dir", str(run_dir))
@@ -133,7 +134,7 @@ def test_five_master_kills_lose_nothing(tmp_path):
             JUDGE,
         )
         clock = StepClock(run_dir / "metrics.jsonl")
-        judge = start_judge(run_dir)
+        judge = start_judge(up)
         kills: list[float] = []
         try:
             for n, step in enumerate(KILL_AT):
