@@ -37,8 +37,8 @@ STEPS = 40
 KILL_AT = (4, 10, 16, 22, 28)
 """Trainer steps after which a master is killed: 5 failovers, each with steps between to recover."""
 ROOT = Path(__file__).resolve().parents[2]
-JUDGE = "annotations.external=[{key: judge, weight: 0.5, timeout_s: 120, on_timeout: default, default: -1.0}]"
-"""The external key: a group waits for it up to 120 s (through any failover); a missing value would be -1."""
+JUDGE = "annotations.external=[{key: judge, weight: 0.5, timeout_s: 600, on_timeout: default, default: -1.0}]"
+"""The external key: a group waits for it up to 600 s (a loaded host, failovers); a missing value would be -1."""
 
 
 class StepClock:
