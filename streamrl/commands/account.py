@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamrl.commands.common import add_config_args, broker_url, load
+from streamrl.commands.common import add_broker_arg, add_config_args, broker_url, load
 
 NAME = "account"
 HELP = "check the accounting of a run whose workers were started by hand (multi-host)"
@@ -24,11 +24,7 @@ DESCRIPTION = (
 
 def add_arguments(p) -> None:
     add_config_args(p)
-    p.add_argument(
-        "--broker",
-        help="redis:// or redis+cluster:// URL (default: $STREAMRL_BROKER_URL, RUN_DIR/broker/url, else the "
-        "config's broker.url with its password_env or password_file)",
-    )
+    add_broker_arg(p)
     p.add_argument("--run", help="run name (overrides run.name)")
     p.add_argument("--run-dir", required=True, help="where summary.json goes (the trainer's --run-dir)")
 

@@ -56,9 +56,16 @@ def resolve_model(cfg: Config) -> Config:
     return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(path)})})
 
 
+def run_dir_config(run_dir: str | Path) -> Config | None:
+    """The config a `streamrl up` wrote to RUN_DIR/config.yaml (None without one)."""
+    path = Path(run_dir) / "config.yaml"
+    return load_config(path) if path.is_file() else None
+
+
 def broker_url(args, cfg: Config | None = None) -> str:
-    """--broker, then $STREAMRL_BROKER_URL, then RUN_DIR/broker/url of a running `streamrl up`, then
-    the config's broker.url (an external broker) with its password_env / password_file."""
+    """--broker, then $STREAMRL_BROKER_URL, then the broker of the `streamrl up` in --run-dir (its embedded
+    server's RUN_DIR/broker/url, else the external broker.url of its RUN_DIR/config.yaml), then `cfg`'s
+    external broker.url; a config's URL comes with its password_env / password_file."""
     if getattr(args, "broker", None):
         return args.broker
     if os.environ.get("STREAMRL_BROKER_URL"):
@@ -66,11 +73,22 @@ def broker_url(args, cfg: Config | None = None) -> str:
     run_dir = getattr(args, "run_dir", None)
     if run_dir and (Path(run_dir) / "broker" / "url").exists():
         return (Path(run_dir) / "broker" / "url").read_text().strip()
-    if cfg is not None and cfg.broker.url != "embedded":
-        return cfg.broker.connect_url()
+    for config in (run_dir_config(run_dir) if run_dir else None, cfg):
+        if config is not None and config.broker.url != "embedded":
+            return config.broker.connect_url()
     raise ConfigError(
-        "no broker URL: pass --broker redis://HOST:6379/0, set STREAMRL_BROKER_URL, "
-        "or --run-dir of a running `streamrl up`"
+        "no broker URL: pass --broker redis://HOST:6379/0 (or redis+cluster://HOST:PORT,...), set "
+        "STREAMRL_BROKER_URL, or --run-dir of a running `streamrl up`"
+    )
+
+
+def add_broker_arg(p: argparse.ArgumentParser, whose: str = "the") -> None:
+    """--broker: any broker URL form (one server or a cluster), with broker_url's fallbacks."""
+    p.add_argument(
+        "--broker",
+        help=f"{whose} broker URL: redis://, rediss://, unix:// or redis+cluster://HOST:PORT,HOST:PORT "
+        "(default: $STREAMRL_BROKER_URL, else the broker of the `streamrl up` in --run-dir, else the config's "
+        "broker.url with its password_env or password_file)",
     )
 
 
@@ -115,5 +133,5 @@ def add_attach_args(p: argparse.ArgumentParser, fn_metavar: str, fn_help: str) -
     """The flags of a command that attaches user code (--fn) to a running job: `streamrl env`, `streamrl reward`."""
     p.add_argument("--fn", required=True, metavar=fn_metavar, help=fn_help)
     p.add_argument("--run", required=True, help="run name (run.name of the job)")
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
-    p.add_argument("--run-dir", help="run directory of a local `streamrl up` (for its broker URL and logs)")
+    add_broker_arg(p)
+    p.add_argument("--run-dir", help="run directory of a `streamrl up` (for its broker URL and logs)")

@@ -18,9 +18,10 @@ from __future__ import annotations
 import asyncio
 
 from streamrl.commands import acl_users
-from streamrl.commands.acl_users import delete_user, set_user, users_starting
+from streamrl.commands.acl_users import cluster_grant, delete_user, set_user, users_starting
 from streamrl.commands.producer import ACL_COMMANDS, HEARTBEAT_COMMANDS, WRITE_COMMANDS
 from streamrl.core.broker import Keys
+from streamrl.core.broker_url import is_cluster_url
 
 NAME = "envuser"
 HELP = "create or remove a restricted broker user for an external env worker"
@@ -43,7 +44,7 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
     write = [f"~{keys.observations('*')}", f"~{keys.deadletter}"]
     heartbeats = keys.worker("env", "*")
     heartbeat = "~" + keys.worker("env", f"{name}-*")
-    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS), "+scan"]
+    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS), "+scan", *cluster_grant(keys)]
     if server_major >= 7:
         return [
             *base,
@@ -56,15 +57,15 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
 
 
 async def add(admin_url: str, run: str, name: str) -> str:
-    """Create (or reset) the env user and the `env` group; return its URL."""
-    keys = Keys(run)
+    """Create (or reset) the env user on every node and the `env` group; return its URL."""
+    keys = Keys(run, cluster=is_cluster_url(admin_url))
     return await set_user(
-        admin_url, user_name(run, name), lambda pw, major: acl_rules(keys, name, pw, major), keys.env_steps, GROUP
+        admin_url, user_name(run, name), lambda pw, major: acl_rules(keys, name, pw, major), [keys.env_steps], GROUP
     )
 
 
 def add_arguments(p) -> None:
-    acl_users.add_arguments(p, "env user name; its workers' ids start with NAME-")
+    acl_users.add_arguments(p, "env user name; its workers' ids start with NAME-", partitioned=False)
 
 
 def run(args) -> int:

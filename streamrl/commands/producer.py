@@ -1,9 +1,11 @@
 """`streamrl producer add|remove|list`: broker users (Redis ACL) for external reward producers.
 
     streamrl producer add judge --key judge --run tiny --run-dir runs/demo     # prints the producer's URL
+    streamrl producer add judge --key judge --run tiny --partitions 3 --broker redis+cluster://:ADMIN@h1:7000,h2:7000
     streamrl producer remove judge --run tiny --broker redis://:ADMIN@host:6379/0
 
-`add` creates the consumer group NAME on `rollouts` (as the admin) and a user that may only run
+`add` creates the consumer group NAME on every partition of `rollouts` (as the admin) and a user, on
+every node of a cluster (brokers/acl.py, saved there for restarts), that may only run
 the stream commands a producer needs (ACL_COMMANDS) on its run's `rollouts`, `annotations` and
 `deadletter` keys, and GET the run's end mark (`run:end`, streamrl/core/run_end.py). What Redis can and
 cannot restrict is spelled out in docs/protocol.md ("Access control"): on Redis 6.2 commands and
@@ -16,8 +18,9 @@ from __future__ import annotations
 import asyncio
 
 from streamrl.commands import acl_users
-from streamrl.commands.acl_users import delete_user, set_user, users_starting
-from streamrl.core.broker import Keys
+from streamrl.commands.acl_users import cluster_grant, delete_user, set_user, users_starting
+from streamrl.core.broker import Keys, found_partitions
+from streamrl.core.errors import ConfigError
 from streamrl.core.run_end import user_name
 
 NAME = "producer"
@@ -45,11 +48,12 @@ HEARTBEAT_COMMANDS = ["set", "del"]
 
 
 def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[str]:
-    """ACL SETUSER arguments for producer `name` (after the user name)."""
+    """ACL SETUSER arguments for producer `name` (after the user name): the keys of `keys` (every partition,
+    the cluster layout), plus what a cluster client needs (brokers.acl.CLUSTER_COMMANDS) on a cluster."""
     read = [f"~{s}" for s in keys.rollout_streams]
     write = [*(f"~{s}" for s in keys.annotation_streams), f"~{keys.deadletter}"]
     heartbeat = "~" + keys.worker("producer", f"{name}-*")
-    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS)]
+    base = ["reset", "on", f">{password}", "-@all", *(f"+{c}" for c in ACL_COMMANDS), *cluster_grant(keys)]
     if server_major >= 7:
         # Selectors pair commands with keys: XADD only to annotations/deadletter, GET only the end
         # mark, SET/DEL only the heartbeat.
@@ -66,12 +70,28 @@ def acl_rules(keys: Keys, name: str, password: str, server_major: int) -> list[s
     return [*base, *(f"+{c}" for c in WRITE_COMMANDS + END_COMMANDS), *read, *write, f"~{keys.run_end}"]
 
 
-async def add(admin_url: str, run: str, name: str) -> str:
-    """Create (or reset) the producer's user and group; return its URL."""
-    keys = Keys(run)
+async def add(admin_url: str, keys: Keys, name: str) -> str:
+    """Create (or reset) the producer's user on every node and its group on every partition; return its URL."""
     return await set_user(
-        admin_url, user_name(run, name), lambda pw, major: acl_rules(keys, name, pw, major), keys.rollouts, name
+        admin_url,
+        user_name(keys.run, name),
+        lambda pw, major: acl_rules(keys, name, pw, major),
+        keys.rollout_streams,
+        name,
+        check=lambda broker: check_partitions(broker, keys),
     )
+
+
+async def check_partitions(broker, keys: Keys) -> None:
+    """Refuse a user (and groups, which would create streams) for a layout the run does not use: a job
+    already running with another rollout.partitions has its `rollouts` under other names."""
+    found = await found_partitions(broker, keys.run)
+    if found and not set(keys.rollout_streams) & set(found):
+        raise ConfigError(
+            f"run {keys.run!r} has its rollouts in {found} ({len(found)} partition(s)), not in "
+            f"{keys.rollout_streams}: pass --partitions {len(found)} (the job's rollout.partitions), or --run-dir "
+            "of its `streamrl up`"
+        )
 
 
 def add_arguments(p) -> None:
@@ -86,18 +106,21 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     url = acl_users.admin_url(args, "the producer", "streamrl producer add judge")
     if args.action == "add":
-        purl = asyncio.run(add(url, args.run, args.name))
+        keys = acl_users.run_keys(args, url)
+        purl = asyncio.run(add(url, keys, args.name))
         key = args.key or args.name
         print(purl)
         print(
             f"# user {user_name(args.run, args.name)}: XREADGROUP/XACK `rollouts` as group '{args.name}', "
             f"XADD to `annotations`; add `{{key: {key}, weight: 1.0, timeout_s: 30}}` to annotations.external"
         )
+        parts = f" --partitions {keys.partitions}" if keys.partitions > 1 else ""
         print(
-            f"# streamrl reward --fn MODULE:FUNCTION --key {key} --name {args.name} --run {args.run} --broker '{purl}'"
+            f"# streamrl reward --fn MODULE:FUNCTION --key {key} --name {args.name} --run {args.run}{parts} "
+            f"--broker '{purl}'"
         )
     elif args.action == "remove":
-        drop = (Keys(args.run).rollouts, args.name) if args.drop_group else None
+        drop = (acl_users.run_keys(args, url).rollout_streams, args.name) if args.drop_group else None
         n = asyncio.run(delete_user(url, user_name(args.run, args.name), drop))
         print(f"removed {n} user(s)")
     else:

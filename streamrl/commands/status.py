@@ -4,7 +4,8 @@
     streamrl status --broker redis://... --run tiny --once     # one snapshot (scripts, tests)
 
 Shows the trainer's step and published weights version, each stream's length with every consumer
-group's pending and lag (XINFO GROUPS), each worker's heartbeat (age, host, counters, throughput
+group's pending and lag (XINFO GROUPS; a partitioned stream, rollout.partitions > 1, as the sum over
+its partitions with a row per partition below), each worker's heartbeat (age, host, counters, throughput
 = its main counter / uptime), the staleness histogram of recent steps and the reward trend (from
 the `metrics` stream the trainer appends to). For a run whose `streamrl up` has ended, it prints
 that and the run's RUN_DIR/summary.json instead.
@@ -23,12 +24,15 @@ from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
 
-from streamrl.core.broker import Keys
+from streamrl.commands.common import add_broker_arg
+from streamrl.core.broker import Keys, partition_tag
 
 NAME = "status"
 HELP = "live view of a run: trainer, streams, consumer lag, workers, staleness, reward"
 DESCRIPTION = "A live terminal view of a run read from its broker (--once prints one snapshot)."
 STREAMS = ["prompts", "rollouts", "annotations", "env_steps", "deadletter", "metrics", "control"]
+PARTITIONED = {"rollouts": "rollout_streams", "annotations": "annotation_streams"}
+"""Streams split into rollout.partitions partitions, and the Keys attribute listing them."""
 MAIN_COUNTER = {
     "generator": "rollouts",
     "reward": "scored",
@@ -52,8 +56,13 @@ LEGEND = (
 
 def add_arguments(p) -> None:
     p.add_argument("--run-dir", help="run directory of a `streamrl up` (broker URL and run name from it)")
-    p.add_argument("--broker", help="redis:// URL (default: $STREAMRL_BROKER_URL or RUN_DIR/broker/url)")
+    add_broker_arg(p)
     p.add_argument("--run", help="run name (default: run.name in RUN_DIR/config.yaml, else tiny)")
+    p.add_argument(
+        "--partitions",
+        type=int,
+        help="the job's rollout.partitions (default: RUN_DIR/config.yaml's, else found from the broker's keys)",
+    )
     p.add_argument("--once", action="store_true", help="print one snapshot and exit")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes")
 
@@ -61,8 +70,8 @@ def add_arguments(p) -> None:
 class Collector:
     """Reads a snapshot of the run from the broker; keeps the metrics it has seen between refreshes."""
 
-    def __init__(self, broker, run: str):
-        self.broker, self.keys = broker, Keys(run, cluster=getattr(broker, "cluster", False))
+    def __init__(self, broker, run: str, partitions: int = 1):
+        self.broker, self.keys = broker, Keys(run, partitions, cluster=getattr(broker, "cluster", False))
         self.metrics: deque[dict] = deque(maxlen=200)
         self._metrics_cursor = "0"
 
@@ -74,6 +83,9 @@ class Collector:
         k = self.keys
         streams = []
         for name in STREAMS:
+            if name in PARTITIONED and k.partitions > 1:
+                streams.append(await self._partitioned(name, getattr(k, PARTITIONED[name])))
+                continue
             key = getattr(k, name)
             streams.append(
                 {"name": name, "length": await self.broker.stream_len(key), "groups": await self.broker.group_info(key)}
@@ -107,6 +119,30 @@ class Collector:
             "streams": streams,
             "workers": workers,
             "metrics": list(self.metrics),
+        }
+
+    async def _partitioned(self, name: str, keys: list[str]) -> dict:
+        """One stream split into partitions: the sums over them, and each partition under `partitions`."""
+        parts = [
+            {
+                "name": f"  [{i}] {partition_tag(self.keys.run, i, len(keys))}",
+                "length": await self.broker.stream_len(key),
+                "groups": await self.broker.group_info(key),
+            }
+            for i, key in enumerate(keys)
+        ]
+        groups: dict[str, dict] = {}
+        for part in parts:
+            for g in part["groups"]:
+                total = groups.setdefault(g["name"], {"name": g["name"], "consumers": 0, "pending": 0, "lag": 0})
+                total["consumers"] = max(total["consumers"], g["consumers"])  # one consumer reads every partition
+                total["pending"] += g["pending"]
+                total["lag"] = None if total["lag"] is None or g["lag"] is None else total["lag"] + g["lag"]
+        return {
+            "name": f"{name} ({len(keys)} partitions)",
+            "length": sum(p["length"] for p in parts),
+            "groups": list(groups.values()),
+            "partitions": parts,
         }
 
 
@@ -158,7 +194,7 @@ def render(snap: dict) -> Group:
     streams = Table(title="streams", expand=False)
     for col in ("stream", "length", "group", "consumers", "pending", "lag"):
         streams.add_column(col, justify="left" if col in ("stream", "group") else "right")
-    for s in snap["streams"]:
+    for s in (row for stream in snap["streams"] for row in [stream, *stream.get("partitions", [])]):
         groups = s["groups"] or [{"name": "-", "consumers": "", "pending": "", "lag": ""}]
         for i, g in enumerate(groups):
             lag = "?" if g["lag"] is None else g["lag"]
@@ -220,6 +256,19 @@ def _run_name(args) -> str:
     return "tiny"
 
 
+async def _partitions(args, broker, run: str) -> int:
+    """--partitions, else the run dir's rollout.partitions, else as many as the broker holds `rollouts` of."""
+    from streamrl.commands.common import run_dir_config
+    from streamrl.core.broker import found_partitions
+
+    if args.partitions:
+        return args.partitions
+    cfg = run_dir_config(args.run_dir) if args.run_dir else None
+    if cfg is not None:
+        return cfg.rollout.partitions
+    return max(1, len(await found_partitions(broker, run)))
+
+
 async def _main(args) -> int:
     from brokers.connect import connect
     from streamrl.commands.common import broker_url
@@ -229,7 +278,8 @@ async def _main(args) -> int:
         print(describe_finished(Path(args.run_dir), summary))  # its broker is gone with its `up`
         return 0
     broker = await connect(broker_url(args), retries=3)
-    collector = Collector(broker, _run_name(args))
+    run = _run_name(args)
+    collector = Collector(broker, run, await _partitions(args, broker, run))
     console = Console(width=None if sys.stdout.isatty() else 120)  # pipes: no 80-column wrapping
     try:
         if args.once:

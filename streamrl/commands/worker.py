@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from streamrl.commands.common import add_config_args, broker_url, load, resolve_model
+from streamrl.commands.common import add_broker_arg, add_config_args, broker_url, load, resolve_model
 from streamrl.core.errors import EXIT_NO_RESTART, ConfigError
 
 NAME = "worker"
@@ -20,11 +20,7 @@ ROLES = ["feeder", "generator", "reward", "reference", "judge", "env", "trainer"
 def add_arguments(p) -> None:
     p.add_argument("role", choices=ROLES)
     add_config_args(p)
-    p.add_argument(
-        "--broker",
-        help="redis:// or redis+cluster:// URL (default: $STREAMRL_BROKER_URL, RUN_DIR/broker/url, else the "
-        "config's broker.url with its password_env or password_file)",
-    )
+    add_broker_arg(p)
     p.add_argument("--run", help="run name (overrides run.name)")
     p.add_argument("--run-dir", help="folder for this worker's logs (and the trainer's metrics)")
     p.add_argument("--id", help="worker id, unique within its role (default: ROLE-HOST-PID)")

@@ -13,6 +13,7 @@ broker instance in their constructor; nothing here is global.
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 from typing import Protocol
@@ -123,12 +124,23 @@ def key_slot(tag: str) -> int:
 
 def partition_tag(run: str, i: int, partitions: int) -> str:
     """The hash tag of partition i of P: `RUN:p<i>.<n>` with n the smallest integer >= 0 whose slot is in
-    [i*16384//P, (i+1)*16384//P) (docs/protocol.md, "Partitions"; about P tries)."""
-    lo, hi = i * SLOTS // partitions, (i + 1) * SLOTS // partitions
+    [lo + 1, hi - 1), lo = i*16384//P, hi = (i+1)*16384//P (docs/protocol.md, "Partitions"; about P tries).
+    One slot off each end: `redis-cli --cluster create` rounds its P masters' boundaries where this floors,
+    so a slot at either end of the plain range may be the neighbouring master's (two partitions on one)."""
+    lo, hi = i * SLOTS // partitions + 1, (i + 1) * SLOTS // partitions - 1
     n = 0
     while not lo <= key_slot(f"{run}:p{i}.{n}") < hi:
         n += 1
     return f"{run}:p{i}.{n}"
+
+
+async def found_partitions(broker: "Broker", run: str) -> list[str]:
+    """The `rollouts` streams of `run` that exist on `broker`, in any layout (one server or cluster, any
+    rollout.partitions): what a process outside the job (`streamrl status`, `streamrl producer add`) can
+    tell the job's partitions from. Needs SCAN (an admin's user)."""
+    name = re.escape(run)
+    mine = re.compile(rf"streamrl:{name}:(\{{{name}(:p\d+\.\d+)?\}}:)?rollouts")
+    return sorted(k for k in await broker.scan(f"streamrl:{run}:*rollouts") if mine.fullmatch(k))
 
 
 class Keys:

@@ -6,6 +6,11 @@ replica, so the next kill has one to promote). The job must go on and end with t
 partition carrying traffic on its own master. The trainer's stall per failover is printed: the step
 that finished after the kill, minus the one before it, minus a typical step.
 
+The job also waits for an external key, `judge`, scored by a producer outside the job (`streamrl reward`,
+examples/python/length_judge.py) under the restricted user `streamrl producer add` made on the cluster:
+it scores through every failover, every trained rollout carries its exact value (samples.jsonl), and
+`streamrl status --run-dir` shows its group on every partition.
+
     pytest tests/e2e/test_cluster_failover.py -s
 """
 
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import json
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -29,6 +36,9 @@ pytestmark = pytest.mark.slow
 STEPS = 40
 KILL_AT = (4, 10, 16, 22, 28)
 """Trainer steps after which a master is killed: 5 failovers, each with steps between to recover."""
+ROOT = Path(__file__).resolve().parents[2]
+JUDGE = "annotations.external=[{key: judge, weight: 0.5, timeout_s: 600, on_timeout: default, default: -1.0}]"
+"""The external key: a group waits for it up to 600 s (a loaded host, failovers); a missing value would be -1."""
 
 
 class StepClock:
@@ -76,6 +86,31 @@ def _trained_after(clock: StepClock, t: float, up: Up, timeout: float = 120) -> 
         time.sleep(0.05)
 
 
+def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, **kwargs
+    )
+
+
+def start_judge(up: Up) -> subprocess.Popen:
+    """`streamrl producer add` (user, groups and partitions from the run dir's config), then the producer."""
+    run_dir, deadline = up.run_dir, time.monotonic() + 400  # `up` writes config.yaml after its checks
+    while not (run_dir / "config.yaml").exists():
+        assert up.proc.poll() is None, f"up exited early ({up.proc.returncode}):\n{up.output()[-4000:]}"
+        assert time.monotonic() < deadline, "no config.yaml"
+        time.sleep(0.1)
+    made = cli("producer", "add", "judge", "--key", "judge", "--run", "tiny", "--run-dir", str(run_dir))
+    assert made.returncode == 0 and "warning" not in made.stderr, made.stderr
+    url = made.stdout.splitlines()[0]
+    assert url.startswith("redis+cluster://producer-tiny-judge:") and "--partitions 3" in made.stdout, made.stdout
+    cmd = ["reward", "--fn", "examples.python.length_judge:judge", "--run", "tiny", "--partitions", "3"]
+    cmd += ["--broker", url, "--claim-idle-ms", "3000"]
+    out = open(run_dir.parent / "judge.out", "wb")
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *cmd], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT
+    )
+
+
 def _trainer_pid(run_dir: Path) -> int:
     """The trainer's pid from its `started` line (the broker is a cluster: no plain client for its heartbeat)."""
     rows = [json.loads(ln) for ln in (run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines() if ln.strip()]
@@ -95,12 +130,21 @@ def test_five_master_kills_lose_nothing(tmp_path):
             "broker.wait_timeout_ms=500",
             f"trainer.steps={STEPS}",
             "trainer.checkpoint_every=5",
+            "metrics.samples_per_step=64",  # every rollout of a step (8 groups of 8): each one's judge value
+            JUDGE,
         )
         clock = StepClock(run_dir / "metrics.jsonl")
+        judge = start_judge(up)
         kills: list[float] = []
         try:
             for n, step in enumerate(KILL_AT):
                 up.wait_step(step, timeout=400)
+                if n == 0:  # the producer's group and lag on every partition of `rollouts`
+                    shown = cli("status", "--run-dir", str(run_dir), "--once")
+                    assert shown.returncode == 0, shown.stderr
+                    lines = shown.stdout.splitlines()
+                    rows = [ln for ln in lines if "judge" in ln and ("partitions)" in ln or "] tiny:p" in ln)]
+                    assert len(rows) == 4, shown.stdout  # the sum over the partitions, then each partition
                 victim = sorted(cluster.masters())[n % cluster.masters_n]
                 kills.append(_kill(cluster, victim))
                 _trained_after(clock, kills[-1], up)
@@ -111,15 +155,22 @@ def test_five_master_kills_lose_nothing(tmp_path):
                     cluster.restart(victim)
                     cluster.wait_ok(60)
             assert up.wait(600) == 0, up.output()[-4000:]
+            assert judge.wait(60) == 0, (run_dir.parent / "judge.out").read_text()[-4000:]  # it saw run:end
         finally:
             clock.stop()
-            if up.proc.poll() is None:
-                up.proc.kill()
+            for proc in (up.proc, judge):
+                if proc.poll() is None:
+                    proc.kill()
         summary = up.summary()
         assert_exact(summary, in_flight_ok=False)
         assert summary["trained"] == STEPS * 8 and summary["dead_lettered"] == 0, summary  # 8 groups a step
         rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
         assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), "every step exactly once"
+        # Every trained rollout carries the producer's value (completion tokens / 16), none the default.
+        samples = [json.loads(ln) for ln in (run_dir / "samples.jsonl").read_text().splitlines() if ln.strip()]
+        assert len(samples) == STEPS * 64, len(samples)
+        wrong = [s for s in samples if abs(s["reward_components"]["judge"] - min(1.0, s["tokens"] / 16)) > 1e-6]
+        assert not wrong, wrong[:3]
         keys = Keys("tiny", 3, cluster=True)
         with sync_client(cluster.url) as r:
             # Every partition was written and read by the trainer, each on its own master (after the kills

@@ -62,3 +62,26 @@ def test_the_config_accepts_a_cluster_url_and_names_the_form_of_a_bad_one():
     assert BrokerConfig(url="redis+cluster://:pw@127.0.0.1:7000").url.startswith("redis+cluster://")
     with pytest.raises(ValueError, match="names no node; use redis"):
         BrokerConfig(url="redis+cluster://:pw@")
+
+
+def redis_cli_split(masters: int) -> list[tuple[int, int]]:
+    """The slot ranges `redis-cli --cluster create` gives `masters` masters (redis-cli.c: a float cursor,
+    each master's last slot lround(cursor + per_node - 1), the last master up to 16383)."""
+    per_node, first, cursor, out = 16384 / masters, 0, 0.0, []
+    for i in range(masters):
+        last = 16383 if i == masters - 1 else max(first, int(cursor + per_node - 1 + 0.5))
+        out.append((first, last))
+        first, cursor = last + 1, cursor + per_node
+    return out
+
+
+@pytest.mark.parametrize("partitions", [3, 5, 6, 7, 12])
+def test_p_partitions_land_on_p_masters_of_a_redis_cli_cluster(partitions):
+    # run11090's first candidate for partition 2 of 3 hashes to slot 10922: the end of the 2nd master's
+    # range, where i*16384//3 puts the start of the 3rd partition's.
+    split = redis_cli_split(partitions)
+    for run in ["tiny", "run11090", *(f"job{k}" for k in range(200))]:
+        keys = Keys(run, partitions, cluster=True)
+        slots = [key_slot(s.split("{")[1].split("}")[0]) for s in keys.rollout_streams]
+        owners = [next(m for m, (a, b) in enumerate(split) if a <= s <= b) for s in slots]
+        assert owners == list(range(partitions)), (run, slots, split)

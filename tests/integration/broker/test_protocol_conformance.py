@@ -378,7 +378,7 @@ def doc_partition_streams(run: str, p: int) -> list[tuple[str, str]]:
     out = []
     for i in range(p):
         n = 0
-        while not i * 16384 // p <= doc_crc16(f"{run}:p{i}.{n}".encode()) % 16384 < (i + 1) * 16384 // p:
+        while not i * 16384 // p + 1 <= doc_crc16(f"{run}:p{i}.{n}".encode()) % 16384 < (i + 1) * 16384 // p - 1:
             n += 1
         tag = f"{run}:p{i}.{n}"
         out.append((f"streamrl:{run}:{{{tag}}}:rollouts", f"streamrl:{run}:{{{tag}}}:annotations"))
@@ -395,7 +395,7 @@ def test_partitioned_and_cluster_names_follow_the_doc(redis_cluster):
     from streamrl.core.broker import Keys
 
     assert doc_partition_streams("tiny", 3)[0][0] == "streamrl:tiny:{tiny:p0.2}:rollouts"  # the doc's example
-    for run, p in (("tiny", 3), ("job-7.b", 5), ("x", 2)):
+    for run, p in (("tiny", 3), ("job-7.b", 5), ("x", 2), ("run11090", 3)):
         keys = Keys(run, p, cluster=True)
         assert list(zip(keys.rollout_streams, keys.annotation_streams)) == doc_partition_streams(run, p)
         assert keys.prompts == f"streamrl:{run}:{{{run}}}:prompts"
