@@ -34,16 +34,17 @@ from pathlib import Path
 
 import torch
 
+ROOT = Path(__file__).resolve().parents[1]
 TENSOR_BYTES = 64 << 20
 """Size of each tensor of the synthetic state dict (the last one takes the remainder)."""
 
 
-def state_dict(version: int, size_bytes: int) -> dict[str, torch.Tensor]:
-    """`size_bytes` of float32 in tensors of TENSOR_BYTES; tensor i is filled with version + i/1000, so a
+def state_dict(version: int, size_bytes: int, tensor_bytes: int = TENSOR_BYTES) -> dict[str, torch.Tensor]:
+    """`size_bytes` of float32 in tensors of `tensor_bytes`; tensor i is filled with version + i/1000, so a
     reader can tell each tensor's version (a mix of two versions would show)."""
     out, left, i = {}, size_bytes, 0
     while left > 0:
-        n = min(TENSOR_BYTES, left) // 4 or 1
+        n = min(tensor_bytes, left) // 4 or 1
         out[f"model.layers.{i}.weight"] = torch.full((n,), version + i / 1000, dtype=torch.float32)
         left -= n * 4
         i += 1
@@ -80,7 +81,7 @@ async def _publish(args) -> None:
     loop = asyncio.get_running_loop()
     while line := (await loop.run_in_executor(None, sys.stdin.readline)).strip():
         version = int(line)
-        sd = state_dict(version, args.bytes)
+        sd = state_dict(version, args.bytes, args.tensor_bytes)
         t0 = time.time()
         handle = await publisher.publish(version, sd)
         _say(event="published", version=version, bytes=handle.bytes, publish_s=round(time.time() - t0, 4))
@@ -95,6 +96,9 @@ async def _read(args) -> None:
     from streamrl.weights.store import make_loader
 
     torchstore_handover.CONNECT_TIMEOUT_S = args.connect_timeout
+    if args.wait_stdin:  # started ahead (its imports take seconds), it joins the job only now
+        _say(event="waiting")
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
     broker = await connect(args.broker, retries=3)
     # /dev/shm where present: where a generator keeps its copies (streamrl.weights.shm.shm_root)
     shm = "/dev/shm" if Path("/dev/shm").is_dir() else None
@@ -129,14 +133,18 @@ async def _read_versions(loader, versions: int) -> None:
     await loader.close()
 
 
-def _argv(role: str, broker: str, run: str, addr: str, **extra) -> list[str]:
-    argv = [sys.executable, "-m", "bench.weights_torchstore", role, "--broker", broker, "--run", run, "--addr", addr]
+def argv(role: str, broker: str, run: str, addr: str, **extra) -> list[str]:
+    """The command line of entry point `role` (`publish` or `read`); `extra` become --options (True: a bare
+    flag). Run it with cwd=ROOT."""
+    out = [sys.executable, "-m", "bench.weights_torchstore", role, "--broker", broker, "--run", run, "--addr", addr]
     for key, value in extra.items():
-        argv += [f"--{key.replace('_', '-')}", str(value)]
-    return argv
+        flag = f"--{key.replace('_', '-')}"
+        out += [flag] if value is True else [flag, str(value)]
+    return out
 
 
-def _next_event(proc: subprocess.Popen, event: str, deadline: float) -> dict:
+def next_event(proc: subprocess.Popen, event: str, deadline: float) -> dict:
+    """The next JSON line of `proc` (started with stdout=PIPE, text) whose event is `event`."""
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
@@ -163,22 +171,22 @@ def publish_to_ready(
     bytes_per_s} (medians; bytes_per_s = bytes / ready_s)."""
     run = f"bench-ts-{uuid.uuid4().hex[:6]}"
     deadline = time.monotonic() + timeout_s
-    pipes = dict(stdout=subprocess.PIPE, text=True, bufsize=1)
-    argv = _argv("publish", broker_url, run, publisher_addr, bytes=size_bytes)
-    pub = subprocess.Popen([*publisher_prefix, *argv], stdin=subprocess.PIPE, **pipes)
+    pipes = dict(stdout=subprocess.PIPE, text=True, bufsize=1, cwd=ROOT)
+    pub_argv = argv("publish", broker_url, run, publisher_addr, bytes=size_bytes)
+    pub = subprocess.Popen([*publisher_prefix, *pub_argv], stdin=subprocess.PIPE, **pipes)
     reader = None
     try:
-        _next_event(pub, "started", deadline)
+        next_event(pub, "started", deadline)
         pub.stdin.write("1\n")
-        _next_event(pub, "published", deadline)
-        argv = _argv("read", broker_url, run, reader_addr, versions=rounds + 1)
-        reader = subprocess.Popen([*reader_prefix, *argv], **pipes)
-        _next_event(reader, "ready", deadline)  # the warm-up fetch of version 1
+        next_event(pub, "published", deadline)
+        read_argv = argv("read", broker_url, run, reader_addr, versions=rounds + 1)
+        reader = subprocess.Popen([*reader_prefix, *read_argv], **pipes)
+        next_event(reader, "ready", deadline)  # the warm-up fetch of version 1
         published, ready = [], []
         for v in range(2, rounds + 2):
             pub.stdin.write(f"{v}\n")
-            published.append(_next_event(pub, "published", deadline))
-            ready.append(_next_event(reader, "ready", deadline))
+            published.append(next_event(pub, "published", deadline))
+            ready.append(next_event(reader, "ready", deadline))
     finally:
         for proc in (reader, pub):
             if proc is not None:
@@ -204,7 +212,7 @@ def publish_to_ready(
     return out
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(cli: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     sub = p.add_subparsers(dest="role", required=True)
     bench = sub.add_parser("bench", help="publish_to_ready on this host (both processes here)")
@@ -220,11 +228,13 @@ def main(argv: list[str] | None = None) -> None:
             s.add_argument("--port", type=int, default=0, help="weights.torchstore_port")
             s.add_argument("--bytes", type=int, default=1 << 20)
             s.add_argument("--keep", type=int, default=2)
+            s.add_argument("--tensor-bytes", type=int, default=TENSOR_BYTES)
         else:
             s.add_argument("--versions", type=int, default=1)
             s.add_argument("--cache", default=None, help="where fetched versions go (default: a temp dir)")
             s.add_argument("--connect-timeout", type=float, default=30.0)
-    args = p.parse_args(argv)
+            s.add_argument("--wait-stdin", action="store_true", help="touch nothing before a line on stdin")
+    args = p.parse_args(cli)
     if args.role == "publish":
         asyncio.run(_publish(args))
     elif args.role == "read":
