@@ -16,7 +16,8 @@ The private names this rests on (torchstore 0.1.2, torchmonarch 0.6.0), any of w
 `torchstore.client.LocalClient(controller, strategy)` and `torchstore.state_dict_utils.get_state_dict`
 (a reader must not call `torchstore.initialize`/`client`, which would spawn a store of its own), the
 pickled form of a Monarch `ActorMesh` (`monarch._src.actor.actor_mesh`, rebuilt through
-`monarch._rust_bindings`), and the `_method` of torchstore's Controller endpoints (AsyncController).
+`monarch._rust_bindings`), the `_method` of torchstore's Controller endpoints (AsyncController), and
+`monarch._src.actor.config.prefix_python_logs_with_actor` (bind_listener says why).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import asyncio
 import io
 import pickle
 
+from monarch._src.actor import config as actor_config
 from monarch.actor import enable_transport, endpoint
 from torchstore.client import LocalClient
 from torchstore.controller import Controller
@@ -78,6 +80,10 @@ def bind_listener(addr: str, port: int) -> None:
                 f"weights.torchstore_addr/torchstore_port ({addr}:{port}) must be the same for every store in one process"
             )
         return
+    # Monarch's log filter (on every handler, once a Monarch context exists) rewrites record.msg with an
+    # "[actor=...]" prefix; structlog's events are dicts there, so every log line after it was lost
+    # ("'str' object has no attribute 'copy'"). Its private switch turns the rewrite off.
+    actor_config.prefix_python_logs_with_actor = False
     host = f"[{addr}]" if ":" in addr else addr
     enable_transport(f"tcp://{host}:{port}")
     _BOUND = (addr, port)
