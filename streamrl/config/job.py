@@ -139,6 +139,18 @@ class WeightsConfig(Section):
     keep: int = Field(3, ge=1)
     """Versions kept; older ones are garbage-collected."""
 
+    @field_validator("torchstore_addr")
+    @classmethod
+    def _routable(cls, value: str) -> str:
+        # The address is announced to the other processes as well as bound: a wildcard reaches nobody.
+        if value.strip("[]") in ("0.0.0.0", "::", "*", "") or "://" in value or value.count(":") == 1:
+            raise ValueError(
+                f"weights.torchstore_addr={value!r} must be one address of this host that the other hosts "
+                "route to (it is announced, not only bound), without scheme or port: e.g. 10.0.0.12; the "
+                "port is weights.torchstore_port"
+            )
+        return value
+
 
 class MetricsConfig(Section):
     sinks: list[Literal["wandb", "tensorboard", "prometheus"]] = []
