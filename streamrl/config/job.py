@@ -191,11 +191,32 @@ class WeightsConfig(Section):
     backend: Literal["shm", "dir", "cuda_ipc", "torchstore"] = "shm"
     """`shm`: same-host shared memory (/dev/shm). `dir`: a shared directory (multi-host).
     `cuda_ipc`: trainer and generators on one GPU host share GPU copies (no bytes moved).
-    `torchstore`: the optional torchstore extra (RDMA where the hosts have it; see docs/configuration.md)."""
+    `torchstore`: the optional torchstore extra (RDMA where the hosts have it; experimental between
+    processes; see docs/configuration.md)."""
     dir: str | None = None
     """Directory for the `dir` backend (default: RUN_DIR/weights)."""
+    torchstore_addr: str = Field("127.0.0.1", min_length=1)
+    """`torchstore`: the address this process's Monarch listener binds (TCP) and announces: on trainer
+    rank 0 where the store serves, on a generator where the store's replies come back. It must be an
+    address of this host that the other hosts route to: on a multi-host job set it per host
+    (`--set weights.torchstore_addr=10.0.0.12`). The default serves one host only."""
+    torchstore_port: int = Field(0, ge=0, le=65535)
+    """`torchstore`: the port trainer rank 0's listener binds (0: a free one; readers learn it from the
+    broker). Fix it to open one port in a firewall; generators always take a free port."""
     keep: int = Field(3, ge=1)
     """Versions kept; older ones are garbage-collected."""
+
+    @field_validator("torchstore_addr")
+    @classmethod
+    def _routable(cls, value: str) -> str:
+        # The address is announced to the other processes as well as bound: a wildcard reaches nobody.
+        if value.strip("[]") in ("0.0.0.0", "::", "*", "") or "://" in value or value.count(":") == 1:
+            raise ValueError(
+                f"weights.torchstore_addr={value!r} must be one address of this host that the other hosts "
+                "route to (it is announced, not only bound), without scheme or port: e.g. 10.0.0.12; the "
+                "port is weights.torchstore_port"
+            )
+        return value
 
 
 class MetricsConfig(Section):

@@ -180,6 +180,9 @@ class Keys:
         self.weights_published = p + "weights:published"
         """Stream: one short entry per publish (after weights:latest moved); generators block on it
         between their polls of weights:latest, so a new version is noticed at once."""
+        self.weights_torchstore = p + "weights:torchstore"
+        """Hash (`weights.backend: torchstore`): `ref`, the pickled reference of the trainer's torchstore
+        controller, and `addr`, where it listens; readers in other processes join the store through it."""
         self.trainer_version = p + "trainer:version"
         self.feeder_admitted = p + "feeder:admitted"
         self.env_steps = p + "env_steps"

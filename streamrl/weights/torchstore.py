@@ -4,14 +4,14 @@ The trainer `put_state_dict`s version v under key `streamrl/<run>/v<v>` and the 
 the key; a reader `get_state_dict`s it and writes it once to local shared memory, so vLLM's
 `reload_weights(weights_path=...)` loads it like the `shm` backend. Old keys are deleted by gc.
 
-Scope: torchstore's storage volumes and controller are Monarch actors spawned by the process
-that calls `initialize` (here: the first store to start), so publisher and readers must share
-one Monarch program (the same process, or processes of one Monarch mesh). Separate `streamrl
-worker` processes on several hosts need a Monarch host mesh; that wiring is not done yet: use
-`weights.backend=dir` across hosts meanwhile.
+Between processes (experimental): trainer rank 0 starts the store in its own process tree and puts
+its controller's reference in the broker (`weights:torchstore`); a generator started anywhere, at
+any time, rebuilds a client on it (streamrl/weights/torchstore_handover.py, which lists the private
+names this rests on). Each process's Monarch listener binds `weights.torchstore_addr` (TCP): set it
+per host to an address the other hosts route to. Versions live as long as the trainer process.
 
 Install (PyPI has only torchstore 0.1.2, which pins torch 2.9 and torchmonarch 0.1.2; its code
-runs on torchmonarch 0.6.0, built for torch 2.13): `make torchstore`, i.e.
+runs on torchmonarch 0.6.0, built for torch 2.13): `make setup` installs them, i.e.
 `pip install --no-deps torchstore==0.1.2 torchmonarch==0.6.0` plus their plain dependencies.
 Without RDMA NICs (ibverbs) set TORCHSTORE_RDMA_ENABLED=0 (done here unless already set);
 tensors then travel over Monarch's TCP channels.
@@ -51,70 +51,77 @@ def _import_torchstore():
     os.environ.setdefault("TORCHSTORE_RDMA_ENABLED", "1" if _has_rdma() else "0")
     try:
         import torchstore
-        from monarch.actor import endpoint, get_or_spawn_controller
-        from torchstore.controller import Controller
+        from monarch.actor import get_or_spawn_controller
+        from torchstore import state_dict_utils
+
+        from streamrl.weights import torchstore_handover
     except ImportError as exc:
         raise ConfigError(
-            f"weights.backend=torchstore needs the torchstore extra ({exc}); run `make torchstore` "
+            f"weights.backend=torchstore needs the torchstore extra ({exc}); run `make setup` "
             "(pip install --no-deps torchstore==0.1.2 torchmonarch==0.6.0 + deps) or pick "
             "weights.backend=shm/dir"
         ) from exc
-    return torchstore, endpoint, get_or_spawn_controller, Controller
+    return torchstore, get_or_spawn_controller, state_dict_utils, torchstore_handover
 
 
-def _async_controller_class():
-    """torchstore 0.1.2's Controller with its five sync endpoints re-declared async.
-
-    Why: torchmonarch >= 0.2 refuses an actor that mixes sync and async endpoints ("Controller
-    mixes both async and sync endpoints"), so every `torchstore.initialize()` fails on the Monarch
-    builds that exist for current torch. The bodies are unchanged (they only touch the actor's
-    own dicts); spawning this subclass under the store's name first makes torchstore use it,
-    with no edit to installed files.
-    """
-    _, endpoint, _, Controller = _import_torchstore()
-
-    def wrap(name):
-        sync = Controller.__dict__[name]._method
-
-        async def method(self, *args, **kwargs):
-            return sync(self, *args, **kwargs)
-
-        method.__name__ = name
-        return endpoint(method)
-
-    names = ["get_controller_strategy", "locate_volumes", "notify_put", "keys", "notify_delete"]
-    return type("AsyncController", (Controller,), {n: wrap(n) for n in names})
-
-
-_READY: dict[str, asyncio.Lock] = {}
-
-
-async def ensure_store(name: str = STORE_NAME) -> None:
-    """Spawn (once per Monarch program) the adapted controller, then torchstore's volumes."""
-    ts, _, get_or_spawn_controller, _ = _import_torchstore()
-    controller = await get_or_spawn_controller(name, _async_controller_class())
+async def ensure_store(name: str = STORE_NAME):
+    """Spawn (once per process) the adapted controller, then torchstore's volumes; return the controller."""
+    ts, get_or_spawn_controller, _, handover = _import_torchstore()
+    controller = await get_or_spawn_controller(name, handover.AsyncController)
     try:
         await controller.get_controller_strategy.call_one()  # raises until initialised
-        return
+        return controller
     except Exception:
         pass
     await ts.initialize(store_name=name)
+    return controller
 
 
 class _TorchStoreKeys:
-    """What both sides share: the run's key prefix in the store and the adapted store's start."""
+    """What both sides share: the run's key prefix in the store and this process's Monarch listener."""
 
     transport = "torchstore"
 
-    def _init_store(self, keys: Keys) -> None:
-        self.ts = _import_torchstore()[0]
+    def _init_store(self, keys: Keys, addr: str, port: int) -> None:
+        self.ts, _, self.sd_utils, self.handover = _import_torchstore()
         self.prefix = f"streamrl/{keys.run}/v"
+        self.addr, self.port = addr, port
+
+    def _bind(self) -> None:
+        self.handover.bind_listener(self.addr, self.port)
+
+
+class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
+    """Trainer rank 0: starts the store in this process tree and hands its controller over through the broker."""
+
+    def __init__(self, broker: Broker, keys: Keys, keep: int, addr: str = "127.0.0.1", port: int = 0):
+        super().__init__(broker, keys, keep)
+        self._init_store(keys, addr, port)
         self._ready = False
 
+    @classmethod
+    def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStorePublisher":
+        w = cfg.weights
+        return cls(broker, Keys.of(cfg), w.keep, w.torchstore_addr, w.torchstore_port)
+
+    # torchstore's API is async, so the public methods are overridden instead of the blocking hooks.
+    def _write(self, version, state_dict, adapter=""):  # pragma: no cover - not used (publish is async here)
+        raise NotImplementedError
+
+    def _collect(self, keep_versions):  # pragma: no cover
+        raise NotImplementedError
+
+    def _versions(self):  # pragma: no cover
+        raise NotImplementedError
+
     async def _store(self) -> None:
-        if not self._ready:
-            await ensure_store()
-            self._ready = True
+        if self._ready:
+            return
+        self._bind()
+        controller = await ensure_store()
+        await self.handover.announce(self.broker, self.keys, controller, self.addr, self.port)
+        self.log.info("torchstore_serving", addr=self.addr, port=self.port or "free")
+        self._ready = True
 
     async def _version_keys(self) -> dict[int, list[str]]:
         # All keys, filtered here: torchstore 0.1.2's prefix filter misses partial path components.
@@ -127,26 +134,6 @@ class _TorchStoreKeys:
 
     async def _stored_versions(self) -> list[int]:
         return sorted(await self._version_keys())
-
-
-class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
-    def __init__(self, broker: Broker, keys: Keys, keep: int):
-        super().__init__(broker, keys, keep)
-        self._init_store(keys)
-
-    @classmethod
-    def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStorePublisher":
-        return cls(broker, Keys.of(cfg), cfg.weights.keep)
-
-    # torchstore's API is async, so the public methods are overridden instead of the blocking hooks.
-    def _write(self, version, state_dict, adapter=""):  # pragma: no cover - not used (publish is async here)
-        raise NotImplementedError
-
-    def _collect(self, keep_versions):  # pragma: no cover
-        raise NotImplementedError
-
-    def _versions(self):  # pragma: no cover
-        raise NotImplementedError
 
     async def publish(
         self, version: int, state_dict: dict[str, torch.Tensor], adapter: dict | None = None
@@ -180,14 +167,17 @@ class TorchStorePublisher(_TorchStoreKeys, WeightPublisher):
 
 
 class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
-    def __init__(self, broker: Broker, keys: Keys, cache_root: Path):
+    """A generator (any process, any host): reads versions from the store the broker's reference names."""
+
+    def __init__(self, broker: Broker, keys: Keys, cache_root: Path, addr: str = "127.0.0.1"):
         super().__init__(broker, keys)
-        self._init_store(keys)
+        self._init_store(keys, addr, 0)
+        self.reader = self.handover.StoreReader(broker, keys)
         self.cache_dir = Path(cache_root) / f"torchstore-{os.getpid()}"
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir) -> "TorchStoreLoader":
-        return cls(broker, Keys.of(cfg), shm_root(cfg.run.name, run_dir))
+        return cls(broker, Keys.of(cfg), shm_root(cfg.run.name, run_dir), cfg.weights.torchstore_addr)
 
     def _fetch(self, handle):  # pragma: no cover - not used (fetch is async here)
         raise NotImplementedError
@@ -201,13 +191,14 @@ class TorchStoreLoader(_TorchStoreKeys, WeightLoader):
         dst = self.cache_dir / f"v{handle.version}"
         if all((dst / f).is_file() for f in version_files(handle.is_adapter)):
             return str(dst)
-        await self._store()
+        self._bind()
+        client = await self.reader.client()
         try:
-            sd = await self.ts.get_state_dict(handle.handle, store_name=STORE_NAME)
+            sd = await self.sd_utils.get_state_dict(client, handle.handle, None, True)
         except Exception as exc:
             raise WeightStoreError(
                 f"torchstore has no {handle.handle} ({exc!r}): collected before it was "
-                "fetched; fetch the newest one instead, or raise weights.keep"
+                "fetched (or the trainer restarted); fetch the newest one instead, or raise weights.keep"
             ) from None
         await asyncio.to_thread(self._save_local, handle, sd, dst)
         return str(dst)

@@ -30,10 +30,14 @@ def _state(seed: int) -> dict[str, torch.Tensor]:
 
 
 async def test_torchstore_publish_fetch_gc(config: Config, broker, tmp_path: Path):
+    import json
     import os
 
     import torchstore as ts
 
+    from streamrl.core.logs import setup_logging
+
+    log = setup_logging("trainer", "trainer-0", tmp_path / "run")
     cfg = config.model_copy(update={"weights": WeightsConfig(backend="torchstore", keep=2)})
     store, loader = make_publisher(cfg, broker, tmp_path), make_loader(cfg, broker, tmp_path)
     assert os.environ["TORCHSTORE_RDMA_ENABLED"] in ("0", "1")  # decided from /sys/class/infiniband
@@ -55,3 +59,7 @@ async def test_torchstore_publish_fetch_gc(config: Config, broker, tmp_path: Pat
     await store.close()
     await loader.close()
     assert not Path(local).exists()
+    # The role's JSON log still takes structlog's events once Monarch runs in the process.
+    log.info("after_monarch", n=1)
+    events = [json.loads(line)["event"] for line in (tmp_path / "run" / "logs" / "trainer-0.jsonl").open()]
+    assert "torchstore_serving" in events and "after_monarch" in events
