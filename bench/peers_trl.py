@@ -114,9 +114,14 @@ def main(argv=None) -> int:
             steps.append({"step": state.global_step, "t": time.time() - launched})
 
         def on_log(self, a, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs and steps:
-                steps[-1]["tokens"] = round(logs["completions/mean_length"] * args.completions)
-                steps[-1]["reward"] = logs.get("reward")
+            # A step that generated logs its completions' mean length; one that trains on an earlier
+            # generation (the off-policy variant's second step) trains as many completions of that length.
+            if logs and "completions/mean_length" in logs:
+                self.mean_length = logs["completions/mean_length"]
+            if steps and self.mean_length is not None and "tokens" not in steps[-1]:
+                steps[-1]["tokens"] = round(self.mean_length * args.completions)
+
+        mean_length: float | None = None
 
     out = Path(args.out)
     cfg, settings = trl_config(args, out.parent / f"trl-{args.variant}")
