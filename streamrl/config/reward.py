@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 
 from streamrl.config.base import Section
 
-REWARD_BUILTINS = ("charclass", "math", "math_regex", "think_format", "env", "reasoning_gym")
+REWARD_BUILTINS = ("charclass", "math", "math_lenient", "math_regex", "think_format", "env", "reasoning_gym")
 """Built-in reward names (streamrl.annotate.rewards.BUILTIN_REWARDS)."""
 _REWARD_FN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 

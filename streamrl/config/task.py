@@ -8,6 +8,9 @@ from pydantic import Field, model_validator
 
 from streamrl.config.base import Section
 
+GSM8K_TEMPLATE = "{prompt}\nEnd with the final answer on its own line as '#### <number>'.\nAnswer:"
+"""The gsm8k preset's prompt: the question, and the answer format `reward.fn=math` reads."""
+
 
 class DatasetConfig(Section):
     """Where a `dataset` task's records come from (streamrl/feed/datasets.py): a local .jsonl/.json/.parquet
@@ -56,7 +59,7 @@ class TaskConfig(Section):
     dataset: DatasetConfig = DatasetConfig()
     fields: TaskFields = TaskFields()
     template: str = "{prompt}"
-    """Prompt format; {prompt} is the prompt field (gsm8k: "{prompt}\\nAnswer:")."""
+    """Prompt format; {prompt} is the prompt field (gsm8k: GSM8K_TEMPLATE, which asks for a '#### N' line)."""
     answer_format: Literal["raw", "gsm8k"] = "raw"
     """`gsm8k`: meta["answer"] is the number after the last '####' (commas removed); `raw`: as is."""
     max_items: int | None = Field(None, ge=1)
@@ -83,7 +86,8 @@ class TaskConfig(Section):
         # unless set explicitly.
         if isinstance(data, dict) and data.get("name") == "gsm8k":
             fields = {"prompt": "question", "answer": "answer", **(data.get("fields") or {})}
-            data = {"template": "{prompt}\nAnswer:", "answer_format": "gsm8k", **data, "fields": fields}
+            # The prompt states the answer format reward.fn=math reads (a stated '#### N'; see docs/rewards.md).
+            data = {"template": GSM8K_TEMPLATE, "answer_format": "gsm8k", **data, "fields": fields}
         return data
 
     @model_validator(mode="before")

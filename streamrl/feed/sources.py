@@ -7,8 +7,8 @@
 
 `dataset`: records from a local jsonl/parquet file or Hugging Face `datasets`, mapped to prompts by
 task.fields (streamrl/feed/datasets.py). `gsm8k` is its preset for {"question": str, "answer": str}
-records whose answer ends with GSM8K's "#### 42": the prompt is `question + "\\nAnswer:"`
-(GSM8K_TEMPLATE) and meta["answer"] the final number with thousands separators removed.
+records whose answer ends with GSM8K's "#### 42": the prompt is the question and a line asking for the
+answer as '#### <number>' (GSM8K_TEMPLATE) and meta["answer"] the final number with thousands separators removed.
 
 Every meta holds only str/int/float so it travels through msgpack unchanged.
 """
@@ -16,13 +16,14 @@ Every meta holds only str/int/float so it travels through msgpack unchanged.
 from __future__ import annotations
 
 from streamrl.config.schema import Config, TaskConfig
+from streamrl.config.task import GSM8K_TEMPLATE as TASK_GSM8K_TEMPLATE
 from streamrl.core.errors import ConfigError
 from streamrl.feed.datasets import dataset_items, parse_gsm8k_answer  # noqa: F401  (parse_gsm8k_answer: re-exported)
 from streamrl.tasks import reasoning_gym as gym_tasks
 from streamrl.tasks.charclass import charclass_dialog_items, charclass_items
 
-GSM8K_TEMPLATE = "{question}\nAnswer:"
-"""Prompt format for gsm8k; the model is expected to end its answer with '#### <number>'."""
+GSM8K_TEMPLATE = TASK_GSM8K_TEMPLATE.replace("{prompt}", "{question}")
+"""Prompt format for gsm8k: it asks the model to end with '#### <number>', the line reward.fn=math reads."""
 
 
 def load_task(

@@ -98,14 +98,18 @@ def test_chat_messages_use_the_tokenizer_chat_template(tmp_path):
     assert item == {"text": "<system>be brief\n<user>2+2?\n<assistant>", "meta": {"task": "dataset", "answer": "4"}}
 
 
+ASKS = "End with the final answer on its own line as '#### <number>'."
+"""The line the gsm8k preset adds: the format reward.fn=math reads (docs/rewards.md)."""
+
+
 def test_gsm8k_is_a_preset_of_the_same_loader(tmp_path):
     rows = [{"question": "6*7?", "answer": "6*7=42\n#### 42"}, {"question": "big?", "answer": "#### 1,250"}]
     folder = tmp_path / "gsm"
     write_parquet(folder / "train.parquet", rows)
     items = load_task(TaskConfig(name="gsm8k", path=str(folder)), seed=0)
     assert items == [
-        {"text": "6*7?\nAnswer:", "meta": {"task": "gsm8k", "answer": "42"}},
-        {"text": "big?\nAnswer:", "meta": {"task": "gsm8k", "answer": "1250"}},
+        {"text": f"6*7?\n{ASKS}\nAnswer:", "meta": {"task": "gsm8k", "answer": "42"}},
+        {"text": f"big?\n{ASKS}\nAnswer:", "meta": {"task": "gsm8k", "answer": "1250"}},
     ]
 
 

@@ -79,7 +79,7 @@ def test_resolve_builtins_and_module_paths():
     [
         (
             "nonsense",
-            r"not a built-in reward \(charclass, env, math, math_regex, reasoning_gym, think_format\); use one of those or `package.module:function`",
+            r"not a built-in reward \(charclass, env, math, math_lenient, math_regex, reasoning_gym, think_format\); use one of those or `package.module:function`",
         ),
         ("no_such_module_xyz:fn", r"cannot import module 'no_such_module_xyz'.*PYTHONPATH"),
         ("streamrl.annotate.rewards:nope", r"has no function 'nope'; define `def NAME"),

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from streamrl.annotate.rewards import BUILTIN_REWARDS, Scored, make_reward
 from streamrl.config.schema import REWARD_BUILTINS, RewardConfig
 from streamrl.core.messages import Annotation, decode, encode
-from streamrl.tasks.math_answers import math_verify_reward, think_format_reward
+from streamrl.tasks.math_answers import math_lenient_reward, math_verify_reward, think_format_reward
 
 
 @pytest.mark.parametrize(
@@ -18,9 +18,10 @@ from streamrl.tasks.math_answers import math_verify_reward, think_format_reward
     [
         ("6*7=42\n#### 42", "42", 1.0),
         ("#### 1,250 dollars", "1250", 1.0),
-        ("first #### 4 then #### 9", "9", 1.0),
+        ("6*7=42\n#### 42\n#### 42.", "42", 1.0),  # the same answer twice
         ("so the answer is \\boxed{12}", "12", 1.0),
-        ("The answer is $\\frac{1}{2}$", "0.5", 1.0),  # symbolic: the regex reward scores this 0
+        ("#### $\\frac{1}{2}$", "0.5", 1.0),  # symbolic: the regex reward scores this 0
+        ("#### 3/4", "0.75", 1.0),
         ("\\boxed{\\frac{2}{4}}", "\\frac{1}{2}", 1.0),
         ("<think>7 is not it; 6*7 = 42</think> \\boxed{42}", "42", 1.0),  # the reasoning's numbers are ignored
         ("<think>the answer is 42</think> \\boxed{41}", "42", 0.0),
@@ -32,6 +33,35 @@ from streamrl.tasks.math_answers import math_verify_reward, think_format_reward
 )
 def test_math_verify_reward(completion: str, answer: str, want: float):
     assert math_verify_reward("q", completion, {"answer": answer}) == want
+
+
+@pytest.mark.parametrize(
+    "completion",
+    [
+        "2+CU&I*G<!'d7G-w",  # an answer-like string with no stated answer (math-verify alone finds the 2)
+        "The answer is 2.",  # no `####` line and no box: the task's format was asked for
+        "#### 2+CU&I*G<!'d7G-w",  # trailing garbage on the answer line
+        "#### 2 or 3",  # two numbers on one answer line
+        "#### 3\n#### 2",  # several different answers: the last one right is still a hedge
+        "\\boxed{2} \\boxed{5}",
+        "#### 2 \\boxed{7}",  # a box on the answer line is the answer, and it is wrong
+        "<think>so #### 2</think> #### 9",  # the reasoning's answer is not the final one
+    ],
+)
+def test_strict_math_scores_the_hacks_policies_find_zero(completion: str):
+    assert math_verify_reward("What is 1+1?", completion, {"answer": "2"}) == 0.0
+
+
+def test_an_echo_of_the_prompts_worked_example_is_not_the_answer():
+    prompt = "Example: 3+4 = ?\n#### 7\nQuestion: 5+2 = ?"
+    assert math_verify_reward(prompt, prompt + "\nI am not sure.", {"answer": "7"}) == 0.0
+    assert math_verify_reward(prompt, prompt + "\n5+2=7\n#### 7", {"answer": "7"}) == 1.0
+
+
+def test_lenient_math_reads_free_text_as_math_verify_does():
+    assert math_lenient_reward("q", "The answer is $\\frac{1}{2}$", {"answer": "0.5"}) == 1.0
+    assert math_lenient_reward("q", "first #### 4 then #### 9", {"answer": "9"}) == 1.0
+    assert math_lenient_reward("q", "2+CU&I*G<!'d7G-w", {"answer": "2"}) == 1.0  # why it is not the default
 
 
 def test_math_verify_runs_on_the_reward_workers_scoring_thread():

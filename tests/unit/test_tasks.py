@@ -70,7 +70,11 @@ def test_gsm8k_loader(tmp_path: Path):
     )
     items = load_task(TaskConfig(name="gsm8k", path=str(path)), seed=0)
     assert [it["meta"]["answer"] for it in items] == ["42", "1250", "-3.5"]
-    assert items[0]["text"] == GSM8K_TEMPLATE.format(question="What is 6*7?") == "What is 6*7?\nAnswer:"
+    assert (
+        items[0]["text"]
+        == GSM8K_TEMPLATE.format(question="What is 6*7?")
+        == ("What is 6*7?\nEnd with the final answer on its own line as '#### <number>'.\nAnswer:")
+    )
     assert all(it["meta"]["task"] == "gsm8k" for it in items)
 
 
