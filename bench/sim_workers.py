@@ -175,7 +175,7 @@ class SimTrainer(Worker):
     async def start(self) -> None:
         from streamrl.assemble.assembler import Assembler
 
-        self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
+        self.assembler = Assembler(self.cfg, self.broker, self.log, self.count, consumer=self.worker_id)
         await self.assembler.start()
         self.assembler.start_intake()  # as workers/trainer.py: intake goes on during the train step
         self.version = 0

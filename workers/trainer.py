@@ -81,7 +81,7 @@ class TrainerWorker(Worker):
 
     async def start(self) -> None:
         await run_end.clear_ended(self.broker, self.keys)  # a resumed run runs again
-        self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
+        self.assembler = Assembler(self.cfg, self.broker, self.log, self.count, consumer=self.worker_id)
         await self.assembler.start()
         self.assembler.vocab_size = self.engine.vocab_size
         self.publisher = make_publisher(self.cfg, self.broker, self.run_dir)
