@@ -22,16 +22,13 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from streamrl.assemble.advantages import zero_variance_frac
 from streamrl.assemble.assembler import Assembler
 from streamrl.config.schema import Config
 from streamrl.core import accounting, run_end
 from streamrl.core.errors import NOT_TRANSIENT, StreamRLError
 from streamrl.core.messages import Control, encode
-from streamrl.core.staleness import staleness_histogram
 from streamrl.core.trimming import trim_periodically
 from streamrl.core.worker import Worker, startup_failure
 from streamrl.generate.episode_sample import episode_metrics
@@ -47,7 +44,7 @@ from streamrl.train.engine_interface import TrainerEngine
 from streamrl.train.engines import make_engine
 from streamrl.train.flops import model_coefficients, peak_flops, row_flops
 from streamrl.train.generator_rates import GeneratorRates
-from streamrl.train.metrics import MetricsWriter
+from streamrl.train.metrics import MetricsWriter, step_row
 from streamrl.train.rank_step import RankStep, StepOrder, follow
 from streamrl.weights.store import make_publisher, publisher_class
 
@@ -278,29 +275,9 @@ class TrainerWorker(Worker):
     def _record(
         self, batch, m: dict, overlap: int, train_s: float, stall_s: float, checkpoint_s: float | None = None
     ) -> None:
-        tokens = [len(r.completion_ids) for r in batch.rollouts]
         engine = {("engine_time_s" if k == "time_s" else k): v for k, v in m.items() if k not in ("tokens", "seqs")}
         rec = {
-            "step": self.version,
-            "policy_version": self.version,
-            "reward_mean": float(np.mean(batch.rewards)),
-            "reward_std": float(np.std(batch.rewards)),
-            "samples": len(batch),
-            "tokens": int(sum(tokens)),
-            "staleness_max": int(batch.staleness.max()),
-            "staleness_mean": float(batch.staleness.mean()),
-            "staleness_hist": staleness_histogram(batch.staleness),
-            "staleness_hist_tokens": staleness_histogram(batch.staleness, tokens),
-            "time_s": round(time.time() - self.t_start, 3),
-            "wait_s": round(batch.stats.get("wait_s", 0.0), 4),
-            "train_s": round(train_s, 4),
-            "publish_stall_s": round(stall_s, 4),
-            "overlap_rollouts": overlap,
-            "overlap_frac": overlap / max(1, len(batch)),
-            "completion_len_mean": float(np.mean(tokens)),
-            "zero_variance_frac": zero_variance_frac(batch.rewards, batch.group_index),
-            "reward_components": {k: float(np.mean(v)) for k, v in batch.reward_components.items()},
-            **{k: v for k, v in batch.stats.items() if k != "wait_s"},
+            **step_row(batch, self.version, time.time() - self.t_start, train_s, stall_s=stall_s, overlap=overlap),
             **episode_metrics(batch.rollouts),
             **engine,
         }
