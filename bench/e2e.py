@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.common import machine, print_table, pyplot, write_result
-from streamrl.commands.common import add_config_args
+from streamrl.config.args import add_config_args
 from streamrl.core.errors import ConfigError
 
 HELP = "a real job for N steps, async vs max_staleness=0 (trained/generated tokens/s, busy, weight sync)"

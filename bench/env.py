@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.common import machine, print_table, write_result
 from bench.e2e import run_job
-from streamrl.commands.common import add_config_args
+from streamrl.config.args import add_config_args
 
 HELP = "multi-turn job: trained tokens/s and generator busy vs env latency, streaming vs synchronous turn loop"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
