@@ -30,7 +30,7 @@ from streamrl.core import accounting, run_end
 from streamrl.core.errors import NOT_TRANSIENT, StreamRLError
 from streamrl.core.messages import Control, encode
 from streamrl.core.trimming import trim_periodically
-from streamrl.core.worker import Worker, startup_failure
+from streamrl.core.worker import Serve, Worker, startup_failure
 from streamrl.generate.episode_sample import episode_metrics
 from streamrl.train.checkpoint import (
     Checkpointer,
@@ -358,9 +358,8 @@ def warm_up(engine, cfg: Config) -> None:
         )
 
 
-def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
+def _rank_main(cfg: Config, serve: Serve, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
     from streamrl.core.logs import setup_logging
-    from streamrl.launch.runtime import serve
 
     if world > 1:  # a spawned rank starts with no logging set up: rank 0 writes the trainer's JSON log
         setup_logging("trainer", worker_id if rank == 0 else f"{worker_id}-rank{rank}", run_dir, run=cfg.run.name)
@@ -376,15 +375,12 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     checkpointer.prepare(engine)  # the staging buffers, allocated while the generators start
     ranks = RankStep(engine, snapshot, checkpointer)
     if rank == 0:
-        serve(
-            lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed),
-            broker_url,
-            cfg.broker.connect_retries,
-            (cfg.broker.wait_replicas, cfg.broker.wait_timeout_ms),
-        )
+        serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed))
     else:
         follow(ranks)
 
 
-def main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> None:
-    launch(cfg.trainer.world_size, partial(_rank_main, cfg, broker_url, worker_id, run_dir))
+def main(cfg: Config, worker_id: str, run_dir: Path | None, serve: Serve) -> None:
+    """The trainer role (streamrl/launch/runtime.py starts it): its ranks, rank 0 running TrainerWorker
+    through `serve` (the launcher's: broker connection, signals, the worker loop)."""
+    launch(cfg.trainer.world_size, partial(_rank_main, cfg, serve, worker_id, run_dir))
