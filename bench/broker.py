@@ -413,9 +413,9 @@ def run(args) -> int:
         print(f"--rollouts rounded up to {args.rollouts}: whole trainer steps of {per_step} rollouts")
     info = machine()
     if args.cluster or (args.url and is_cluster(args.url[0])):
-        from bench.broker_cluster_run import run_cluster  # imports this module: lazily
+        from bench.broker_cluster_run import run_cluster
 
-        return run_cluster(args, info)
+        return run_cluster(args, info, run_path)
     rows = []
     with scratch_servers(args.url, 1, "broker", local=not args.tcp) as urls:
         servers = Servers(tuple(urls), wait_replicas=args.wait_replicas)

@@ -1,17 +1,20 @@
 """`streamrl bench broker --cluster --partitions 1,3`: one standalone server, then the local (or
 given) Redis Cluster once per partition count, the per-node CPU table and the sizing projection
-(bench/broker_cluster.py reads the nodes, bench/broker_sizing.py projects). Called by bench/broker.py's run.
+(bench/broker_cluster.py reads the nodes, bench/broker_sizing.py projects). Called by bench/broker.py's run,
+which hands it its `run_path` (one measured run of the message path), so this module does not import it back.
 """
 
 from __future__ import annotations
 
-from bench.broker import run_path
+from typing import Callable
+
 from bench.broker_cluster import is_cluster
 from bench.common import Servers, print_table, scratch_servers, write_result
 
 
-def run_cluster(args, info: dict) -> int:
-    """One standalone server, then the cluster once per --partitions; the per-node table; the projection."""
+def run_cluster(args, info: dict, run_path: Callable[..., dict]) -> int:
+    """One standalone server, then the cluster once per --partitions, each measured by `run_path`
+    (bench/broker.py's); the per-node table; the projection."""
     import contextlib
     import tempfile
     from pathlib import Path

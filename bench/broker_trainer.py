@@ -35,7 +35,7 @@ class BenchTrainer(Worker):
     async def start(self) -> None:
         from streamrl.assemble.assembler import Assembler
 
-        self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
+        self.assembler = Assembler(self.cfg, self.broker, self.log, self.count, consumer=self.worker_id)
         await self.assembler.start()
         self.cpu0 = time.process_time()  # the run's CPU, not the start-up's (torch's import: ~1 s)
         self.assembler.start_intake()

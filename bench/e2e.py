@@ -6,9 +6,9 @@
 
 Each job runs `streamrl up` as a subprocess (every role its own process, vLLM generators, FSDP2
 trainer) into OUT/runs/<mode>; the numbers come from its metrics.jsonl and role logs through
-`streamrl report`'s summarize(): trained tokens/s (steps after the first, which waits for start-up),
-generated tokens/s, busy fraction per role, weight-sync latency (publish -> loaded in vLLM),
-staleness histogram; and the async/sync speedup of trained tokens/s.
+`streamrl report`'s summary (streamrl/report/summary.py): trained tokens/s (steps after the first,
+which waits for start-up), generated tokens/s, busy fraction per role, weight-sync latency
+(publish -> loaded in vLLM), staleness histogram; and the async/sync speedup of trained tokens/s.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from bench.common import machine, print_table, pyplot, write_result
-from streamrl.commands.common import add_config_args
+from streamrl.config.args import add_config_args
 from streamrl.core.errors import ConfigError
 
 HELP = "a real job for N steps, async vs max_staleness=0 (trained/generated tokens/s, busy, weight sync)"
@@ -37,7 +37,7 @@ def add_arguments(p) -> None:
 
 def run_job(args, mode: str, run_dir: Path) -> dict:
     """One `streamrl up`; returns its summary (raises with the log tail if the job fails)."""
-    from streamrl.commands.report import summarize
+    from streamrl.report.summary import summarize
 
     cmd = [
         sys.executable,
@@ -82,7 +82,7 @@ def _first_step_s(run_dir: Path, t0: float) -> float | None:
     """`streamrl up` launched -> the trainer's log line of step 1 (preflight, broker, every role's start)."""
     from datetime import datetime
 
-    from streamrl.commands.report import log_events
+    from streamrl.report.summary import log_events
 
     steps = [r for r in log_events(run_dir, "step") if r.get("step") == 1 and "timestamp" in r]
     if not steps:
@@ -131,7 +131,7 @@ def _plot(runs: list[dict], out: Path) -> None:
 
 
 def run(args) -> int:
-    from streamrl.commands.report import plot_run
+    from streamrl.report.figures import plot_run
 
     info = machine()
     root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="streamrl-e2e-"))

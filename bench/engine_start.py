@@ -16,9 +16,9 @@ import json
 import os
 import time
 
-from streamrl.commands.common import resolve_model
 from streamrl.config.files import load_config
 from streamrl.generate.vllm_engine import VLLMEngine
+from streamrl.models.tiny import resolve_model
 
 
 async def measure(overrides: list[str]) -> dict:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from bench.common import machine, print_table, write_result
 from bench.e2e import run_job
-from streamrl.commands.common import add_config_args
+from streamrl.config.args import add_config_args
 
 HELP = "multi-turn job: trained tokens/s and generator busy vs env latency, streaming vs synchronous turn loop"
 DESCRIPTION = __doc__.split("\n\n", 1)[1]
@@ -54,7 +54,7 @@ def add_arguments(p) -> None:
 def replayed_steps(run_dir: Path) -> dict:
     """Env steps and replays (a step whose episode state the worker lacked) over every env worker's
     `stopped` line: what sticky routing (docs/protocol.md) is measured by."""
-    from streamrl.commands.report import log_events
+    from streamrl.report.summary import log_events
 
     stopped = [r for r in log_events(run_dir, "stopped") if r.get("role") == "env"]
     steps, replays = sum(r.get("steps", 0) for r in stopped), sum(r.get("replays", 0) for r in stopped)

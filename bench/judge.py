@@ -20,10 +20,9 @@ import time
 import numpy as np
 
 from bench.common import scratch_servers
-from streamrl.commands.common import resolve_model
 from streamrl.config.files import load_config
 from streamrl.core.messages import Rollout, encode
-from streamrl.models.tiny import CHARS
+from streamrl.models.tiny import CHARS, resolve_model
 
 
 def rollouts(n: int, seed: int = 0) -> list[Rollout]:

@@ -177,7 +177,7 @@ def run(args) -> int:
     import streamrl.assemble.assembler  # noqa: F401  imported once, before forking the role processes
     import workers.feeder  # noqa: F401
     import workers.reward  # noqa: F401
-    from streamrl.commands.common import resolve_model
+    from streamrl.models.tiny import resolve_model
 
     if args.warmup >= args.steps:
         from streamrl.core.errors import ConfigError

@@ -11,9 +11,9 @@ admission version, "decodes" `tokens` steps of `token_s` seconds (every in-fligh
 advances together, as in a batched engine, so a full wave of groups takes tokens * token_s),
 records a version switch when the trainer's version moves mid-sequence, and publishes each
 group's rollouts. The trainer takes the Assembler's batches, sleeps `train_s` per step, bumps
-`trainer:version` (the generator's "new weights"), acks, and writes metrics.jsonl rows like
-workers/trainer.py. Both sleep rather than burn CPU, so the bench measures the engine's
-scheduling, not the machine's spare cores.
+`trainer:version` (the generator's "new weights"), acks, and writes metrics.jsonl rows with
+workers/trainer.py's row function (streamrl/train/metrics.py, step_row). Both sleep rather than
+burn CPU, so the bench measures the engine's scheduling, not the machine's spare cores.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import numpy as np
 from streamrl.config.schema import Config
 from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.messages import Prompt, Rollout, encode, new_rollout_id
-from streamrl.core.staleness import staleness_histogram
 from streamrl.core.worker import Worker
-from streamrl.train.metrics import MetricsWriter
+from streamrl.train.metrics import MetricsWriter, step_row
 
 CHUNK_TOKENS = 8
 """Tokens decoded between checks of the weights version (a switch lands at a chunk boundary)."""
@@ -175,7 +174,7 @@ class SimTrainer(Worker):
     async def start(self) -> None:
         from streamrl.assemble.assembler import Assembler
 
-        self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
+        self.assembler = Assembler(self.cfg, self.broker, self.log, self.count, consumer=self.worker_id)
         await self.assembler.start()
         self.assembler.start_intake()  # as workers/trainer.py: intake goes on during the train step
         self.version = 0
@@ -198,25 +197,8 @@ class SimTrainer(Worker):
         self.version += 1
         await self.broker.set(self.keys.trainer_version, self.version)
         await self.assembler.commit(batch)
-        tokens = [len(r.completion_ids) for r in batch.rollouts]
-        self.metrics.write(
-            {
-                "step": self.version,
-                "policy_version": self.version,
-                "ts": t1,
-                "time_s": round(t1 - self.t_start, 4),
-                "reward_mean": float(np.mean(batch.rewards)),
-                "samples": len(batch),
-                "tokens": int(sum(tokens)),
-                "staleness_max": int(batch.staleness.max()),
-                "staleness_mean": float(batch.staleness.mean()),
-                "staleness_hist": staleness_histogram(batch.staleness),
-                "staleness_hist_tokens": staleness_histogram(batch.staleness, tokens),
-                "wait_s": round(batch.stats.get("wait_s", 0.0), 4),
-                "train_s": round(t1 - t0, 4),
-                **{k: v for k, v in batch.stats.items() if k != "wait_s"},
-            }
-        )
+        # the trainer's row (streamrl/train/metrics.py), and `ts`: the bench measures throughput between rows
+        self.metrics.write({**step_row(batch, self.version, t1 - self.t_start, t1 - t0), "ts": t1})
         return True
 
     async def close(self) -> None:

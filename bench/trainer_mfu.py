@@ -314,7 +314,7 @@ def _variant_main(cfg, variant: str, batches, args, out: str, ckpt_dir: str | No
 
 
 def run(args) -> int:
-    from streamrl.commands.common import prepare_out_dir
+    from streamrl.config.args import prepare_out_dir
 
     out_dir = prepare_out_dir(args.out)  # before the run: a bad --out must not cost a whole run
     with tempfile.TemporaryDirectory(prefix="streamrl-trainer-mfu-") as scratch:

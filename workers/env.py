@@ -26,11 +26,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from streamrl.annotate.annotator import Calls, CallTimeout
 from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
+from streamrl.core.calls import Calls, CallTimeout
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Observation, StepRequest, encode
 from streamrl.core.worker import Worker

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import math
 
-from streamrl.annotate.annotator import Annotator, CallTimeout
+from streamrl.annotate.annotator import Annotator
 from streamrl.annotate.rewards import make_reward
+from streamrl.core.calls import CallTimeout
 from streamrl.core.messages import Rollout
 
 GROUP = "reward"
@@ -36,7 +37,7 @@ class RewardWorker(Annotator):
 
     async def annotate(self, rollouts: list[Rollout]) -> list[tuple]:
         """Score a batch on one call thread, waking the event loop once per batch; a call that hangs
-        past reward.timeout_s fails that rollout only (streamrl/annotate/annotator.py, Calls.map)."""
+        past reward.timeout_s fails that rollout only (streamrl/core/calls.py, Calls.map)."""
         timeout = self.cfg.reward.timeout_s
         out = []
         for ok, got in await self.calls.map(self._score, rollouts, timeout):

@@ -22,18 +22,15 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from streamrl.assemble.advantages import zero_variance_frac
 from streamrl.assemble.assembler import Assembler
 from streamrl.config.schema import Config
 from streamrl.core import accounting, run_end
 from streamrl.core.errors import NOT_TRANSIENT, StreamRLError
 from streamrl.core.messages import Control, encode
-from streamrl.core.staleness import staleness_histogram
 from streamrl.core.trimming import trim_periodically
-from streamrl.core.worker import Worker, startup_failure
+from streamrl.core.worker import Serve, Worker, startup_failure
 from streamrl.generate.episode_sample import episode_metrics
 from streamrl.train.checkpoint import (
     Checkpointer,
@@ -47,7 +44,7 @@ from streamrl.train.engine_interface import TrainerEngine
 from streamrl.train.engines import make_engine
 from streamrl.train.flops import model_coefficients, peak_flops, row_flops
 from streamrl.train.generator_rates import GeneratorRates
-from streamrl.train.metrics import MetricsWriter
+from streamrl.train.metrics import MetricsWriter, step_row
 from streamrl.train.rank_step import RankStep, StepOrder, follow
 from streamrl.weights.store import make_publisher, publisher_class
 
@@ -81,7 +78,7 @@ class TrainerWorker(Worker):
 
     async def start(self) -> None:
         await run_end.clear_ended(self.broker, self.keys)  # a resumed run runs again
-        self.assembler = Assembler(self.cfg, self.broker, self, consumer=self.worker_id)
+        self.assembler = Assembler(self.cfg, self.broker, self.log, self.count, consumer=self.worker_id)
         await self.assembler.start()
         self.assembler.vocab_size = self.engine.vocab_size
         self.publisher = make_publisher(self.cfg, self.broker, self.run_dir)
@@ -278,29 +275,9 @@ class TrainerWorker(Worker):
     def _record(
         self, batch, m: dict, overlap: int, train_s: float, stall_s: float, checkpoint_s: float | None = None
     ) -> None:
-        tokens = [len(r.completion_ids) for r in batch.rollouts]
         engine = {("engine_time_s" if k == "time_s" else k): v for k, v in m.items() if k not in ("tokens", "seqs")}
         rec = {
-            "step": self.version,
-            "policy_version": self.version,
-            "reward_mean": float(np.mean(batch.rewards)),
-            "reward_std": float(np.std(batch.rewards)),
-            "samples": len(batch),
-            "tokens": int(sum(tokens)),
-            "staleness_max": int(batch.staleness.max()),
-            "staleness_mean": float(batch.staleness.mean()),
-            "staleness_hist": staleness_histogram(batch.staleness),
-            "staleness_hist_tokens": staleness_histogram(batch.staleness, tokens),
-            "time_s": round(time.time() - self.t_start, 3),
-            "wait_s": round(batch.stats.get("wait_s", 0.0), 4),
-            "train_s": round(train_s, 4),
-            "publish_stall_s": round(stall_s, 4),
-            "overlap_rollouts": overlap,
-            "overlap_frac": overlap / max(1, len(batch)),
-            "completion_len_mean": float(np.mean(tokens)),
-            "zero_variance_frac": zero_variance_frac(batch.rewards, batch.group_index),
-            "reward_components": {k: float(np.mean(v)) for k, v in batch.reward_components.items()},
-            **{k: v for k, v in batch.stats.items() if k != "wait_s"},
+            **step_row(batch, self.version, time.time() - self.t_start, train_s, stall_s=stall_s, overlap=overlap),
             **episode_metrics(batch.rollouts),
             **engine,
         }
@@ -381,9 +358,8 @@ def warm_up(engine, cfg: Config) -> None:
         )
 
 
-def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
+def _rank_main(cfg: Config, serve: Serve, worker_id: str, run_dir: Path | None, rank: int, world: int) -> None:
     from streamrl.core.logs import setup_logging
-    from streamrl.launch.runtime import serve
 
     if world > 1:  # a spawned rank starts with no logging set up: rank 0 writes the trainer's JSON log
         setup_logging("trainer", worker_id if rank == 0 else f"{worker_id}-rank{rank}", run_dir, run=cfg.run.name)
@@ -399,15 +375,12 @@ def _rank_main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | Non
     checkpointer.prepare(engine)  # the staging buffers, allocated while the generators start
     ranks = RankStep(engine, snapshot, checkpointer)
     if rank == 0:
-        serve(
-            lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed),
-            broker_url,
-            cfg.broker.connect_retries,
-            (cfg.broker.wait_replicas, cfg.broker.wait_timeout_ms),
-        )
+        serve(lambda broker: TrainerWorker(cfg, broker, worker_id, run_dir, ranks, resumed))
     else:
         follow(ranks)
 
 
-def main(cfg: Config, broker_url: str, worker_id: str, run_dir: Path | None) -> None:
-    launch(cfg.trainer.world_size, partial(_rank_main, cfg, broker_url, worker_id, run_dir))
+def main(cfg: Config, worker_id: str, run_dir: Path | None, serve: Serve) -> None:
+    """The trainer role (streamrl/launch/runtime.py starts it): its ranks, rank 0 running TrainerWorker
+    through `serve` (the launcher's: broker connection, signals, the worker loop)."""
+    launch(cfg.trainer.world_size, partial(_rank_main, cfg, serve, worker_id, run_dir))

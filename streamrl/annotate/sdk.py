@@ -34,11 +34,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoPermissionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from streamrl.annotate.annotator import Annotator, CallTimeout
+from streamrl.annotate.annotator import Annotator
 from streamrl.config.schema import BrokerConfig, RunConfig
 from streamrl.core import run_end
 from streamrl.core.bounded_tasks import InFlight
 from streamrl.core.broker import Broker, Entry
+from streamrl.core.calls import CallTimeout
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
 from streamrl.core.worker import BACKGROUND_STOP_S, HEARTBEAT_TTL_S, Sections
@@ -255,7 +256,7 @@ class ProducerWorker(Annotator):
     async def _call(self, rollouts: list[Rollout]) -> list:
         if self.is_async:
             values = await asyncio.wait_for(self.fn(rollouts), self.spec.timeout_s)
-        else:  # on a call thread that a hung call does not keep (streamrl/annotate/annotator.py, Calls)
+        else:  # on a call thread that a hung call does not keep (streamrl/core/calls.py, Calls)
             values = await self.calls.run(self.fn, rollouts, timeout=self.spec.timeout_s)
         values = list(values)
         if len(values) != len(rollouts):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -47,14 +48,15 @@ GROUP = "trainer"
 
 
 class Assembler:
-    def __init__(self, cfg: Config, broker: Broker, owner, consumer: str = "trainer-0"):
-        """`owner` is the trainer Worker: its log and stats (dead_lettered) are the assembler's."""
+    def __init__(self, cfg: Config, broker: Broker, log, count: Callable[..., None], consumer: str = "trainer-0"):
+        """`log` (a structlog logger) and `count(name, by)` are the trainer's: the assembler's warnings go
+        to its log, its reads' `dead_lettered` to its counters (Worker.log, Worker.count)."""
         self.cfg = cfg
         self.broker = broker
-        self.owner = owner
+        self.log = log
         self.keys = Keys.of(cfg, broker)
         self.consumer = consumer
-        self.reader = StreamConsumer(broker, cfg.broker, consumer, self.keys, owner.log, owner.count)
+        self.reader = StreamConsumer(broker, cfg.broker, consumer, self.keys, log, count)
         """The trainer group's reads of `rollouts` and `annotations` (one consumer: `consumer`)."""
         self.required = cfg.required_annotations()
         self.join = JoinPolicy(cfg)
@@ -162,7 +164,7 @@ class Assembler:
         self._intake_stop = True
         await asyncio.wait({task})
         if not task.cancelled() and task.exception() is not None:
-            self.owner.log.warning("intake_failed", error=repr(task.exception()))
+            self.log.warning("intake_failed", error=repr(task.exception()))
 
     async def _intake_loop(self) -> None:
         try:
@@ -203,7 +205,7 @@ class Assembler:
             )
         if self.join.shape(msg.key) is None and msg.key not in self._unused_keys:
             self._unused_keys.add(msg.key)  # accepted and ignored (docs/protocol.md); said once, it may be a typo
-            self.owner.log.warning(
+            self.log.warning(
                 "unused_annotation_key",
                 key=msg.key,
                 producer=msg.producer,
@@ -297,7 +299,7 @@ class Assembler:
         if not gone:
             return
         self.counters["unknown_annotations"] += len(gone)
-        self.owner.log.warning(
+        self.log.warning(
             "unknown_rollout_ids",
             annotations=len(gone),
             producers=sorted({a.producer for *_, a in gone})[:10],
@@ -392,7 +394,7 @@ class Assembler:
             self.counters["dropped_stale" if why == "stale" else why] += 1
             await close_group(self.broker, self.keys, group_id, "dropped_stale" if why == "stale" else why)
         if reason:
-            self.owner.log.warning("group_dropped", group_id=group_id, why=why, reason=reason)
+            self.log.warning("group_dropped", group_id=group_id, why=why, reason=reason)
         if group_id in self.ready:
             self.ready.remove(group_id)
         await self._ack_group(group_id)

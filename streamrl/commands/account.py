@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamrl.commands.common import add_broker_arg, add_config_args, broker_url, load
+from streamrl.commands.common import add_broker_arg, broker_url
+from streamrl.config.args import add_config_args, load
 
 NAME = "account"
 HELP = "check the accounting of a run whose workers were started by hand (multi-host)"

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 from streamrl.commands import load_modules
-from streamrl.commands.common import prepare_out_dir
+from streamrl.config.args import prepare_out_dir
 
 NAME = "bench"
 BENCHES = ["broker", "pipeline", "e2e", "env", "weights", "soak", "objectives", "trainer_mfu", "sft_mfu", "peers"]

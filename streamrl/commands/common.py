@@ -1,59 +1,16 @@
-"""Helpers shared by subcommands: config arguments, loading, the tiny-model cache, broker URL lookup."""
+"""Helpers shared by subcommands: broker URL lookup, pre-flight, section flags, the flags of commands that
+attach user code. The config arguments (--config, --set, --out) are streamrl/config/args.py's, the
+model path streamrl/models/tiny.py's: the benches use them too."""
 
 from __future__ import annotations
 
 import argparse
 import os
-import tempfile
 from pathlib import Path
 
 from streamrl.config.files import load_config
 from streamrl.config.schema import Config
-from streamrl.core.cache import cache_dir
 from streamrl.core.errors import ConfigError
-
-
-def prepare_out_dir(out: str | None) -> Path | None:
-    """Create an `--out DIR` and check that it is writable now, not when a long run ends; None without one."""
-    if not out:
-        return None
-    path = Path(out)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path, prefix=".streamrl-write-check-"):
-            pass
-    except OSError as exc:
-        raise ConfigError(
-            f"--out {out}: cannot write there ({exc.strerror or exc}); pass a directory you can write to"
-        ) from None
-    return path
-
-
-def add_config_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", help="YAML config (default: configs/tiny-cpu.yaml)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override one config value, e.g. --set trainer.steps=20 (repeatable)",
-    )
-
-
-def load(args) -> Config:
-    overrides = list(args.overrides)
-    if getattr(args, "run", None):
-        overrides.append(f"run.name={args.run}")
-    return load_config(args.config, overrides)
-
-
-def resolve_model(cfg: Config) -> Config:
-    """Set model.path (building the tiny offline model into the cache when it is unset)."""
-    from streamrl.models.tiny import resolve_model_path
-
-    path = resolve_model_path(cfg.model, cache_dir() / "models", cfg.run.seed)
-    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(path)})})
 
 
 def run_dir_config(run_dir: str | Path) -> Config | None:

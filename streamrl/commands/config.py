@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import sys
 
-from streamrl.commands.common import add_config_args, add_preflight_arg, load, preflight
+from streamrl.commands.common import add_preflight_arg, preflight
+from streamrl.config.args import add_config_args, load
 
 NAME = "config"
 HELP = "validate a config and print it fully resolved"

@@ -9,9 +9,10 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from streamrl.commands.common import add_config_args, load, resolve_model
+from streamrl.config.args import add_config_args, load
 from streamrl.config.files import dump_config
 from streamrl.core.errors import ConfigError
+from streamrl.models.tiny import resolve_model
 
 NAME = "sft"
 HELP = "supervised fine-tuning (chat messages or prompt/completion pairs) on the trainer's engines"

@@ -8,9 +8,11 @@ import signal
 import threading
 from pathlib import Path
 
-from streamrl.commands.common import add_config_args, add_preflight_arg, load, preflight, resolve_model
+from streamrl.commands.common import add_preflight_arg, preflight
+from streamrl.config.args import add_config_args, load
 from streamrl.core.errors import ConfigError
 from streamrl.launch.rundir import claim, earlier_run, new_run_dir
+from streamrl.models.tiny import resolve_model
 
 NAME = "up"
 HELP = "run a whole job on this machine (broker + every role)"

@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from streamrl.commands.common import add_broker_arg, add_config_args, broker_url, load, resolve_model
+from streamrl.commands.common import add_broker_arg, broker_url
+from streamrl.config.args import add_config_args, load
 from streamrl.core.errors import EXIT_NO_RESTART, ConfigError
 
 NAME = "worker"
@@ -33,6 +34,8 @@ def run(args) -> int:
         cfg = load(args)
         url = broker_url(args, cfg)
         if cfg.model.path is None:
+            from streamrl.models.tiny import resolve_model
+
             cfg = resolve_model(cfg)
     except ConfigError as exc:  # the same config on every restart: tell the supervisor not to retry
         print_fatal(f"config error: {exc}")

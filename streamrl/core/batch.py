@@ -83,6 +83,19 @@ class Batch:
         )
 
 
+def zero_variance_frac(rewards: np.ndarray, group_index: np.ndarray) -> float:
+    """Fraction of groups whose rewards are all equal: no advantage, so no learning signal (pure).
+    metrics.jsonl's `zero_variance_frac`; 1.0 on every step is a job that learns nothing."""
+    r = np.asarray(rewards, dtype=np.float64).reshape(-1)
+    g = np.asarray(group_index).reshape(-1)
+    if r.shape != g.shape:
+        raise ValueError(f"rewards has {r.size} entries but group_index has {g.size}; pass one group id per reward")
+    if g.size == 0:
+        return 0.0
+    groups = np.unique(g)
+    return float(sum(1 for gid in groups if np.ptp(r[g == gid]) == 0) / len(groups))
+
+
 def _trained(r: Rollout) -> int:
     """Completion tokens of `r` the loss counts: all but an episode's observation tokens."""
     return len(r.completion_ids) - sum(e - s for s, e in r.obs_spans)

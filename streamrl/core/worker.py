@@ -207,6 +207,12 @@ class Worker:
         return self.consumer.caught_up
 
 
+Serve = Callable[[Callable[[Broker], Worker]], None]
+"""`serve(factory)`: connect to the job's broker, build the Worker with `factory(broker)` and run it until it
+ends or is signalled. The launcher (streamrl/launch/runtime.py) serves a role's Worker class itself and
+hands this to a role that starts its own processes first (the trainer's ranks: rank 0 serves its worker)."""
+
+
 def freeze_startup_heap() -> None:
     """Move everything alive after start-up (modules, torch, a model, the config) out of the cyclic
     garbage collector's reach: its full collections otherwise walk all of them again and again while

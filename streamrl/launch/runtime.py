@@ -3,7 +3,10 @@
     streamrl worker reward --config run/config.yaml --broker redis://:pw@host:6379/0 --run tiny
 
 Roles are imported lazily by name (workers.<role>), so `streamrl` never imports `workers` at
-module level. SIGINT/SIGTERM ask the worker to finish its current step and exit; a second
+module level. A role is a Worker class, which this module serves, or a `main(cfg, worker_id,
+run_dir, serve)` that starts its own processes and hands `serve` (bound to the job's broker) the
+factory of the Worker it runs (the trainer: its ranks, rank 0 serving TrainerWorker), so no role
+imports the launcher. SIGINT/SIGTERM ask the worker to finish its current step and exit; a second
 signal exits at once.
 """
 
@@ -14,6 +17,7 @@ import importlib
 import os
 import signal
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -107,15 +111,17 @@ def run_role(role: str, cfg: Config, broker_url: str, worker_id: str, run_dir: P
         except NOT_TRANSIENT as exc:  # e.g. a package the role's module needs is not installed
             raise startup_failure(role, exc) from exc
         setup_logging(role, worker_id, run_dir, run=cfg.run.name)
+        # picklable (a module-level function, bound by partial): the trainer hands it to a spawned rank 0
+        serve_here = partial(
+            serve,
+            broker_url=broker_url,
+            retries=cfg.broker.connect_retries,
+            wait=(cfg.broker.wait_replicas, cfg.broker.wait_timeout_ms),
+        )
         if isinstance(target, type):
-            serve(
-                lambda broker: target(cfg, broker, worker_id, run_dir),
-                broker_url,
-                cfg.broker.connect_retries,
-                (cfg.broker.wait_replicas, cfg.broker.wait_timeout_ms),
-            )
+            serve_here(lambda broker: target(cfg, broker, worker_id, run_dir))
         else:
-            target(cfg, broker_url, worker_id, run_dir)
+            target(cfg, worker_id, run_dir, serve_here)
     except FatalError as exc:
         print_fatal(exc)
         return EXIT_NO_RESTART

@@ -21,7 +21,8 @@ import tempfile
 import threading
 from pathlib import Path
 
-from streamrl.config.schema import ModelConfig, TinyModelConfig
+from streamrl.config.schema import Config, ModelConfig, TinyModelConfig
+from streamrl.core.cache import cache_dir as streamrl_cache
 from streamrl.core.errors import ConfigError
 from streamrl.models.tiny_chat import CHAT_TOKENS, IM_END, QWEN3_STYLE_TEMPLATE
 
@@ -196,6 +197,13 @@ def resolve_model_path(model_cfg: ModelConfig, cache_dir: Path, seed: int) -> Pa
         return path
     fp = fingerprint(model_cfg.tiny, seed)
     return build_tiny_model(model_cfg.tiny, Path(cache_dir) / f"tiny-{fp}", seed)
+
+
+def resolve_model(cfg: Config) -> Config:
+    """`cfg` with model.path set: the path it names, or the tiny offline model built into the cache
+    (streamrl.core.cache) when it is unset. What `streamrl up`, `streamrl worker` and the benches run."""
+    path = resolve_model_path(cfg.model, streamrl_cache() / "models", cfg.run.seed)
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"path": str(path)})})
 
 
 if __name__ == "__main__":

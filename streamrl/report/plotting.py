@@ -1,4 +1,4 @@
-"""matplotlib for `streamrl report --plot` and the benchmarks' figures (bench/ imports it from here).
+"""matplotlib for `streamrl report` and the benchmarks' figures (bench/ imports it from here).
 
 plt = pyplot()      # ConfigError naming the extra to install when matplotlib is missing
 """

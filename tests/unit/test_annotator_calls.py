@@ -1,4 +1,4 @@
-"""streamrl.annotate.annotator.Calls: a hung call times out at its deadline, later calls are not held up,
+"""streamrl.core.calls.Calls: a hung call times out at its deadline, later calls are not held up,
 and the hung call's thread ends once the call returns (nothing joins it, nothing reuses it).
 
     pytest tests/unit/test_annotator_calls.py
@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from streamrl.annotate.annotator import Calls, CallTimeout
+from streamrl.core.calls import Calls, CallTimeout
 
 
 def _threads(prefix: str) -> list[threading.Thread]:

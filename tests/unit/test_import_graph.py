@@ -1,5 +1,5 @@
-"""Imports point one way (docs: /work/shared/DESIGN.md "Dependency direction", STYLE.md): read statically
-from the source of streamrl/, workers/ and brokers/ with `ast`, nothing is imported.
+"""Imports point one way: the rules of docs/architecture.md, section "Rules", read statically from the
+source of streamrl/, workers/, brokers/ and bench/ with `ast`; nothing is imported.
 
     pytest tests/unit/test_import_graph.py -q
 
@@ -15,8 +15,9 @@ Which imports count:
   __init__, run by importing one of its submodules, is not an edge (it is the package's facade);
 - imports by name: `import_module("pkg.mod")` with a literal, and a `"pkg.mod"` / `"pkg.mod:attr"`
   string naming a module of this tree (a registry entry handed to a resolver). They count for the
-  folder rules and the bench rule; cycles skip them (a registry's plugins import its protocol back),
-  except a plugin loop through a third module (test_registries_are_not_imported_back_...).
+  folder rules and the rules about bench, roles and commands; cycles skip them (a registry's plugins
+  import its protocol back), except a plugin loop through a third module
+  (test_registries_are_not_imported_back_...).
 
 The folder rules (test_each_folder_imports_only_the_layers_below_it): stage folders import only
 streamrl.core, config, models, losses, weights, tasks, eval (SHARED) and their own folder; core and config only
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("streamrl", "workers", "brokers")
+PACKAGES = ("streamrl", "workers", "brokers", "bench")
 
 
 @dataclass(frozen=True)
@@ -200,11 +201,37 @@ def test_no_import_cycle():
 
 
 def test_nothing_imports_bench():
-    bad = [where(i) for i in all_imports() if top(i.target) == "bench"]
+    bad = [where(i) for i in all_imports() if top(i.target) == "bench" and top(i.source) != "bench"]
     assert not bad, (
         "streamrl/, workers/ and brokers/ must not import bench/ (move what they need into "
         f"streamrl/ and let bench import it from there): {bad}"
     )
+
+
+def _folder_of(name: str) -> str:
+    """`streamrl.launch.runtime` -> `streamrl.launch`; `workers.trainer` -> `workers`."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == "streamrl" else parts[0]
+
+
+def test_roles_never_import_launch_or_commands():
+    # launch and commands are the composition root: they start the roles; a role that imports them
+    # (to serve itself, to reach a helper) turns the root into a library and the arrow around
+    bad = [
+        where(i)
+        for i in all_imports()
+        if top(i.source) == "workers" and _folder_of(i.target) in ("streamrl.launch", "streamrl.commands")
+    ]
+    assert not bad, (
+        "roles (workers/) must not import streamrl.launch or streamrl.commands: take what the launcher hands "
+        f"in (streamrl/launch/runtime.py), or move the library piece out of the command: {bad}"
+    )
+
+
+def test_bench_never_imports_commands():
+    # a bench measures the library; a helper it needs from a command is library code in the wrong place
+    bad = [where(i) for i in all_imports() if top(i.source) == "bench" and _folder_of(i.target) == "streamrl.commands"]
+    assert not bad, f"bench/ must not import streamrl.commands (move the helper into the library): {bad}"
 
 
 def test_dependencies_point_from_workers_and_brokers_to_streamrl():
@@ -217,7 +244,7 @@ def test_dependencies_point_from_workers_and_brokers_to_streamrl():
         for i in imps
         if top(i.source) == "streamrl" and top(i.target) in ("workers", "brokers") and i.module_level
     ]
-    assert not bad, f"imports against the dependency direction (DESIGN.md): {bad}"
+    assert not bad, f"imports against the dependency direction (docs/architecture.md, Rules): {bad}"
 
 
 def test_no_unittest_mock_outside_tests():
@@ -240,7 +267,9 @@ def test_no_unittest_mock_outside_tests():
             for n in ast.walk(tree)
             if isinstance(n, ast.ImportFrom) and n.module == "unittest" and any(a.name == "mock" for a in n.names)
         ]
-    assert not bad, f"unittest.mock is for tests only (real parts in production code, STYLE.md): {sorted(set(bad))}"
+    assert not bad, (
+        f"unittest.mock is for tests only (real parts in production code; docs/architecture.md, Rules): {sorted(set(bad))}"
+    )
     assert len(files) > 100
 
 
@@ -295,7 +324,7 @@ def _rule_breaks() -> list[str]:
                 bad.append(f"stage {src}: {where(imp)}")
         elif src == "core":
             # core is the bottom layer every folder imports; importing anything above it makes a cycle of folders.
-            # config is allowed: the worker base, consumer and trimming take their typed section (STYLE.md), and
+            # config is allowed: the worker base, consumer and trimming take their typed section, and
             # config imports only itself and core (the rule below), so the direction is still one way
             if tgt_top != "streamrl" or (dst is not None and dst not in ("core", "config")):
                 bad.append(f"core: {where(imp)}")

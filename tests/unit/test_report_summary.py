@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from streamrl.commands.report import loss_summary, rolling_rate
+from streamrl.report.figures import rolling_rate
+from streamrl.report.summary import loss_summary
 
 
 def test_summary_has_first_and_last_loss_kl_entropy_grad_norm():

@@ -59,7 +59,7 @@ def make(config, broker, **changes):
         section, field = dotted.split("__")
         setattr(getattr(cfg, section), field, value)
     owner = Owner(cfg, broker, "trainer-0")
-    return cfg, owner, Assembler(cfg, broker, owner)
+    return cfg, owner, Assembler(cfg, broker, owner.log, owner.count)
 
 
 async def test_joins_complete_groups_with_advantages(config, broker):

@@ -306,7 +306,7 @@ def assembler(redis_server):
         broker=BrokerConfig(url=redis_server.url, claim_idle_ms=200, block_ms=20),
     )
     owner = _Owner(cfg, broker, "trainer-0")
-    asm = Assembler(cfg, broker, owner, consumer="trainer-0")
+    asm = Assembler(cfg, broker, owner.log, owner.count, consumer="trainer-0")
     asm.vocab_size = VOCAB
     loop.run_until_complete(asm.start())
     yield loop, broker, asm

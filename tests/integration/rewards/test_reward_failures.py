@@ -43,7 +43,7 @@ def rollout(gid: str, sample: int, text: str) -> Rollout:
 async def score_groups(cfg, broker, groups: int, text=lambda g, s: f"ab{g}-{s}") -> Assembler:
     """Publish `groups` groups, score them all with the real reward worker; the assembler, started."""
     owner = Owner(cfg, broker, "trainer-0")
-    asm = Assembler(cfg, broker, owner)
+    asm = Assembler(cfg, broker, owner.log, owner.count)
     await asm.start()
     reward = RewardWorker(cfg, broker, "reward-0")
     await reward.start()

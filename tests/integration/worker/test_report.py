@@ -12,7 +12,8 @@ import pytest
 
 from bench.common import pyplot
 from streamrl.cli import main
-from streamrl.commands.report import LOSS_KEYS, losses_figure, staleness_figure, summarize
+from streamrl.report.figures import LOSS_KEYS, losses_figure, staleness_figure
+from streamrl.report.summary import summarize
 from streamrl.train.metrics import MetricsWriter
 
 

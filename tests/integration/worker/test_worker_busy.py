@@ -13,8 +13,9 @@ import pytest
 from structlog.testing import capture_logs
 
 from bench.common import pyplot
-from streamrl.commands.report import busy_figure, summarize
 from streamrl.core.worker import Worker
+from streamrl.report.figures import busy_figure
+from streamrl.report.summary import summarize
 from streamrl.train.metrics import MetricsWriter
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(60)]
