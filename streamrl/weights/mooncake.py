@@ -58,10 +58,11 @@ from streamrl.weights.store import WeightHandle, WeightLoader, WeightPublisher, 
 SPEC_VERSION = 1
 
 
-def engine_address(cfg: Config) -> str:
-    """weights.engine_addr resolved on this host (`auto`: the address of the route to the broker)."""
+def engine_address(cfg: Config, broker: Broker) -> str:
+    """weights.engine_addr resolved on this host (`auto`: the address of its route to the broker this
+    process is connected to, which `streamrl worker --broker` may give instead of broker.url)."""
     addr = cfg.weights.engine_addr
-    return route_address(cfg.broker.url) if addr == "auto" else addr
+    return route_address(getattr(broker, "url", "") or cfg.broker.url) if addr == "auto" else addr
 
 
 def _tensors(buf: torch.Tensor, entries) -> dict[str, torch.Tensor]:
@@ -81,7 +82,7 @@ class MooncakePublisher(WeightPublisher):
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "MooncakePublisher":
         import_engine()
-        return cls(broker, Keys.of(cfg), cfg.weights.keep, engine_address(cfg))
+        return cls(broker, Keys.of(cfg), cfg.weights.keep, engine_address(cfg, broker))
 
     def __init__(self, broker: Broker, keys: Keys, keep: int, addr: str):
         super().__init__(broker, keys, keep)
@@ -166,7 +167,9 @@ class MooncakeLoader(WeightLoader):
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "MooncakeLoader":
         import_engine()
-        return cls(broker, Keys.of(cfg), shm_root(cfg.run.name, run_dir), engine_address(cfg), cfg.weights.serve_peers)
+        return cls(
+            broker, Keys.of(cfg), shm_root(cfg.run.name, run_dir), engine_address(cfg, broker), cfg.weights.serve_peers
+        )
 
     def __init__(self, broker: Broker, keys: Keys, cache_root: Path, addr: str, serve_peers: bool = True):
         super().__init__(broker, keys)
