@@ -1,8 +1,10 @@
 """`mooncake` backend: weights across hosts through one-sided reads (Mooncake Transfer Engine), for
 generators that come and go; versions stay in the broker, the engine only moves bytes.
 
-Trainer (rank 0): `weights.keep` slots registered with its engine (host memory); `publish(v)`
-packs the tensors into slot v % keep under a seqlock header (mooncake_engine.py) and moves
+Trainer (rank 0): `weights.keep` slots registered with its engine: host memory (pinned where a GPU
+is present), or GPU memory where the trainer runs on CUDA and the engine's CUDA build is installed
+(the weights are then packed on the GPU one parameter at a time, as `cuda_ipc` does, and never staged
+in host memory by the trainer); `publish(v)` packs the tensors into slot v % keep under a seqlock header (mooncake_engine.py) and moves
 `weights:latest` to {engine address, slot address, tensor table}. A generator, whenever it likes
 (no rendezvous), reads the header, the bytes and the header again into its own registered buffer:
 a slot rewritten meanwhile (a later publish, a collected version) is discarded and the newest
@@ -40,13 +42,14 @@ from safetensors.torch import save_file
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
 from streamrl.weights.adapter import write_peft_dir
-from streamrl.weights.cuda_ipc import buffer_layout
+from streamrl.weights.cuda_ipc import PackedState, buffer_layout
 from streamrl.weights.files import WEIGHTS_FILE, version_dirs
 from streamrl.weights.mooncake_engine import (
     HEADER_BYTES,
     MAGIC,
     Engine,
     begin_write,
+    cuda_build,
     end_write,
     import_engine,
     parse_header,
@@ -76,8 +79,24 @@ def _tensors(buf: torch.Tensor, entries) -> dict[str, torch.Tensor]:
     return out
 
 
+def gpu_slots() -> bool:
+    """Slots in GPU memory: this trainer process has a GPU and the engine can register its memory."""
+    return torch.cuda.is_available() and cuda_build()
+
+
 class MooncakePublisher(WeightPublisher):
     transport = "mooncake"
+
+    @classmethod
+    def snapshot(cls, source, dtype: str):
+        """GPU slots: the weight stream packed on this rank's GPU (one parameter gathered at a time, the
+        only stall); else the engine's full state dict in host memory (the file backends' snapshot)."""
+        if not gpu_slots():
+            return source.full_state_dict()
+        from streamrl.weights.cuda_ipc_publish import pack_stream
+
+        device = torch.device("cuda", torch.cuda.current_device())
+        return pack_stream(source.weight_stream(), device, getattr(torch, dtype))
 
     @classmethod
     def from_config(cls, cfg: Config, broker: Broker, run_dir: Path | None) -> "MooncakePublisher":
@@ -96,23 +115,37 @@ class MooncakePublisher(WeightPublisher):
             return self.slots
         for buf in self.slots:  # a larger version (first publish, or an adapter grew): new slots
             self.engine.unregister(buf)
-        pin = torch.cuda.is_available()  # pinned host memory where a GPU copies into it
-        self.slots = [torch.zeros(HEADER_BYTES + nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(self.keep)]
+        if gpu_slots():
+            device = torch.device("cuda", torch.cuda.current_device())
+            self.slots = [
+                torch.zeros(HEADER_BYTES + nbytes, dtype=torch.uint8, device=device) for _ in range(self.keep)
+            ]
+        else:
+            pin = torch.cuda.is_available()  # pinned host memory where a GPU copies into it
+            self.slots = [
+                torch.zeros(HEADER_BYTES + nbytes, dtype=torch.uint8, pin_memory=pin) for _ in range(self.keep)
+            ]
         for buf in self.slots:
             self.engine.register(buf)
         self.held.clear()
         return self.slots
 
-    def _write(self, version: int, state: dict[str, torch.Tensor], adapter: str = "") -> tuple[str, int]:
-        entries, nbytes = buffer_layout([(n, t.dtype, list(t.shape)) for n, t in state.items()])
+    def _write(self, version: int, state: dict[str, torch.Tensor] | PackedState, adapter: str = "") -> tuple[str, int]:
+        if isinstance(state, PackedState):  # packed on the GPU by snapshot
+            entries, nbytes = state.entries, state.buffer.numel()
+        else:
+            entries, nbytes = buffer_layout([(n, t.dtype, list(t.shape)) for n, t in state.items()])
         index = version % self.keep
         slot = self._slots_for(nbytes)[index]
         begin_write(slot)
         self.held.pop(index, None)
         data = slot[HEADER_BYTES:]
-        for (_, _, _, off), t in zip(entries, state.values()):
-            flat = t.detach().contiguous().view(-1).view(torch.uint8)
-            data[off : off + flat.numel()].copy_(flat)
+        if isinstance(state, PackedState):
+            data[:nbytes].copy_(state.buffer)
+        else:
+            for (_, _, _, off), t in zip(entries, state.values()):
+                flat = t.detach().contiguous().view(-1).view(torch.uint8)
+                data[off : off + flat.numel()].copy_(flat)
         end_write(slot, version, nbytes)
         self.held[index] = version
         spec = {"v": SPEC_VERSION, "session": self.engine.session, "addr": slot.data_ptr(), "slot": index}

@@ -49,6 +49,15 @@ def import_engine():
     return TransferEngine
 
 
+def cuda_build() -> bool:
+    """The engine's CUDA build is installed (`mooncake-transfer-engine-cuda13` and the like, not
+    `-non-cuda`): it can register GPU memory and move it over TCP or GPUDirect RDMA."""
+    from importlib.metadata import distributions
+
+    names = {(d.metadata["Name"] or "").lower() for d in distributions()}
+    return any(n.startswith("mooncake-transfer-engine") and "non-cuda" not in n for n in names)
+
+
 def has_rdma() -> bool:
     """An InfiniBand/RoCE device is present (what the engine's RDMA transport needs)."""
     root = Path("/sys/class/infiniband")
@@ -147,12 +156,22 @@ def slot_header(buf: torch.Tensor) -> torch.Tensor:
 def begin_write(buf: torch.Tensor) -> None:
     h = slot_header(buf)
     h[0] = int(h[0]) | 1  # odd: a reader that saw the previous (even) seq will see it changed
+    _settle(buf)
 
 
 def end_write(buf: torch.Tensor, version: int, length: int) -> None:
+    _settle(buf)  # the bytes are in place before the header says so
     h = slot_header(buf)
     h[1], h[2], h[3] = version, length, MAGIC
+    _settle(buf)
     h[0] = int(h[0]) + 1  # even again, one generation later
+    _settle(buf)
+
+
+def _settle(buf: torch.Tensor) -> None:
+    """A GPU slot's queued writes done (the engine reads device memory outside torch's stream order)."""
+    if buf.device.type == "cuda":
+        torch.cuda.current_stream(buf.device).synchronize()
 
 
 def parse_header(raw: torch.Tensor) -> tuple[int, int, int, int]:
