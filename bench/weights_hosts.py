@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench.common import write_result
 from streamrl.config.schema import BrokerConfig, Config, RunConfig, WeightsConfig
+from streamrl.weights.shm import shm_root
 
 HELP = "weights across two network namespaces: mooncake vs dir vs torchstore; fan-out with peers (root)"
 REPO = Path(__file__).resolve().parents[1]
@@ -106,6 +107,18 @@ class Role:
                 return row
 
 
+def mem_available_gb() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1e6
+    return float("inf")
+
+
+PEAK_COPIES = 4
+"""Host copies of a version at the peak of one measurement: the publisher's state and slot, a reader's
+receive buffer and its /dev/shm file (all in one machine's memory here)."""
+
+
 def _median(xs: list[float]) -> float:
     xs = sorted(xs)
     return xs[len(xs) // 2] if xs else float("nan")
@@ -163,6 +176,7 @@ def measure(
             role.proc.kill()
             role.proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(shm_root(run, folder), ignore_errors=True)  # the killed readers' copies
     ready = _median(out["ready_s"])
     out |= {"publish_med_s": _median(out["publish_s"]), "ready_med_s": ready, "gbps": gb * readers / ready}
     return out
@@ -214,6 +228,12 @@ def run(args) -> int:
                 print(f"torchstore: {why}")
                 continue
             for gb in sizes:
+                if (free := mem_available_gb()) < PEAK_COPIES * gb + 2:
+                    notes[f"{backend} {gb} GB"] = (
+                        f"skipped: needs ~{PEAK_COPIES * gb + 2:.0f} GB of memory, {free:.1f} available"
+                    )
+                    print(f"{backend} {gb} GB: {notes[f'{backend} {gb} GB']}", flush=True)
+                    continue
                 row = measure(hosts, work, url, backend, gb, 1, True, args.repeats)
                 results.append(row)
                 print(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import pytest
 
 from streamrl.config.schema import Config
 from streamrl.weights.mooncake import decode_spec, wait_fetched
+from streamrl.weights.shm import shm_root
 from streamrl.weights.store import WeightHandle, WeightStoreError, make_loader, make_publisher
 from tests.integration.weights.mooncake_procs import cfg_of, check, uniform_state
 
@@ -30,6 +32,13 @@ pytest.importorskip(
 pytestmark = pytest.mark.anyio
 
 PROCS = [sys.executable, str(Path(__file__).with_name("mooncake_procs.py"))]
+
+
+@pytest.fixture(autouse=True)
+def _no_copies_left(config: Config, tmp_path: Path):
+    """The readers' /dev/shm copies (a killed reader leaves its own)."""
+    yield
+    shutil.rmtree(shm_root(config.run.name, tmp_path), ignore_errors=True)
 
 
 def _env() -> dict:
