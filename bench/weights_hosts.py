@@ -21,6 +21,7 @@ import queue
 import random
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 import threading
@@ -120,8 +121,7 @@ receive buffer and its /dev/shm file (all in one machine's memory here)."""
 
 
 def _median(xs: list[float]) -> float:
-    xs = sorted(xs)
-    return xs[len(xs) // 2] if xs else float("nan")
+    return statistics.median(xs) if xs else float("nan")
 
 
 def measure(
