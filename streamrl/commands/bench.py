@@ -10,7 +10,19 @@ from streamrl.commands import load_modules
 from streamrl.config.args import prepare_out_dir
 
 NAME = "bench"
-BENCHES = ["broker", "pipeline", "e2e", "env", "weights", "soak", "objectives", "trainer_mfu", "sft_mfu", "peers"]
+BENCHES = [
+    "broker",
+    "pipeline",
+    "e2e",
+    "env",
+    "weights",
+    "weights_hosts",
+    "soak",
+    "objectives",
+    "trainer_mfu",
+    "sft_mfu",
+    "peers",
+]
 """Modules under bench/ exposing HELP, add_arguments(parser) and run(args) -> int."""
 HELP = f"run a benchmark ({', '.join(BENCHES)})"
 DESCRIPTION = "Benchmarks that print their numbers; `--out DIR` also writes DIR/result.json and plots."

@@ -188,11 +188,13 @@ class SupervisorConfig(Section):
 
 
 class WeightsConfig(Section):
-    backend: Literal["shm", "dir", "cuda_ipc", "torchstore"] = "shm"
+    backend: Literal["shm", "dir", "cuda_ipc", "torchstore", "mooncake"] = "shm"
     """`shm`: same-host shared memory (/dev/shm). `dir`: a shared directory (multi-host).
     `cuda_ipc`: trainer and generators on one GPU host share GPU copies (no bytes moved).
     `torchstore`: the optional torchstore extra (RDMA where the hosts have it; experimental between
-    processes; see docs/configuration.md)."""
+    processes; see docs/configuration.md).
+    `mooncake`: generators on any host pull each version one-sidedly from the trainer's memory (Mooncake
+    Transfer Engine, RDMA where the host has RDMA NICs, else TCP; the `mooncake` extra; docs/multihost.md)."""
     dir: str | None = None
     """Directory for the `dir` backend (default: RUN_DIR/weights)."""
     torchstore_addr: str = Field("127.0.0.1", min_length=1)
@@ -204,7 +206,15 @@ class WeightsConfig(Section):
     """`torchstore`: the port trainer rank 0's listener binds (0: a free one; readers learn it from the
     broker). Fix it to open one port in a firewall; generators always take a free port."""
     keep: int = Field(3, ge=1)
-    """Versions kept; older ones are garbage-collected."""
+    """Versions kept; older ones are garbage-collected (`mooncake`: the trainer's slots, reused in turn)."""
+    engine_addr: str = "auto"
+    """`mooncake`: the address this host's transfer engine advertises to the other hosts (the trainer's,
+    and a generator's serving peers). `auto`: this host's address on its route to the broker (loopback for
+    an embedded broker). Mooncake listens on every address of the host whatever this says
+    (docs/multihost.md, trust boundary)."""
+    serve_peers: bool = True
+    """`mooncake`: a generator serves the version it holds to generators that read it later (announced in
+    the broker), so N generators need not all read through the trainer's NIC; false: all read the trainer."""
 
     @field_validator("torchstore_addr")
     @classmethod

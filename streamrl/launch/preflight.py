@@ -174,6 +174,19 @@ def check_cuda(cfg: Config) -> str | None:
     )
 
 
+def check_weights_engine(cfg: Config) -> str | None:
+    """weights.backend=mooncake: the transfer engine imports here (its wheel and the libibverbs/libnl it links)."""
+    if cfg.weights.backend != "mooncake":
+        return None
+    from streamrl.weights.mooncake_engine import import_engine
+
+    try:
+        import_engine()
+    except ConfigError as exc:
+        return str(exc)
+    return None
+
+
 def check_broker(cfg: Config, timeout_s: float = 3.0) -> str | None:
     """An external broker (broker.url=redis://...) answers a PING with the given credentials."""
     if cfg.broker.url == "embedded":
@@ -352,6 +365,7 @@ CHEAP = (
     check_judge_model,
     check_lora,
     check_cuda,
+    check_weights_engine,
     check_broker,
     check_tools,
 )

@@ -50,6 +50,7 @@ BACKENDS: dict[str, tuple[str, str]] = {
         "streamrl.weights.torchstore:TorchStorePublisher",
         "streamrl.weights.torchstore:TorchStoreLoader",
     ),
+    "mooncake": ("streamrl.weights.mooncake:MooncakePublisher", "streamrl.weights.mooncake:MooncakeLoader"),
 }
 """backend name -> (`module:class` of its publisher, of its loader); imported only when chosen, so
 optional dependencies stay optional."""

@@ -214,8 +214,9 @@ def test_node_producer_scores_reach_the_trainer_and_a_killed_ones_key_times_out(
 @pytest.mark.timeout(900)
 def test_workers_join_and_leave_a_running_job(tmp_path):
     run_dir = tmp_path / "run"
-    # No supervised generator or reward worker: the job advances only through the ones added here.
-    up = start_up(run_dir, "generator.count=0", "reward.count=0", steps=ELASTIC_STEPS)
+    # No supervised generator or reward worker: the job advances only through the ones added here. Weights
+    # through the transfer engine: generators that come and go pull from the trainer's memory, no rendezvous.
+    up = start_up(run_dir, "generator.count=0", "reward.count=0", "weights.backend=mooncake", steps=ELASTIC_STEPS)
     wait_for(
         "config.yaml",
         lambda: (run_dir / "config.yaml").exists() and (run_dir / "broker" / "url").exists(),
@@ -285,6 +286,10 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
         if json.loads(x)["event"] == "stopped"
     )
     assert stopped["rollouts"] > 0 and stopped.get("groups_aborted", 0) == 0
+    for wid in ("gen-a", "gen-b"):  # each pulled versions through its own engine (TCP: no RDMA NIC here)
+        events = [json.loads(x) for x in (run_dir / "logs" / f"{wid}.jsonl").read_text().splitlines()]
+        assert any(e["event"] == "weights_engine_started" and e["protocol"] == "tcp" for e in events), wid
+        assert any(e["event"] == "weights_loaded" and e["policy_version"] >= 1 for e in events), wid
     assert_nothing_lost(run_dir)
 
 
@@ -306,7 +311,8 @@ def test_scale_changes_the_supervised_count(tmp_path):
     # No generator to begin with: the run advances only through the ones `streamrl scale` starts.
     # A short drain: a leaving generator finishes (or hands back) its in-flight groups within
     # generator.drain_timeout_s, which ends while the trainer is held below.
-    up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", steps=SCALE_STEPS)
+    # Weights through a shared folder (`dir`, the simplest multi-host path) in this job.
+    up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", "weights.backend=dir", steps=SCALE_STEPS)
     wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
     scale(run_dir, "generator=2", "reward=2")  # while the trainer starts: both start-ups at once
     trainer = wait_for(
@@ -356,4 +362,5 @@ def test_scale_changes_the_supervised_count(tmp_path):
     ):
         assert line in out, out
     assert "scale: stopping generator-0" not in out and all(r["failed"] == 0 for r in rows)
+    assert any((run_dir / "weights").iterdir())  # the versions went through the folder
     assert_nothing_lost(run_dir)

@@ -2,7 +2,7 @@
 network namespaces made by tests/multihost.py: feeder and trainer on "trainer", two generators on
 "gen", the reward and env workers on "workers", a Redis Cluster (3 masters, 3 replicas; rollouts and
 annotations in 3 partitions) reached over the veth addresses only,
-weights through `weights.backend: dir` on a folder all hosts share (the "shared filesystem"). Every
+weights pulled one-sidedly from the trainer's memory over the veths (`weights.backend: mooncake`). Every
 role is started with the commands docs/multihost.md gives (read from the page), and the job ends
 with `streamrl account` exact.
 
@@ -63,7 +63,8 @@ def fill(words: list[str], **values: str) -> list[str]:
 
 
 def write_config(shared: Path) -> Path:
-    """configs/tiny-multiturn-cpu.yaml cut to a short job, with the model and the weights on the shared folder."""
+    """configs/tiny-multiturn-cpu.yaml cut to a short job, with the model on the shared folder and the
+    weights pulled from the trainer's memory (`weights.engine_addr: auto`: each host's veth address)."""
     from streamrl.config.schema import ModelConfig
     from streamrl.models.tiny import resolve_model_path
 
@@ -75,7 +76,7 @@ def write_config(shared: Path) -> Path:
     cfg["generator"]["max_inflight_groups"] = 1  # one group each at a time: both generators get work
     cfg["trainer"]["steps"] = STEPS
     cfg["rollout"]["partitions"] = 3  # past one node: each partition's streams on their own master
-    cfg["weights"] = {"backend": "dir", "dir": str(shared / "weights")}
+    cfg["weights"] = {"backend": "mooncake"}
     path = shared / "config.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -127,7 +128,11 @@ def test_a_job_on_three_hosts_with_the_documented_commands_is_exact(tmp_path):
     assert "invariant holds" in res.stdout
     rows = [json.loads(ln) for ln in (tmp_path / "trainer-run" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and all(r["turns_mean"] > 1 for r in rows)
-    assert any((shared / "weights").iterdir())  # the versions went through the shared folder
+    # The versions went from the trainer's engine, advertised on its veth address, to the generators'.
+    engines = _engines(tmp_path / "logs")
+    assert engines["trainer-trainer-1"][0].startswith(net.addr["trainer"] + ":"), engines
+    assert all(engines[f"gen-generator-{i}"][0].startswith(net.addr["gen"] + ":") for i in range(2)), engines
+    assert {p for sessions in engines.values() for p in sessions[1:]} <= {"tcp"}, engines  # no RDMA NIC here
     for i in range(2):  # both generators of host "gen" generated, and stopped cleanly
         stopped = [
             ln for ln in (tmp_path / "logs" / f"gen-generator-{i}.log").read_text().splitlines() if "stopped" in ln
@@ -157,6 +162,17 @@ def _wait_for_trainer(trainer, procs, logs: Path, timeout: float = 600) -> None:
     while trainer.poll() is None:
         _check_alive(procs, logs, deadline, "the trainer to finish")
         time.sleep(0.5)
+
+
+def _engines(logs: Path) -> dict[str, list[str]]:
+    """process -> [its transfer engine's session, protocol] from its `weights_engine_started` line."""
+    out = {}
+    for path in logs.glob("*.log"):
+        for line in path.read_text(errors="replace").splitlines():
+            if "weights_engine_started" in line:
+                fields = dict(w.split("=", 1) for w in line.split() if "=" in w)
+                out[path.stem] = [fields["session"], fields["protocol"]]
+    return out
 
 
 def _logs(logs: Path, tail: int = 1500) -> str:
