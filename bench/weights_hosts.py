@@ -182,14 +182,32 @@ def measure(
     return out
 
 
-def torchstore_status() -> str:
-    """Why the torchstore column is empty, in the module's own words (issue 41, item 4)."""
-    from streamrl.weights import torchstore
+def measure_torchstore(hosts: Hosts, url: str, gb: float, repeats: int) -> dict:
+    """torchstore between the two namespaces: bench/weights_torchstore.py's publisher in the trainer's and its
+    reader in the generator's, each Monarch listener on its namespace's address (issue 41, item 4)."""
+    from bench.weights_torchstore import publish_to_ready
 
-    doc = torchstore.__doc__ or ""
-    if "share\none Monarch program" in doc or "must share" in doc:
-        return "not measured: the torchstore backend serves only readers in the publisher's Monarch program (streamrl/weights/torchstore.py)"
-    return ""
+    r = publish_to_ready(
+        url,
+        size_bytes=int(gb * 1e9),
+        rounds=repeats,
+        publisher_prefix=["ip", "netns", "exec", hosts.ns["trainer"]],
+        reader_prefix=["ip", "netns", "exec", hosts.ns["gen"]],
+        publisher_addr=hosts.addr["trainer"],
+        reader_addr=hosts.addr["gen"],
+    )
+    return {
+        "backend": "torchstore",
+        "gb": gb,
+        "readers": 1,
+        "peers": False,
+        "publish_s": [r["publish_s"]],
+        "ready_s": [r["ready_s"]],
+        "sources": ["trainer"],
+        "publish_med_s": r["publish_s"],
+        "ready_med_s": r["ready_s"],
+        "gbps": gb / r["ready_s"],
+    }
 
 
 def run(args) -> int:
@@ -223,10 +241,6 @@ def run(args) -> int:
         url = f"redis://:{password}@{hosts.addr['trainer']}:{port}/0"
         time.sleep(1.0)
         for backend in backends:
-            if backend == "torchstore" and (why := torchstore_status()):
-                notes["torchstore"] = why
-                print(f"torchstore: {why}")
-                continue
             for gb in sizes:
                 if (free := mem_available_gb()) < PEAK_COPIES * gb + 2:
                     notes[f"{backend} {gb} GB"] = (
@@ -234,7 +248,10 @@ def run(args) -> int:
                     )
                     print(f"{backend} {gb} GB: {notes[f'{backend} {gb} GB']}", flush=True)
                     continue
-                row = measure(hosts, work, url, backend, gb, 1, True, args.repeats)
+                if backend == "torchstore":
+                    row = measure_torchstore(hosts, url, gb, args.repeats)
+                else:
+                    row = measure(hosts, work, url, backend, gb, 1, True, args.repeats)
                 results.append(row)
                 print(
                     f"{backend:>10} {gb:6.2f} GB  publish {row['publish_med_s']:7.2f} s  publish->ready "
