@@ -3,7 +3,7 @@
 Async tests run on anyio's pytest plugin (asyncio backend): mark them `@pytest.mark.anyio`
 (or `pytestmark = pytest.mark.anyio` in the module) and take `broker`, `config`, `run_name`.
 
-    pytest tests/integration/broker/test_broker.py
+    pytest tests/integration/brokers/test_broker.py
 
 Every test also runs under tests/watchdog.py, which ends the session when a test's setup + call +
 teardown outlast its timeout by a grace period (a hang the per-test timeout cannot interrupt).

@@ -151,7 +151,7 @@ def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resu
     then stops it gracefully (both ranks checkpoint, exit 130); a second resume finishes exactly. No
     group is trained twice or skipped, staleness stays bounded. (One job, not two: each `up` costs its
     start-up, about a third of such a test on 2 cores. The single-rank trainer's death message is
-    tests/integration/worker/test_child_leftovers.py's; its graceful stop is test_ctrl_c's.)"""
+    tests/integration/launch/test_child_leftovers.py's; its graceful stop is test_ctrl_c's.)"""
     # 20 steps: once the broker is back a step takes well under a second here, and the trainer must still
     # be training when it is killed after checkpoint 6 is marked (at 10 CI saw the job end first), and
     # the resumed run when it gets its SIGINT two steps past what the killed run logged.
