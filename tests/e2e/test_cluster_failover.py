@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.jobs import QUICK_RECOVERY, Job, assert_exact, log_events
 from brokers.local_cluster import LocalCluster
 from streamrl.core.broker import Keys
 from streamrl.core.broker_url import sync_client
 from tests.e2e.hold import held
-from tests.e2e.test_faults import SMALL, Up, assert_exact
 
 pytestmark = pytest.mark.slow
 STEPS = 40
@@ -67,7 +67,7 @@ def _kill(cluster: LocalCluster, victim: int) -> float:
     return t
 
 
-def _trained_after(clock: StepClock, t: float, up: Up, timeout: float = 120) -> None:
+def _trained_after(clock: StepClock, t: float, up: Job, timeout: float = 120) -> None:
     """Until a step appears after time `t`: the job went on through the failover."""
     deadline = time.monotonic() + timeout
     while not any(at > t for at in list(clock.at.values())):
@@ -78,17 +78,16 @@ def _trained_after(clock: StepClock, t: float, up: Up, timeout: float = 120) -> 
 
 def _trainer_pid(run_dir: Path) -> int:
     """The trainer's pid from its `started` line (the broker is a cluster: no plain client for its heartbeat)."""
-    rows = [json.loads(ln) for ln in (run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines() if ln.strip()]
-    return next(r["pid"] for r in reversed(rows) if r.get("event") == "started")
+    return next(r["pid"] for r in reversed(log_events(run_dir, "trainer-0")) if r.get("event") == "started")
 
 
 @pytest.mark.timeout(900)
 def test_five_master_kills_lose_nothing(tmp_path):
     with LocalCluster(tmp_path / "cluster") as cluster:
         run_dir = tmp_path / "run"
-        up = Up(
+        up = Job(
             run_dir,
-            *SMALL,
+            *QUICK_RECOVERY,
             f"broker.url={cluster.url}",
             "rollout.partitions=3",
             "broker.wait_replicas=1",
@@ -118,8 +117,7 @@ def test_five_master_kills_lose_nothing(tmp_path):
         summary = up.summary()
         assert_exact(summary, in_flight_ok=False)
         assert summary["trained"] == STEPS * 8 and summary["dead_lettered"] == 0, summary  # 8 groups a step
-        rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-        assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), "every step exactly once"
+        assert up.steps() == list(range(1, STEPS + 1)), "every step exactly once"
         keys = Keys("tiny", 3, cluster=True)
         with sync_client(cluster.url) as r:
             # Every partition was written and read by the trainer, each on its own master (after the kills

@@ -8,15 +8,11 @@ PYTHONPATH. Proves: the objective trains the task, eval/pass@k is in metrics.jso
 completions never reach a batch (every row trains exactly 64 samples) and the accounting holds.
 """
 
-import json
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 
-from tests.e2e.test_up import ROOT, metrics
+from bench.jobs import ROOT, metrics, summary, up, with_pythonpath
 
 pytestmark = pytest.mark.slow
 
@@ -51,21 +47,7 @@ def test_eval_rises_and_an_external_loss_trains(tmp_path):
         "eval.pass_k=[1,2]",
         "eval.threshold=0.75",
     ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / "tiny-cpu.yaml"),
-        "--run-dir",
-        str(run_dir),
-    ] + [a for s in sets for a in ("--set", s)]
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), str(ext)]),
-    }
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=540, env=env)
+    res = up(run_dir, *sets, timeout=540, env=with_pythonpath(ROOT, ext))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 31))
@@ -86,6 +68,6 @@ def test_eval_rises_and_an_external_loss_trains(tmp_path):
     assert pass1[-1] - pass1[0] >= 0.2 and mean[-1] - mean[0] >= 0.2, (pass1, mean)
     assert "eval/pass@1" in res.stdout  # the console's step line
 
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["invariant_holds"] and summary["unknown_outcomes"] == 0, summary
-    assert summary["trained_rollouts"] == 30 * 64
+    s = summary(run_dir)
+    assert s["invariant_holds"] and s["unknown_outcomes"] == 0, s
+    assert s["trained_rollouts"] == 30 * 64

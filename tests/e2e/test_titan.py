@@ -9,7 +9,7 @@ The same job as tests/e2e/test_up.py with trainer.backend=torchtitan and trainer
 import pytest
 import yaml
 
-from tests.e2e.test_up import metrics, up
+from bench.jobs import metrics, up
 
 pytestmark = pytest.mark.slow
 
