@@ -94,7 +94,7 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
 # job), multiturn one (the kills joined the learning run), and every job its tiny-model build: about
 # 860 | 850. The halves need only differ by less than the unit and integration files (~700 s), which
 # fill whichever worker is free. Added since: multihost (second half; 211 s here under load), judge (first half).
-# Since: test_eval's job joined test_titan's.
+# Since: test_eval's job joined test_titan's, test_reward_failures' flaky-reward job test_run_dirs'.
 # A new module joins the lighter half; move one when they drift apart (the run's "test time per worker" says).
 E2E_FIRST_HALF = frozenset(
     f"tests/e2e/test_{name}.py"

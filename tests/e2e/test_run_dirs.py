@@ -1,5 +1,6 @@
 """Run directories: two concurrent default jobs (same run.name) keep their own host-local weights;
-a used run dir is not silently resumed; `scale` and `status` on a finished run say so.
+a used run dir is not silently resumed; `scale` and `status` on a finished run say so. Job b also
+scores with a flaky reward function under reward.on_error=score, which trains its groups.
 
 One module fixture runs the two jobs once (3 steps each, concurrently); the other tests reuse the
 finished run directories, so they start no vLLM of their own.
@@ -16,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from bench.jobs import Job, assert_exact, run_cli, steps, summary, up
+from bench.jobs import Job, assert_exact, metrics, run_cli, steps, summary, up
 from streamrl.core.broker import Keys
 
 STEPS = 3
@@ -41,9 +42,14 @@ def two_runs(tmp_path_factory):
     """Two `streamrl up` of the default config (run.name tiny) at once, in two run directories."""
     base = tmp_path_factory.mktemp("two")
     # What is checked is the run dirs and weights of two jobs of one name: no reference worker (about
-    # 6 s of CPU each) and no RUN_DIR/hf export (4 s) in either.
+    # 6 s of CPU each) and no RUN_DIR/hf export (4 s) in either. Job b's reward function raises on
+    # about one completion in five, scored reward.on_error's way instead of failing its group (a job of
+    # its own in test_reward_failures cost a job's start-up for it).
     sets = (f"trainer.steps={STEPS}", "loss.kl_beta=0", "run.export=false")
-    jobs = {name: Job(base / name, *sets, out=base / f"{name}.out") for name in ("a", "b")}
+    flaky = ("reward.fn=tests.programs.reward_fns:fail_one_in_five", "reward.on_error=score")
+    jobs = {
+        name: Job(base / name, *sets, *extra, out=base / f"{name}.out") for name, extra in (("a", ()), ("b", flaky))
+    }
     handles: dict[str, str] = {}
     try:
         deadline = time.time() + 500
@@ -74,6 +80,17 @@ def test_two_default_jobs_of_one_name_both_finish_exactly(two_runs):
     roots = {name: Path(h).parent for name, h in handles.items()}
     assert roots["a"] != roots["b"], f"both jobs published weights into {roots['a']}"
     assert not any(r.exists() for r in roots.values()), f"weights left behind: {roots}"
+
+
+@pytest.mark.timeout(120)
+def test_flaky_reward_with_on_error_score_trains_its_groups(two_runs):
+    run_dir, out = two_runs["base"] / "b", two_runs["outputs"]["b"]
+    assert all(r["failed"] == 0 for r in metrics(run_dir))
+    s = summary(run_dir)
+    assert s["failed"] == 0 and s["dead_lettered"] > 0, s  # the raising calls, scored and trained
+    failures = [ln for ln in out.splitlines() if ln.startswith("failures: ")]
+    assert any("reward function raised RuntimeError: " in ln for ln in failures), out[-3000:]
+    print(f"dead-lettered {s['dead_lettered']} rollouts, trained {s['trained']} groups")
 
 
 @pytest.mark.timeout(600)
