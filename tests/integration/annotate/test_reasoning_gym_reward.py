@@ -2,12 +2,12 @@
 rollouts of real reasoning-gym items with each item's dataset scorer (rebuilt from the item's
 meta alone, as a reward worker on another host would)."""
 
-import numpy as np
 import pytest
 
 from streamrl.config.schema import Config
-from streamrl.core.messages import Rollout, decode, encode
+from streamrl.core.messages import decode, encode
 from streamrl.feed.sources import load_task
+from tests.integration.annotate.one_rollout import rollout
 from workers.reward import RewardWorker
 
 pytest.importorskip("reasoning_gym", reason="pip install -e '.[envs]'")
@@ -38,21 +38,7 @@ async def test_reward_worker_scores_real_items_with_their_scorer(config, broker,
     for i, (item, text) in enumerate(zip(items, completions)):
         await broker.add(
             worker.keys.rollouts,
-            encode(
-                Rollout(
-                    rollout_id=f"g{i}:0",
-                    group_id=f"g{i}",
-                    sample=0,
-                    group_size=1,
-                    prompt_ids=np.array([4]),
-                    completion_ids=np.array([5]),
-                    logprobs=np.array([-1.0]),
-                    version=0,
-                    text=text,
-                    prompt_text=item["text"],
-                    meta=item["meta"],
-                )
-            ),
+            encode(rollout(i, text, item["text"], item["meta"])),
         )
     while await worker.step():
         pass

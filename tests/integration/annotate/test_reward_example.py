@@ -14,13 +14,13 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from streamrl.annotate.rewards import resolve_reward
 from streamrl.core.errors import ConfigError
-from streamrl.core.messages import Rollout, decode, encode
+from streamrl.core.messages import decode, encode
 from streamrl.tasks.charclass import charclass_items
+from tests.integration.annotate.one_rollout import rollout
 from workers.reward import RewardWorker
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
@@ -28,22 +28,6 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLE_DIR = ROOT / "examples" / "rewards"
 SPEC = "length_reward:score"
-
-
-def _rollout(i: int, text: str, meta: dict) -> Rollout:
-    return Rollout(
-        rollout_id=f"g{i}:0",
-        group_id=f"g{i}",
-        sample=0,
-        group_size=1,
-        prompt_ids=np.array([4]),
-        completion_ids=np.array([5]),
-        logprobs=np.array([-1.0]),
-        version=0,
-        text=text,
-        prompt_text="digits:",
-        meta=meta,
-    )
 
 
 def test_loader_resolves_the_example(monkeypatch):
@@ -69,7 +53,7 @@ async def test_reward_worker_scores_with_the_example(config, broker, monkeypatch
     await worker.start()
     meta = {"task": "charclass", "cls": "digits", "chars": "0123456789", "length": 4}
     for i, text in enumerate(["12", "1234", "   1   "]):
-        await broker.add(worker.keys.rollouts, encode(_rollout(i, text, meta)))
+        await broker.add(worker.keys.rollouts, encode(rollout(i, text, "digits:", meta)))
     while await worker.step():
         pass
     out = {a.rollout_id: a for a in (decode(e.data) for e in await broker.read(worker.keys.annotations))}
@@ -99,7 +83,7 @@ async def test_readme_command_runs_the_example_in_a_fresh_worker(config, broker,
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     try:
         keys = RewardWorker(config, broker, "probe").keys
-        await broker.add(keys.rollouts, encode(_rollout(0, "x" * 16, {"task": "gsm8k", "answer": "7"})))
+        await broker.add(keys.rollouts, encode(rollout(0, "x" * 16, "digits:", {"task": "gsm8k", "answer": "7"})))
         deadline = time.monotonic() + 60
         while not (found := await broker.read(keys.annotations)) and time.monotonic() < deadline:
             assert proc.poll() is None, proc.stdout.read().decode(errors="replace")

@@ -3,27 +3,13 @@
 import asyncio
 import time
 
-import numpy as np
 import pytest
 
-from streamrl.core.messages import Rollout, decode, encode
+from streamrl.core.messages import decode, encode
+from tests.integration.annotate.one_rollout import rollout
 from workers.reward import RewardWorker
 
 pytestmark = pytest.mark.anyio
-
-
-def rollout(i: int, text: str) -> Rollout:
-    return Rollout(
-        rollout_id=f"g{i}:0",
-        group_id=f"g{i}",
-        sample=0,
-        group_size=1,
-        prompt_ids=np.array([4]),
-        completion_ids=np.array([5]),
-        logprobs=np.array([-1.0]),
-        version=0,
-        text=text,
-    )
 
 
 async def test_hangs_raises_and_nans_fail_only_their_rollout(config, broker):
