@@ -14,13 +14,13 @@ which waits for start-up), generated tokens/s, busy fraction per role, weight-sy
 from __future__ import annotations
 
 import shutil
-import subprocess
-import sys
+import signal
 import tempfile
 import time
 from pathlib import Path
 
 from bench.common import machine, print_table, pyplot, write_result
+from bench.jobs import Job
 from streamrl.config.args import add_config_args
 from streamrl.core.errors import ConfigError
 
@@ -39,33 +39,21 @@ def run_job(args, mode: str, run_dir: Path) -> dict:
     """One `streamrl up`; returns its summary (raises with the log tail if the job fails)."""
     from streamrl.report.summary import summarize
 
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--set",
+    sets = [
         f"trainer.steps={args.steps}",
-        "--set",
         f"run.name=e2e-{mode}",
-        "--set",
         "run.export=false",  # a benchmark needs no Hugging Face copy of the model
-    ]
-    if args.config:
-        cmd += ["--config", args.config]
-    for item in args.overrides:
-        cmd += ["--set", item]
-    if mode == "sync":
-        cmd += ["--set", "rollout.max_staleness=0"]
+        *args.overrides,
+    ] + (["rollout.max_staleness=0"] if mode == "sync" else [])
     t0 = time.time()
-    with open(run_dir.parent / f"{mode}.out", "wb") as out:
-        proc = subprocess.run(cmd, stdout=out, stderr=subprocess.STDOUT, timeout=args.timeout)
+    job = Job(run_dir, *sets, config=args.config, out=run_dir.parent / f"{mode}.out")
+    try:
+        code = job.wait(args.timeout)
+    finally:
+        job.stop(signal.SIGKILL)  # only past the timeout
     wall = time.time() - t0
-    if proc.returncode != 0:
-        tail = (run_dir.parent / f"{mode}.out").read_text(errors="replace")[-3000:]
-        raise RuntimeError(f"the {mode} job failed (exit {proc.returncode}); its output ends with:\n{tail}")
+    if code != 0:
+        raise RuntimeError(f"the {mode} job failed (exit {code}); its output ends with:\n{job.output()[-3000:]}")
     from streamrl.config.files import load_config
 
     cfg = load_config(run_dir / "config.yaml")

@@ -13,15 +13,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from bench.jobs import metrics, up
+
 HELP = "tiny-task learning curve per loss objective (and staleness)"
-ROOT = Path(__file__).resolve().parent.parent
 
 
 def add_arguments(p) -> None:
@@ -49,31 +48,20 @@ def summarize(rows: list[dict]) -> dict:
 def run_one(name: str, args, base: Path) -> dict:
     run_dir = base / f"{name}-s{args.staleness}"
     shutil.rmtree(run_dir, ignore_errors=True)  # a fresh measurement: `up` refuses a used run dir
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        f"loss.name={name}",
-        "--set",
-        f"rollout.max_staleness={args.staleness}",
-        "--set",
-        f"trainer.steps={args.steps}",
-        "--set",
-        f"run.name=obj-{name}",
-        "--set",
-        "run.export=false",  # a benchmark needs no Hugging Face copy of the model
-    ]
-    for o in args.overrides:
-        cmd += ["--set", o]
     t0 = time.time()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True)
+    res = up(
+        run_dir,
+        f"loss.name={name}",
+        f"rollout.max_staleness={args.staleness}",
+        f"trainer.steps={args.steps}",
+        f"run.name=obj-{name}",
+        "run.export=false",  # a benchmark needs no Hugging Face copy of the model
+        *args.overrides,
+        timeout=None,
+    )
     if res.returncode != 0:
         return {"objective": name, "error": res.stderr[-2000:] or res.stdout[-2000:]}
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run_dir)
     return {"objective": name, "max_staleness": args.staleness, "wall_s": time.time() - t0, **summarize(rows)}
 
 

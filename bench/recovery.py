@@ -29,20 +29,15 @@ from pathlib import Path
 
 import redis
 
+from bench.jobs import ROOT, metrics, up_args
 from streamrl.core.broker import Keys
 
-ROOT = Path(__file__).resolve().parents[1]
 RUN = "recovery"
 """The run name of the job this bench starts (its keys: Keys(RUN))."""
 
 
 def _iso(ts: str) -> float:
     return datetime.fromisoformat(ts.replace("Z", "+00:00")).timestamp()
-
-
-def _metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
 
 
 def _events(path: Path, after: float) -> list[dict]:
@@ -68,20 +63,8 @@ def main(argv: list[str] | None = None) -> int:
 
     out_dir = Path(args.out or tempfile.mkdtemp(prefix="recovery-"))
     run_dir = out_dir / "run"
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        f"run.name={RUN}",
-        "--set",
-        "run.export=false",  # a benchmark needs no Hugging Face copy of the model
-        "--set",
-        f"trainer.steps={args.steps}",
-    ] + [x for s in args.overrides for x in ("--set", s)]
+    # run.export=false: a benchmark needs no Hugging Face copy of the model
+    cmd = up_args(run_dir, f"run.name={RUN}", "run.export=false", f"trainer.steps={args.steps}", *args.overrides)
     proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines: list[tuple[float, str]] = []
     reader = threading.Thread(
@@ -89,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     reader.start()
     deadline = time.time() + args.timeout
-    while not (_metrics(run_dir) and _metrics(run_dir)[-1]["step"] >= args.kill_at):
+    while not (metrics(run_dir) and metrics(run_dir)[-1]["step"] >= args.kill_at):
         if proc.poll() is not None or time.time() > deadline:
             sys.exit(f"the job ended before step {args.kill_at}:\n" + "\n".join(ln for _, ln in lines[-30:]))
         time.sleep(0.2)
@@ -127,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = next((e for e in log if e.get("event") == "engine_started"), None)
     offered = next((e.get("groups") for e in log if e.get("event") == "offered_previous_groups"), 0)
     started = next((e for e in log if e.get("event") == "started"), None)
-    rows = _metrics(run_dir)
+    rows = metrics(run_dir)
     times = [m["time_s"] for m in rows]
     gaps = [b - a for a, b in zip(times, times[1:])]
     before = gaps[1 : args.kill_at - 1] or gaps[:1]

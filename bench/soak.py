@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -22,11 +21,12 @@ from pathlib import Path
 
 import redis
 
+from bench import jobs
 from bench.common import print_table, write_result
+from bench.jobs import Job
 from streamrl.core.broker import Keys
 
 HELP = "run the tiny job for a long stretch; report RSS growth per role and broker memory"
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def add_arguments(p) -> None:
@@ -89,26 +89,16 @@ def _alive(pid: int) -> bool:
 def run(args) -> int:
     run_dir = Path(tempfile.mkdtemp(prefix="soak-"))
     name = f"soak{int(time.time())}"
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / "tiny-cpu.yaml"),
-        "--run-dir",
-        str(run_dir),
-        "--set",
+    job = Job(
+        run_dir,
         f"run.name={name}",
-        "--set",
         "trainer.steps=1000000",
-        "--set",
         "trainer.checkpoint_every=50",
-    ]
-    for o in args.overrides:
-        cmd += ["--set", o]
-    out = open(run_dir / "up.out", "wb")
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+        *args.overrides,
+        config="tiny-cpu.yaml",
+        out=run_dir / "up.out",
+    )
+    proc = job.proc
     samples, t_end, t_first = [], time.time() + args.minutes * 60, None
     try:
         while time.time() < t_end and proc.poll() is None:
@@ -128,10 +118,8 @@ def run(args) -> int:
                     flush=True,
                 )
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-        code = proc.wait(300)
-        out.close()
+        job.stop(signal.SIGINT, timeout=300)
+        code = proc.returncode
     kept = [s for s in samples if t_first and s["t"] - t_first >= args.warmup_s]
     if len(kept) < 2:
         print(f"not enough samples after the warm-up (exit code {code}); see {run_dir / 'up.out'}")
@@ -166,7 +154,7 @@ def run(args) -> int:
         title=f"soak: {last['step'] - first['step']} steps over {hours * 60:.1f} min after warm-up "
         f"(steps {first['step']}..{last['step']}); stream lengths at the end: {last['streams']}",
     )
-    summary = json.loads((run_dir / "summary.json").read_text()) if (run_dir / "summary.json").exists() else {}
+    summary = jobs.summary(run_dir) if (run_dir / "summary.json").exists() else {}
     print(
         f"accounting: {json.dumps({k: summary.get(k) for k in ('admitted', 'trained', 'in_flight', 'lost', 'double_trained')})}"
     )

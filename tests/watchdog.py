@@ -20,7 +20,7 @@ import pytest
 
 HANG_GRACE_S = float(os.environ.get("STREAMRL_TEST_HANG_GRACE_S", "60"))
 """How long past its timeout a test (setup, call and teardown) may still run before the session ends;
-STREAMRL_TEST_HANG_GRACE_S overrides it (tests/integration/worker/test_suite_watchdog.py uses a short one)."""
+STREAMRL_TEST_HANG_GRACE_S overrides it (tests/integration/suite/test_suite_watchdog.py uses a short one)."""
 
 servers: list = []
 """The session's brokers.embedded.EmbeddedRedis servers, stopped before the process ends (none is orphaned)."""

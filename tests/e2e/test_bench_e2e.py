@@ -7,22 +7,19 @@ process) and summarizes it from metrics.jsonl and the role logs into well-formed
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from bench.jobs import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_e2e_bench_summarizes_a_real_job(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "bench", "e2e", "--steps", "2", "--no-sync", "--out", str(out)]
-        + ["--set", "loss.kl_beta=0"],  # no reference worker: the summary does not depend on it
-        capture_output=True,
-        text=True,
-        timeout=880,
+    # no reference worker (loss.kl_beta=0): the summary does not depend on it
+    proc = run_cli(
+        "bench", "e2e", "--steps", "2", "--no-sync", "--out", str(out), "--set", "loss.kl_beta=0", timeout=880
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     result = json.loads((out / "result.json").read_text())

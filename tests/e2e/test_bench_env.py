@@ -8,22 +8,17 @@ with its 2x, is in docs/performance.md: more steps than a test can afford).
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
+
+from bench.jobs import run_cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 
 def test_env_bench_prints_stream_vs_sync(tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "bench", "env", "--latencies", "500", "--steps", "3", "--out", str(out)],
-        capture_output=True,
-        text=True,
-        timeout=880,
-    )
+    proc = run_cli("bench", "env", "--latencies", "500", "--steps", "3", "--out", str(out), timeout=880)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "trained_tok_s" in proc.stdout and "generator_busy" in proc.stdout and "stream/sync" in proc.stdout
     result = json.loads((out / "result.json").read_text())

@@ -8,12 +8,11 @@ not in config.yaml, the logs, summary.json, metrics, nor in `up`'s output.
 
 from __future__ import annotations
 
-import json
 import stat
 
 import pytest
 
-from tests.e2e.test_faults import SMALL, Up, assert_exact
+from bench.jobs import QUICK_RECOVERY, Job, assert_exact
 
 pytestmark = pytest.mark.slow
 
@@ -23,16 +22,15 @@ def test_a_job_with_an_inline_broker_password_leaves_it_in_one_private_file(tmp_
     pw = redis_server.password
     url = f"redis://:{pw}@127.0.0.1:{redis_server.port}/0"
     run_dir = tmp_path / "run"
-    common = [*SMALL, "run.name=pwjob"]
-    up = Up(run_dir, *common, f"broker.url={url}", "trainer.steps=1")
+    common = [*QUICK_RECOVERY, "run.name=pwjob"]
+    up = Job(run_dir, *common, f"broker.url={url}", "trainer.steps=1")
     assert up.wait(600) == 0, up.output()[-4000:]
     assert "carries its password inline" in up.output() and "broker.password_file" in up.output()
-    again = Up(run_dir, *common, "trainer.steps=2", resume=True)  # every role re-reads config.yaml
+    again = Job(run_dir, *common, "trainer.steps=2", resume=True)  # every role re-reads config.yaml
     assert again.wait(600) == 0, again.output()[-4000:]
     assert "resumed at step 1" in again.output() and "carries its password inline" not in again.output()
     assert_exact(again.summary())
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-    assert [r["step"] for r in rows] == [1, 2]
+    assert again.steps() == [1, 2]
     for out in (up, again):
         assert pw not in out.output()
     holders = sorted(

@@ -26,11 +26,11 @@ from pathlib import Path
 
 import pytest
 
+from bench.jobs import QUICK_RECOVERY, Job, assert_exact, log_events, run_cli
 from brokers.local_cluster import LocalCluster
 from streamrl.core.broker import Keys
 from streamrl.core.broker_url import sync_client
 from tests.e2e.hold import held
-from tests.e2e.test_faults import SMALL, Up, assert_exact
 
 pytestmark = pytest.mark.slow
 STEPS = 40
@@ -77,7 +77,7 @@ def _kill(cluster: LocalCluster, victim: int) -> float:
     return t
 
 
-def _trained_after(clock: StepClock, t: float, up: Up, timeout: float = 120) -> None:
+def _trained_after(clock: StepClock, t: float, up: Job, timeout: float = 120) -> None:
     """Until a step appears after time `t`: the job went on through the failover."""
     deadline = time.monotonic() + timeout
     while not any(at > t for at in list(clock.at.values())):
@@ -86,20 +86,14 @@ def _trained_after(clock: StepClock, t: float, up: Up, timeout: float = 120) -> 
         time.sleep(0.05)
 
 
-def cli(*args: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", *args], cwd=ROOT, capture_output=True, text=True, timeout=120, **kwargs
-    )
-
-
-def start_judge(up: Up) -> subprocess.Popen:
+def start_judge(up: Job) -> subprocess.Popen:
     """`streamrl producer add` (user, groups and partitions from the run dir's config), then the producer."""
     run_dir, deadline = up.run_dir, time.monotonic() + 400  # `up` writes config.yaml after its checks
     while not (run_dir / "config.yaml").exists():
         assert up.proc.poll() is None, f"up exited early ({up.proc.returncode}):\n{up.output()[-4000:]}"
         assert time.monotonic() < deadline, "no config.yaml"
         time.sleep(0.1)
-    made = cli("producer", "add", "judge", "--key", "judge", "--run", "tiny", "--run-dir", str(run_dir))
+    made = run_cli("producer", "add", "judge", "--key", "judge", "--run", "tiny", "--run-dir", str(run_dir))
     assert made.returncode == 0 and "warning" not in made.stderr, made.stderr
     url = made.stdout.splitlines()[0]
     assert url.startswith("redis+cluster://producer-tiny-judge:") and "--partitions 3" in made.stdout, made.stdout
@@ -113,17 +107,16 @@ def start_judge(up: Up) -> subprocess.Popen:
 
 def _trainer_pid(run_dir: Path) -> int:
     """The trainer's pid from its `started` line (the broker is a cluster: no plain client for its heartbeat)."""
-    rows = [json.loads(ln) for ln in (run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines() if ln.strip()]
-    return next(r["pid"] for r in reversed(rows) if r.get("event") == "started")
+    return next(r["pid"] for r in reversed(log_events(run_dir, "trainer-0")) if r.get("event") == "started")
 
 
 @pytest.mark.timeout(900)
 def test_five_master_kills_lose_nothing(tmp_path):
     with LocalCluster(tmp_path / "cluster") as cluster:
         run_dir = tmp_path / "run"
-        up = Up(
+        up = Job(
             run_dir,
-            *SMALL,
+            *QUICK_RECOVERY,
             f"broker.url={cluster.url}",
             "rollout.partitions=3",
             "broker.wait_replicas=1",
@@ -140,7 +133,7 @@ def test_five_master_kills_lose_nothing(tmp_path):
             for n, step in enumerate(KILL_AT):
                 up.wait_step(step, timeout=400)
                 if n == 0:  # the producer's group and lag on every partition of `rollouts`
-                    shown = cli("status", "--run-dir", str(run_dir), "--once")
+                    shown = run_cli("status", "--run-dir", str(run_dir), "--once")
                     assert shown.returncode == 0, shown.stderr
                     lines = shown.stdout.splitlines()
                     rows = [ln for ln in lines if "judge" in ln and ("partitions)" in ln or "] tiny:p" in ln)]
@@ -164,8 +157,7 @@ def test_five_master_kills_lose_nothing(tmp_path):
         summary = up.summary()
         assert_exact(summary, in_flight_ok=False)
         assert summary["trained"] == STEPS * 8 and summary["dead_lettered"] == 0, summary  # 8 groups a step
-        rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-        assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), "every step exactly once"
+        assert up.steps() == list(range(1, STEPS + 1)), "every step exactly once"
         # Every trained rollout carries the producer's value (completion tokens / 16), none the default.
         samples = [json.loads(ln) for ln in (run_dir / "samples.jsonl").read_text().splitlines() if ln.strip()]
         assert len(samples) == STEPS * 64, len(samples)

@@ -7,13 +7,13 @@
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
+from bench.jobs import cli_args
 from streamrl.core.errors import EXIT_NO_RESTART
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -25,7 +25,7 @@ def cli(
     env = {**os.environ, "STREAMRL_CACHE": str(cache), **(env_extra or {})}
     t0 = time.monotonic()
     res = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", *args],
+        cli_args(*args),
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -12,17 +12,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
-import redis
 
+from bench.jobs import Job, assert_exact, metrics, steps
 from streamrl.train.checkpoint import latest_checkpoint
-from tests.e2e.test_faults import assert_exact
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
@@ -34,41 +30,17 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def _steps(run_dir: Path) -> list[int]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(ln)["step"] for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-
-
 @pytest.mark.timeout(600)
 def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
     run_dir = tmp_path / "ctrlc"
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / "tiny-cpu.yaml"),
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        "trainer.steps=60",
-        # On-policy (the batch waits for the weights it was generated with): what test_up's own 6-step
-        # job used to show, checked on this job's steps instead of a job of its own.
-        "--set",
-        "rollout.max_staleness=0",
-    ]
-    out_path = tmp_path / "up.out"
-    with open(out_path, "wb") as out:
-        # Its own session: `up` leads a process group, as a shell's foreground job does.
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    # On-policy (the batch waits for the weights it was generated with): what test_up's own 6-step
+    # job used to show, checked on this job's steps instead of a job of its own. Its own session: `up`
+    # leads a process group, as a shell's foreground job does.
+    job = Job(run_dir, "trainer.steps=60", "rollout.max_staleness=0", out=tmp_path / "up.out", new_session=True)
+    proc, out_path = job.proc, job.out_path
     try:
-        deadline = time.time() + 400
-        while not _steps(run_dir) or _steps(run_dir)[-1] < 2:
-            assert proc.poll() is None, f"up exited early ({proc.returncode}):\n{out_path.read_text()[-4000:]}"
-            assert time.time() < deadline, out_path.read_text()[-4000:]
-            time.sleep(0.3)
-        with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
+        job.wait_step(2)
+        with job.redis() as r:
             broker_pid = int(r.info("server")["process_id"])
         t0 = time.time()
         os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does
@@ -88,12 +60,12 @@ def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
         assert {r["step"] for r in samples} >= {1, 2} and all(r["prompt"] and r["completion"] for r in samples)
         for log in (run_dir / "logs").glob("*.out"):  # the exit noise of triton's bindings is gone
             assert "nanobind: leaked" not in log.read_text(errors="replace"), log
-        rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        rows = metrics(run_dir)
         assert all(r["staleness_max"] == 0 and set(r["staleness_hist"]) == {"0"} for r in rows), rows
         assert all(r["dropped_stale"] == 0 for r in rows)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert_exact(summary)
-        last = _steps(run_dir)[-1]
+        last = steps(run_dir)[-1]
         assert summary["checkpointed_version"] == last, (summary, last)  # the final checkpoint was written
         assert latest_checkpoint(run_dir).name == f"step-{last:08d}"
         stopped = time.time() + 10
@@ -101,6 +73,4 @@ def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
             time.sleep(0.1)
         assert not _alive(broker_pid), "the embedded redis-server outlived `streamrl up`"
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)  # only `up`: it stops its roles and its broker
-            proc.wait(timeout=120)
+        job.stop()  # only `up` (SIGINT): it stops its roles and its broker

@@ -11,17 +11,16 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import redis
 
+from bench import jobs
+from bench.jobs import ROOT, Job, broker, cli_args, log_events, metrics
 from tests.e2e.hold import held, wait_held, worker_pid
 from tests.nodejs import start_node_producer
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 8
 NODE_STEPS = 6
 """The `lost` producer is killed after step 1 with the trainer held (at most steps 2-4 admitted by then):
@@ -37,76 +36,34 @@ BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000"
 pytestmark = pytest.mark.slow
 
 
-def env(run_dir: Path) -> dict:
-    return {**os.environ, "PYTHONUNBUFFERED": "1"}
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-def cli(run_dir: Path, *args: str, log: str | None = None, **kw) -> subprocess.Popen:
-    path = run_dir.parent / (log or f"{args[0]}.log")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl.cli", *args],
-        cwd=ROOT,
-        env=env(run_dir),
-        stdout=open(path, "ab"),
-        stderr=subprocess.STDOUT,
-        **kw,
-    )
+def cli(run_dir: Path, *args: str, log: str) -> subprocess.Popen:
+    """`streamrl ARGS` in the background (a worker joining the job), its output in `log` beside the run."""
+    path = run_dir.parent / log
+    proc = subprocess.Popen(cli_args(*args), cwd=ROOT, env=ENV, stdout=open(path, "ab"), stderr=subprocess.STDOUT)
     proc.stdout_log = path
     return proc
 
 
-def start_up(run_dir: Path, *sets: str, steps: int = STEPS) -> subprocess.Popen:
-    args = ["up", "--config", str(ROOT / "configs" / "tiny-cpu.yaml"), "--run-dir", str(run_dir)]
-    for s in BASE + [f"trainer.steps={steps}"] + list(sets):
-        args += ["--set", s]
-    return cli(run_dir, *args, log="up.log")
+def start_up(run_dir: Path, *sets: str, steps: int = STEPS) -> Job:
+    return Job(run_dir, *BASE, f"trainer.steps={steps}", *sets, out=run_dir.parent / "up.log", env=ENV)
 
 
-def run_cli(run_dir: Path, *args: str) -> subprocess.CompletedProcess:
+def run_cli(*args: str) -> subprocess.CompletedProcess:
     """`streamrl ARGS` to its end (60 s at most), its output captured."""
-    return subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", *args],
-        cwd=ROOT,
-        env=env(run_dir),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def up_output(run_dir: Path) -> str:
-    return (run_dir.parent / "up.log").read_text(errors="replace")
-
-
-def wait_for(what: str, cond, up: subprocess.Popen, run_dir: Path, timeout: float = 400):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if got := cond():
-            return got
-        assert up.poll() is None, (
-            f"`streamrl up` ended (code {up.returncode}) before {what}:\n{up_output(run_dir)[-4000:]}"
-        )
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}:\n{up_output(run_dir)[-4000:]}")
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def broker(run_dir: Path) -> redis.Redis:
-    return redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip())
+    return jobs.run_cli(*args, timeout=60, env=ENV)
 
 
 def heartbeat(run_dir: Path, role: str, wid: str) -> dict:
-    raw = broker(run_dir).get(f"streamrl:tiny:workers:{role}:{wid}")
-    return json.loads(raw) if raw else {}
+    with broker(run_dir) as r:
+        return jobs.heartbeat(r, "tiny", role, wid)
 
 
-def finish(up: subprocess.Popen, run_dir: Path, steps: int = STEPS, timeout: float = 600) -> list[dict]:
+def finish(up: Job, run_dir: Path, steps: int = STEPS, timeout: float = 600) -> list[dict]:
     code = up.wait(timeout=timeout)
-    assert code == 0, up_output(run_dir)[-4000:]
+    assert code == 0, up.output()[-4000:]
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, steps + 1))
     assert all(r["samples"] == 64 for r in rows)
@@ -159,10 +116,10 @@ JUDGES = (
 )
 
 
-def attach_node_producer(up, run_dir: Path, key: str) -> subprocess.Popen:
+def attach_node_producer(up: Job, run_dir: Path, key: str) -> subprocess.Popen:
     """`streamrl producer add KEY` (a restricted broker user), then the Node.js producer of KEY under it."""
-    wait_for("the broker", lambda: (run_dir / "broker" / "url").exists(), up, run_dir, timeout=120)
-    res = run_cli(run_dir, "producer", "add", key, "--run", "tiny", "--run-dir", str(run_dir))
+    up.wait_broker()
+    res = run_cli("producer", "add", key, "--run", "tiny", "--run-dir", str(run_dir))
     assert res.returncode == 0, res.stderr
     return start_node_producer(
         res.stdout.splitlines()[0],
@@ -183,7 +140,7 @@ def test_node_producer_scores_reach_the_trainer_and_a_killed_ones_key_times_out(
     judge = attach_node_producer(up, run_dir, "judge")
     lost = attach_node_producer(up, run_dir, "lost")
     try:
-        wait_for("step 1", lambda: len(metrics(run_dir)) >= 1, up, run_dir)
+        up.wait_step(1)
         with held(worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")):
             assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
         rows = finish(up, run_dir, NODE_STEPS)
@@ -217,11 +174,9 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
     # No supervised generator or reward worker: the job advances only through the ones added here. Weights
     # through the transfer engine: generators that come and go pull from the trainer's memory, no rendezvous.
     up = start_up(run_dir, "generator.count=0", "reward.count=0", "weights.backend=mooncake", steps=ELASTIC_STEPS)
-    wait_for(
+    up.wait_for(
         "config.yaml",
         lambda: (run_dir / "config.yaml").exists() and (run_dir / "broker" / "url").exists(),
-        up,
-        run_dir,
         timeout=120,
     )
     joined = {}
@@ -246,16 +201,14 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
         # vLLM starts on a loaded machine, the job is still at step 0 when it is ready to compete.
         join("generator", "gen-a")
         join("generator", "gen-b")
-        wait_for(
-            "both generators started",
-            lambda: all(heartbeat(run_dir, "generator", w) for w in ("gen-a", "gen-b")),
-            up,
-            run_dir,
+        up.wait_for(
+            "both generators started", lambda: all(heartbeat(run_dir, "generator", w) for w in ("gen-a", "gen-b"))
         )
         assert metrics(run_dir) == []
         # The trainer held (SIGSTOP) while gen-a leaves: with the reward worker in, a step takes well under
         # a second here, so without the hold the job could end before gen-a's stop is seen (seen in CI).
-        trainer = worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")
+        with broker(run_dir) as r:
+            trainer = worker_pid(r, "tiny", "trainer", "trainer-0")
         with held(trainer):
             join("reward", "rew-a")
             wait_held(
@@ -270,7 +223,7 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
                 ),
                 trainer,
                 steps=lambda: len(metrics(run_dir)),
-                job_alive=lambda: up.poll() is None,
+                job_alive=up.alive,
                 idle_s=5,
             )
             assert len(metrics(run_dir)) < ELASTIC_STEPS
@@ -280,28 +233,17 @@ def test_workers_join_and_leave_a_running_job(tmp_path):
     finally:
         end(list(joined.values()))  # gen-b and rew-a lost their broker when the run ended
     assert all(r["failed"] == 0 for r in rows)
-    stopped = next(
-        json.loads(x)
-        for x in (run_dir / "logs" / "gen-a.jsonl").read_text().splitlines()
-        if json.loads(x)["event"] == "stopped"
-    )
+    stopped = next(e for e in log_events(run_dir, "gen-a") if e["event"] == "stopped")
     assert stopped["rollouts"] > 0 and stopped.get("groups_aborted", 0) == 0
     for wid in ("gen-a", "gen-b"):  # each pulled versions through its own engine (TCP: no RDMA NIC here)
-        events = [json.loads(x) for x in (run_dir / "logs" / f"{wid}.jsonl").read_text().splitlines()]
+        events = log_events(run_dir, wid)
         assert any(e["event"] == "weights_engine_started" and e["protocol"] == "tcp" for e in events), wid
         assert any(e["event"] == "weights_loaded" and e["policy_version"] >= 1 for e in events), wid
     assert_nothing_lost(run_dir)
 
 
 def scale(run_dir: Path, *counts: str) -> None:
-    res = subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", "scale", *counts, "--run-dir", str(run_dir)],
-        cwd=ROOT,
-        env=env(run_dir),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    res = run_cli("scale", *counts, "--run-dir", str(run_dir))
     assert res.returncode == 0, res.stderr
 
 
@@ -313,13 +255,11 @@ def test_scale_changes_the_supervised_count(tmp_path):
     # generator.drain_timeout_s, which ends while the trainer is held below.
     # Weights through a shared folder (`dir`, the simplest multi-host path) in this job.
     up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", "weights.backend=dir", steps=SCALE_STEPS)
-    wait_for("config.yaml", lambda: (run_dir / "config.yaml").exists(), up, run_dir, timeout=120)
+    up.wait_for("config.yaml", (run_dir / "config.yaml").exists, timeout=120)
     scale(run_dir, "generator=2", "reward=2")  # while the trainer starts: both start-ups at once
-    trainer = wait_for(
+    trainer = up.wait_for(
         "the trainer's heartbeat",
         lambda: (run_dir / "broker" / "url").exists() and heartbeat(run_dir, "trainer", "trainer-0").get("pid"),
-        up,
-        run_dir,
         timeout=120,
     )
     # The trainer held (SIGSTOP) from its start (before the generators' engines are up) until status and
@@ -336,23 +276,21 @@ def test_scale_changes_the_supervised_count(tmp_path):
             ),
             trainer,
             steps=lambda: len(metrics(run_dir)),
-            job_alive=lambda: up.poll() is None,
+            job_alive=up.alive,
             idle_s=5,
         )
-        status = run_cli(run_dir, "status", "--run-dir", str(run_dir), "--once")
+        status = run_cli("status", "--run-dir", str(run_dir), "--once")
         assert status.returncode == 0, status.stderr
         for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
             assert text in status.stdout, status.stdout
         assert len(metrics(run_dir)) < SCALE_STEPS
         scale(run_dir, "generator=1", "reward=1")
-        wait_for(
+        up.wait_for(
             "generator-1 and reward-1 to leave",
-            lambda: all(f"{w} left (exited with code 0)" in up_output(run_dir) for w in ("generator-1", "reward-1")),
-            up,
-            run_dir,
+            lambda: all(f"{w} left (exited with code 0)" in up.output() for w in ("generator-1", "reward-1")),
         )
     rows = finish(up, run_dir, SCALE_STEPS)
-    out = up_output(run_dir)
+    out = up.output()
     for line in (
         "scale: started generator-0",
         "scale: started generator-1",

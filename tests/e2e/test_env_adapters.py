@@ -10,15 +10,12 @@ streamrl/envs/adapters/verifiers.py, the reward being what the env records on it
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.jobs import ROOT, log_events, metrics, summary, up, with_pythonpath
+
 pytestmark = pytest.mark.slow
 ENV_LIBS = ("textarena", "verifiers")
 
@@ -31,54 +28,38 @@ def env_libs_installed():
         pytest.fail(f"{', '.join(missing)} not installed: pip install -e '.[envs]' (or make setup)")
 
 
-def up(tmp_path, config: str, run_dir: Path, pythonpath: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / config),
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        "trainer.steps=2",
-        "--set",
-        "run.export=false",
-    ]
-    env = dict(os.environ)
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (pythonpath, env.get("PYTHONPATH")) if p)
-    proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=500)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-4000:]
-    return proc
+def two_steps(config: str, run_dir: Path, *pythonpath: Path) -> None:
+    res = up(
+        run_dir, "trainer.steps=2", "run.export=false", config=config, timeout=500, env=with_pythonpath(*pythonpath)
+    )
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
 
 
 def assert_two_game_steps_trained(run_dir: Path) -> None:
     """Both steps trained 16 episodes each, every one played through the env (more than one turn), the
     accounting exact, and a negative reward: Secretary-v0 scores a game lost by invalid moves -1, which
     is how the untrained tiny model plays it, so a negative reward can only have come from the game."""
-    rows = [json.loads(ln) for ln in (run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2]
     for r in rows:
         assert r["turns_mean"] > 1 and r["env_tokens"] > 0, r  # the game answered moves, more than once
         assert r["episodes_failed"] == 0, r
     assert min(r["reward_mean"] for r in rows) < 0, rows
-    s = json.loads((run_dir / "summary.json").read_text())
+    s = summary(run_dir)
     assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
     assert s["episodes"]["trained"] == 2 * 16
-    steps = [json.loads(ln) for ln in (run_dir / "logs" / "env-0.jsonl").read_text().splitlines() if '"stopped"' in ln]
+    steps = [e for e in log_events(run_dir, "env-0") if e.get("event") == "stopped"]
     assert steps and steps[-1]["steps"] >= 2 * 16, steps
 
 
 def test_textarena_game_drives_a_job(tmp_path):
     run_dir = tmp_path / "ta"
-    up(tmp_path, "tiny-textarena-cpu.yaml", run_dir)
+    two_steps("tiny-textarena-cpu.yaml", run_dir)
     assert_two_game_steps_trained(run_dir)
 
 
 def test_verifiers_env_drives_a_job(tmp_path):
     # verifiers' TextArenaEnv records the game's outcome on its trace: the reward is the env's own
     run_dir = tmp_path / "vf"
-    up(tmp_path, "tiny-verifiers-cpu.yaml", run_dir, pythonpath=str(ROOT / "examples" / "verifiers"))
+    two_steps("tiny-verifiers-cpu.yaml", run_dir, ROOT / "examples" / "verifiers")
     assert_two_game_steps_trained(run_dir)

@@ -10,46 +10,34 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-import time
 
 import pytest
 
+from bench.jobs import QUICK_RECOVERY, Job, assert_exact, log_events, run_cli
 from tests.e2e.hold import held, wait_held, worker_pid
-from tests.e2e.test_faults import ROOT, SMALL, Up, assert_exact
 
 pytestmark = pytest.mark.slow
 RUN, STEPS = "judge-e2e", 8
 
 
-def cli(up: Up, *args: str) -> str:
-    return subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", *args, "--run-dir", str(up.run_dir)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    ).stdout
+def cli(up: Job, *args: str) -> str:
+    res = run_cli(*args, "--run-dir", str(up.run_dir))
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    return res.stdout
 
 
 @pytest.mark.timeout(900)
 def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path):
-    up = Up(tmp_path / "run", f"run.name={RUN}", f"trainer.steps={STEPS}", *SMALL, config="tiny-judge-cpu.yaml")
-    deadline = time.time() + 120
-    while not (up.run_dir / "broker" / "url").exists():  # `up` is live: its scale file is read
-        assert time.time() < deadline and up.proc.poll() is None, up.output()[-4000:]
-        time.sleep(0.2)
+    up = Job(
+        tmp_path / "run", f"run.name={RUN}", f"trainer.steps={STEPS}", *QUICK_RECOVERY, config="tiny-judge-cpu.yaml"
+    )
+    up.wait_broker()  # `up` is live: its scale file is read
     cli(up, "scale", "judge=2")  # at once, so judge-1's engine starts while judge-0's does
     # The trainer held (SIGSTOP) from its start while status runs and judge-0 is killed: once the judges
     # score, the tiny job takes its steps in well under a second each, so a check started after step N
     # can find the job over (seen in CI). The judges score the admitted groups while the trainer waits.
     with up.redis() as r:
-        deadline = time.time() + 300
-        while not r.exists(f"streamrl:{RUN}:workers:trainer:trainer-0"):
-            assert time.time() < deadline and up.proc.poll() is None, up.output()[-4000:]
-            time.sleep(0.2)
+        up.wait_for("the trainer's heartbeat", lambda: r.exists(f"streamrl:{RUN}:workers:trainer:trainer-0"), 300)
         trainer = worker_pid(r, RUN, "trainer", "trainer-0")
         with held(trainer):
 
@@ -72,13 +60,12 @@ def test_judge_job_survives_a_sigkilled_judge_and_trains_on_its_scores(tmp_path)
     assert_exact(s)
     assert s["failed"] == 0 and s["dead_lettered"] == 0, s  # every judge output parsed; the kill lost nothing
 
-    rows = [json.loads(ln) for ln in (up.run_dir / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = up.metrics()
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     for r in rows:  # the trained reward is the judge's digit / 9 (annotations.reward_weight: 0)
         parts = r["reward_components"]
         assert set(parts) == {"reward", "judge"}
         assert 0 <= parts["judge"] <= 9
         assert r["reward_mean"] == pytest.approx(parts["judge"] / 9, abs=1e-4)
-    lines = (up.run_dir / "logs" / "judge-1.jsonl").read_text().splitlines()
-    stopped = [json.loads(ln) for ln in lines if '"event": "stopped"' in ln]
+    stopped = [e for e in log_events(up.run_dir, "judge-1") if e.get("event") == "stopped"]
     assert stopped and stopped[-1].get("scored", 0) > 0, "judge-1 (from `streamrl scale judge=2`) scored rollouts"

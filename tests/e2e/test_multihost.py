@@ -11,7 +11,6 @@ with `streamrl account` exact.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -23,6 +22,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from bench.jobs import metrics, summary
 from streamrl.core.broker import Keys
 from streamrl.core.broker_url import is_cluster_url, sync_client
 from tests.multihost import hosts, skip_or_fail_without_netns, start_cluster
@@ -122,11 +122,11 @@ def test_a_job_on_three_hosts_with_the_documented_commands_is_exact(tmp_path):
             assert res.returncode == 0, res.stdout + res.stderr
         finally:
             broker.stop()
-    s = json.loads((tmp_path / "trainer-run" / "summary.json").read_text())
+    s = summary(tmp_path / "trainer-run")
     assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0 and s["trained_steps"] == STEPS, s
     assert s["episodes"]["invariant_holds"] and s["episodes"]["lost"] == 0, s["episodes"]
     assert "invariant holds" in res.stdout
-    rows = [json.loads(ln) for ln in (tmp_path / "trainer-run" / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(tmp_path / "trainer-run")
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)) and all(r["turns_mean"] > 1 for r in rows)
     # The versions went from the trainer's engine, advertised on its veth address, to the generators'.
     engines = _engines(tmp_path / "logs")

@@ -8,67 +8,31 @@ its generator being SIGKILLed mid-run (in the same job) with the accounting inva
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
-import redis
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIG = ROOT / "configs" / "tiny-multiturn-cpu.yaml"
+from bench.jobs import Job, log_events, metrics, summary
+
 RUN = "tiny-multiturn"
 pytestmark = pytest.mark.slow
 
 
-def start(run_dir: Path, *sets: str) -> tuple[subprocess.Popen, Path]:
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(CONFIG), "--run-dir", str(run_dir)]
-    cmd += [
-        "--set",
-        "run.export=false",
-    ]  # no RUN_DIR/hf: what these tests check is elsewhere (test_up checks the export)
-    for s in sets:
-        cmd += ["--set", s]
-    out = run_dir.parent / f"{run_dir.name}.out"
-    return subprocess.Popen(cmd, cwd=ROOT, stdout=open(out, "wb"), stderr=subprocess.STDOUT), out
+def start(run_dir: Path, *sets: str) -> Job:
+    # no RUN_DIR/hf: what these tests check is elsewhere (test_up checks the export)
+    return Job(run_dir, "run.export=false", *sets, config="tiny-multiturn-cpu.yaml")
 
 
-def metrics(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()] if path.exists() else []
-
-
-def wait_step(proc: subprocess.Popen, out: Path, run_dir: Path, n: int, timeout: float = 300) -> None:
-    deadline = time.time() + timeout
-    while not (rows := metrics(run_dir)) or rows[-1]["step"] < n:
-        assert proc.poll() is None, f"up exited early:\n{out.read_text()[-4000:]}"
-        assert time.time() < deadline, f"step {n} not reached:\n{out.read_text()[-4000:]}"
-        time.sleep(0.3)
-
-
-def wait_episodes_in_flight(run_dir: Path, timeout: float = 120) -> None:
+def wait_episodes_in_flight(job: Job, timeout: float = 120) -> None:
     """Until some episode is between turns (its checkpoint exists): a kill then interrupts episodes,
     not only groups waiting for newer weights (which have not started and are simply run later)."""
-    deadline = time.time() + timeout
-    with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
-        while not r.keys(f"streamrl:{RUN}:episode_state:*"):
-            assert time.time() < deadline, "no episode in flight"
-            time.sleep(0.01)
+    with job.redis() as r:
+        job.wait_for("an episode in flight", lambda: r.keys(f"streamrl:{RUN}:episode_state:*"), timeout, every=0.01)
 
 
 LEARN_STEPS = 50
 RISE = 0.2
-
-
-def kill_role(run_dir: Path, role: str) -> int:
-    """SIGKILL `<role>-0` (this test's own child of `up`), its pid from its heartbeat."""
-    with redis.Redis.from_url((run_dir / "broker" / "url").read_text().strip()) as r:
-        pid = json.loads(r.get(f"streamrl:{RUN}:workers:{role}:{role}-0"))["pid"]
-    os.kill(pid, signal.SIGKILL)
-    return pid
 
 
 @pytest.mark.timeout(900)  # ~3 min on CI; 9.6 min on a 2-core machine at load 15
@@ -80,7 +44,7 @@ def test_multiturn_job_learns_and_survives_env_and_generator_sigkill(tmp_path):
     run_dir = tmp_path / "mt"
     # 50 steps, the config's own run (docs/performance.md: +0.45 from the first to the last 10 steps):
     # at 40 one clean-clone run rose only +0.29 (still rising), under the bound below.
-    proc, out = start(
+    job = start(
         run_dir,
         f"trainer.steps={LEARN_STEPS}",
         "broker.claim_idle_ms=2000",
@@ -90,16 +54,15 @@ def test_multiturn_job_learns_and_survives_env_and_generator_sigkill(tmp_path):
         "trainer.trim_every_s=2",
     )
     try:
-        wait_step(proc, out, run_dir, 3)
-        kill_role(run_dir, "env")
-        wait_step(proc, out, run_dir, 7)
-        wait_episodes_in_flight(run_dir)
-        kill_role(run_dir, "generator")
-        assert proc.wait(500) == 0, out.read_text()[-4000:]
+        job.wait_step(3, timeout=300)
+        job.kill_role(RUN, "env")
+        job.wait_step(7, timeout=300)
+        wait_episodes_in_flight(job)
+        job.kill_role(RUN, "generator")
+        assert job.wait(500) == 0, job.output()[-4000:]
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    text = out.read_text()
+        job.stop(signal.SIGKILL)
+    text = job.output()
     assert "env-0 (env) killed by SIGKILL" in text and "generator-0 (generator) killed by SIGKILL" in text
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, LEARN_STEPS + 1))
@@ -114,7 +77,7 @@ def test_multiturn_job_learns_and_survives_env_and_generator_sigkill(tmp_path):
     # +0.30, +0.45, +0.53, +0.53 over four runs (mean 0.45, sd 0.11); +0.30 sat on the old 0.3 bound and
     # failed. 0.2 is two sd below the mean and still more than doubles the untrained reward (~0.19).
     assert last - first >= RISE, f"reward did not rise enough: first10={first:.3f} last10={last:.3f}"
-    s = json.loads((run_dir / "summary.json").read_text())
+    s = summary(run_dir)
     assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0, s
     assert s["trained_steps"] == LEARN_STEPS
     e = s["episodes"]
@@ -130,26 +93,21 @@ def test_node_env_drives_a_job(tmp_path):
     from tests.nodejs import start_node_env
 
     run_dir = tmp_path / "node"
-    proc, out = start(run_dir, "trainer.steps=4", "env.fn=external")  # no Python env worker: only the Node one
+    job = start(run_dir, "trainer.steps=4", "env.fn=external")  # no Python env worker: only the Node one
     node = None
     try:
-        url_file = run_dir / "broker" / "url"
-        deadline = time.time() + 120
-        while not url_file.exists():
-            assert proc.poll() is None and time.time() < deadline, out.read_text()[-4000:]
-            time.sleep(0.2)
-        node = start_node_env(url_file.read_text().strip(), RUN, tmp_path / "node-env.log")
-        assert proc.wait(500) == 0, out.read_text()[-4000:]
+        job.wait_broker()
+        node = start_node_env((run_dir / "broker" / "url").read_text().strip(), RUN, tmp_path / "node-env.log")
+        assert job.wait(500) == 0, job.output()[-4000:]
     finally:
         if node is not None:
             node.send_signal(signal.SIGTERM)
             node.wait(30)
-        if proc.poll() is None:
-            proc.kill()
+        job.stop(signal.SIGKILL)
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     assert all(r["turns_mean"] == 2 and r["env_tokens"] > 0 for r in rows)
-    s = json.loads((run_dir / "summary.json").read_text())
+    s = summary(run_dir)
     assert s["invariant_holds"] and s["episodes"]["trained"] == 4 * 64
     node_log = [json.loads(ln) for ln in (tmp_path / "node-env.log").read_text().splitlines() if ln.startswith("{")]
     stopped = [e for e in node_log if e["event"] == "stopped"]
@@ -160,15 +118,14 @@ def test_node_env_drives_a_job(tmp_path):
 @pytest.mark.timeout(600)
 def test_env_errors_fail_their_episodes_not_the_job(tmp_path):
     run_dir = tmp_path / "flaky"
-    proc, out = start(run_dir, "trainer.steps=4", "env.fn=tests.programs.env_fns:FlakyDialog")
-    assert proc.wait(500) == 0, out.read_text()[-4000:]
-    s = json.loads((run_dir / "summary.json").read_text())
+    job = start(run_dir, "trainer.steps=4", "env.fn=tests.programs.env_fns:FlakyDialog")
+    assert job.wait(500) == 0, job.output()[-4000:]
+    s = summary(run_dir)
     assert s["invariant_holds"] and s["lost"] == 0, s
     assert s["failed"] >= 1 and s["episodes"]["episodes_failed"] >= s["failed"], s["episodes"]
     assert s["dead_lettered"] >= 2 * s["failed"]  # the step request (env worker) and the prompt (generator)
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["episodes_failed"] >= 1
-    assert "failed episodes" in out.read_text()
-    events = [json.loads(ln) for ln in (run_dir / "logs" / "generator-0.jsonl").read_text().splitlines()]
-    failed = [e for e in events if e.get("event") == "episode_failed"]
+    assert "failed episodes" in job.output()
+    failed = [e for e in log_events(run_dir, "generator-0") if e.get("event") == "episode_failed"]
     assert failed and all("flaky tool crashed" in e["reason"] for e in failed)

@@ -1,44 +1,24 @@
-"""`streamrl up` with failing reward functions: an always-failing one stops the job with its error
-after rollout.max_consecutive_failed_groups, the console counts failures per cause, and a flaky one
-with reward.on_error=score trains instead of discarding its groups.
+"""`streamrl up` with a failing reward function: an always-failing one stops the job with its error
+after rollout.max_consecutive_failed_groups, and the console counts failures per cause. (A flaky one
+with reward.on_error=score, which trains instead of discarding its groups, is test_run_dirs' job b.)
 
     pytest tests/e2e/test_reward_failures.py
 """
 
-import json
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench import jobs
 
 pytestmark = pytest.mark.slow
 
 
 def up(run_dir: Path, *sets: str, timeout: int = 300) -> tuple[subprocess.CompletedProcess, float]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / "tiny-cpu.yaml"),
-        "--run-dir",
-        str(run_dir),
-        "--set",
-        "loss.kl_beta=0",
-        "--set",
-        "rollout.groups_per_step=4",
-        "--set",
-        "run.export=false",
-    ]
-    for s in sets:
-        cmd += ["--set", s]
     t0 = time.monotonic()
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    res = jobs.up(run_dir, "loss.kl_beta=0", "rollout.groups_per_step=4", "run.export=false", *sets, timeout=timeout)
     return res, time.monotonic() - t0
 
 
@@ -70,20 +50,3 @@ def test_always_failing_reward_stops_the_job_with_its_error(tmp_path):
     assert any(f"first: {first} [reward-0, " in failures[-1] for first in FIRST.values()), failures[-1]
     assert "restarting" not in out
     print(f"stopped after {took:.1f}s; {failures[-1]}")
-
-
-@pytest.mark.timeout(400)
-def test_flaky_reward_with_on_error_score_trains_its_groups(tmp_path):
-    run_dir = tmp_path / "run"
-    res, took = up(
-        run_dir, "reward.fn=tests.programs.reward_fns:fail_one_in_five", "reward.on_error=score", "trainer.steps=3"
-    )
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == [1, 2, 3] and all(r["failed"] == 0 for r in rows)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["failed"] == 0 and summary["dead_lettered"] > 0, summary
-    assert any(
-        ln.startswith("failures: ") and "reward function raised RuntimeError: " in ln for ln in res.stdout.splitlines()
-    ), res.stdout[-3000:]
-    print(f"took {took:.1f}s; dead-lettered {summary['dead_lettered']} rollouts, trained {summary['trained']} groups")

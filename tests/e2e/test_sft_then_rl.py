@@ -4,38 +4,19 @@ RL from scratch on charclass starts at a mean reward of ~0.19 over its first 10 
 after SFT on the offline demonstrations the first 10 RL steps must already average >= 0.7.
 """
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.jobs import config_path, metrics, run_cli, up
 
 pytestmark = pytest.mark.slow
-
-
-def cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "streamrl.cli", *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def rows(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.timeout(400)
 def test_rl_from_sft_starts_where_rl_from_scratch_ends(tmp_path):
     sft_dir, rl_dir = tmp_path / "sft", tmp_path / "rl"
-    res = cli("sft", "--config", str(ROOT / "configs" / "tiny-sft-cpu.yaml"), "--run-dir", str(sft_dir))
+    res = run_cli("sft", "--config", str(config_path("tiny-sft-cpu.yaml")), "--run-dir", str(sft_dir), timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    sft = rows(sft_dir)
+    sft = metrics(sft_dir)
     assert [r["step"] for r in sft] == list(range(1, 41)) and "sft step   40/40" in res.stdout
     evals = [r["eval_loss"] for r in sft if "eval_loss" in r]
     assert len(evals) == 4 and evals[-1] < evals[0]
@@ -43,21 +24,9 @@ def test_rl_from_sft_starts_where_rl_from_scratch_ends(tmp_path):
         p.name for p in (sft_dir / "hf").iterdir()
     }
 
-    res = cli(
-        "up",
-        "--config",
-        str(ROOT / "configs" / "tiny-cpu.yaml"),
-        "--run-dir",
-        str(rl_dir),
-        "--set",
-        f"model.path={sft_dir / 'hf'}",
-        "--set",
-        "trainer.steps=10",
-        "--set",
-        "loss.kl_beta=0",
-    )
+    res = up(rl_dir, f"model.path={sft_dir / 'hf'}", "trainer.steps=10", "loss.kl_beta=0", timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rl = rows(rl_dir)
+    rl = metrics(rl_dir)
     first10 = sum(r["reward_mean"] for r in rl[:10]) / 10
     print(f"RL from SFT: mean reward of the first 10 steps {first10:.3f}")
     assert len(rl) == 10 and first10 >= 0.7, f"first 10 RL steps from the SFT model: {first10:.3f}"

@@ -3,36 +3,11 @@
 Runs the CLI as users do (a subprocess), then checks the run's outputs.
 """
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.jobs import metrics, up
 
 pytestmark = pytest.mark.slow
-
-
-def up(run_dir: Path, *sets: str, timeout: int = 900) -> subprocess.CompletedProcess:
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamrl.cli",
-        "up",
-        "--config",
-        str(ROOT / "configs" / "tiny-cpu.yaml"),
-        "--run-dir",
-        str(run_dir),
-    ]
-    for s in sets:
-        cmd += ["--set", s]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
-
-
-def metrics(run_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.timeout(900)

@@ -5,15 +5,10 @@ trainer computes the KL reference with the adapter disabled), and the run's expo
 model and the PEFT adapter.
 """
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.jobs import log_events, metrics, up
 
 pytestmark = pytest.mark.slow
 
@@ -21,12 +16,10 @@ pytestmark = pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_up_learns_with_lora_publishing_only_the_adapter(tmp_path):
     run_dir = tmp_path / "lora"
-    cmd = [sys.executable, "-m", "streamrl.cli", "up", "--config", str(ROOT / "configs" / "tiny-lora-cpu.yaml")]
-    cmd += ["--run-dir", str(run_dir), "--set", "trainer.steps=40"]
     # STREAMRL_CACHE is the session's (tests/e2e/conftest.py), inherited
-    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=880)
+    res = up(run_dir, "trainer.steps=40", config="tiny-lora-cpu.yaml", timeout=880)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
-    rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 41))
     first, last = np.mean([r["reward_mean"] for r in rows[:10]]), np.mean([r["reward_mean"] for r in rows[-10:]])
     assert last - first >= 0.3, f"reward did not rise enough: first10={first:.3f} last10={last:.3f}"
@@ -38,10 +31,6 @@ def test_up_learns_with_lora_publishing_only_the_adapter(tmp_path):
     assert max(r["kl"] for r in rows) > 0  # ... and the KL term had its reference all the same
     # Every publish is the adapter: a fraction of the tiny model's float32 weights.
     model_bytes = sum(p.stat().st_size for p in (run_dir / "hf").glob("*.safetensors"))
-    published = [
-        json.loads(line)["bytes"]
-        for line in (run_dir / "logs" / "trainer-0.jsonl").read_text().splitlines()
-        if '"weights_published"' in line
-    ]
+    published = [e["bytes"] for e in log_events(run_dir, "trainer-0") if e.get("event") == "weights_published"]
     assert len(published) >= 40 and max(published) < model_bytes / 3
     assert (run_dir / "hf" / "config.json").is_file() and (run_dir / "hf" / "adapter" / "adapter_config.json").is_file()

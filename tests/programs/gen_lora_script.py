@@ -1,6 +1,6 @@
 """A real GeneratorWorker serving LoRA adapter versions (vLLM CPU engine, real redis), results as JSON.
 
-Run by tests/integration/generator/test_generator_lora.py in a subprocess (vLLM's EngineCore needs a
+Run by tests/integration/generate/test_generator_lora.py in a subprocess (vLLM's EngineCore needs a
 __main__ guard; one engine start serves every scenario):
 
     python tests/programs/gen_lora_script.py spec.json out.json

@@ -1,6 +1,6 @@
 """Scenarios for one real GeneratorWorker (vLLM CPU engine, real redis), results as JSON.
 
-Run by tests/integration/generator/test_generator.py in a subprocess (vLLM starts its EngineCore in a
+Run by tests/integration/generate/test_generator.py in a subprocess (vLLM starts its EngineCore in a
 child process, so this needs a __main__ guard, and one engine start serves every scenario):
 
     python tests/programs/gen_script.py spec.json out.json

@@ -1,5 +1,5 @@
 """A role-like process tree that holds POSIX shared memory as a generator does (vLLM's EngineCore
-creates its message-queue segments): run by tests/integration/worker/test_child_leftovers.py.
+creates its message-queue segments): run by tests/integration/launch/test_child_leftovers.py.
 
     python -m tests.programs.shm_child NAMEFILE [ALLOC_MB]
 

@@ -1,5 +1,5 @@
 """A role process whose stop never finishes and that owns a child process (as a generator owns
-vLLM's EngineCore): run by tests/integration/worker/test_forced_exit.py.
+vLLM's EngineCore): run by tests/integration/core/test_forced_exit.py.
 
     python -m tests.programs.stuck_worker REDIS_URL PIDFILE
 """

@@ -1,7 +1,7 @@
 """Generator settings that become vLLM engine/request arguments: the fixed KV-cache size
 (generator.kv_cache_memory_gb), where the completion text is decoded (generator.detokenize) and how
 often a request hands its tokens over (generator.stream_interval);
-tests/integration/generator/test_vllm_long_prompts.py runs the first two on the real CPU engine, test_generator.py the last."""
+tests/integration/generate/test_vllm_long_prompts.py runs the first two on the real CPU engine, test_generator.py the last."""
 
 from __future__ import annotations
 

@@ -32,7 +32,7 @@ from streamrl.train.checkpoint import list_checkpoints, load_checkpoint
 from streamrl.train.dist import launch
 from streamrl.train.export import checkpoint_model_state, export_checkpoint
 from streamrl.train.metrics import read_metrics
-from tests.integration.trainer.test_train_engine import make_batch
+from tests.integration.train.test_train_engine import make_batch
 
 REPO = Path(__file__).resolve().parents[3]
 PACK_RTOL, LP_ATOL, VLLM_ATOL = 1e-5, 1e-5, 1e-4
