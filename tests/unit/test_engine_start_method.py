@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from streamrl.config.schema import GeneratorConfig
-from streamrl.generate.vllm_engine import _start_method
+from streamrl.generate.engine_start import choose_start_method as _start_method
 
 ENV = "VLLM_WORKER_MULTIPROC_METHOD"
 
