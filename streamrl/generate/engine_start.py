@@ -22,7 +22,11 @@ import threading
 
 import structlog
 
-log = structlog.get_logger("streamrl").bind(component="engine_start")
+
+def _log():
+    """Bound at the call, not at import: a logger bound before setup_logging never reaches RUN_DIR/logs."""
+    return structlog.get_logger("streamrl").bind(component="engine_start")
+
 
 OMP_PAUSE_HARD = 2
 """omp_pause_hard (OpenMP 5.0): free every resource, the thread pool included."""
@@ -110,6 +114,6 @@ def choose_start_method(setting: str, cpu: bool, threads: int | None = None) -> 
         stuck = unreleasable_openmp()
         chosen = "spawn" if (cpu and threads > 1) or stuck else "fork"
         if stuck:
-            log.warning("engine_spawned_openmp", reason="this OpenMP runtime cannot release its threads", libs=stuck)
+            _log().warning("engine_spawned_openmp", reason="this OpenMP runtime cannot release its threads", libs=stuck)
     os.environ[ENV] = chosen
     return "auto-fork" if setting == "auto" and chosen == "fork" else chosen

@@ -29,7 +29,11 @@ import structlog
 
 from streamrl.core.errors import ENGINE_HUNG_PREFIX, EXIT_ENGINE_START_HUNG
 
-log = structlog.get_logger("streamrl").bind(component="start_watchdog")
+
+def _log():
+    """Bound at the call, not at import: a logger bound before setup_logging never reaches RUN_DIR/logs."""
+    return structlog.get_logger("streamrl").bind(component="start_watchdog")
+
 
 DUMP_TIMEOUT_S = 60.0
 """How long one process's stack dump may take (py-spy symbolizes torch's libraries: a few seconds)."""
@@ -124,7 +128,7 @@ class StartWatchdog:
             if pid != os.getpid() and (frame := innermost_frame(dump)):
                 where.append(f"pid {pid} in {frame}")
         message = hang_message(phase, self.timeout_s, self.setting, where)
-        log.error("engine_start_hung", phase=phase, timeout_s=self.timeout_s, engine_processes=where)
+        _log().error("engine_start_hung", phase=phase, timeout_s=self.timeout_s, engine_processes=where)
         for pid in engine_processes():
             try:
                 os.kill(pid, 9)
