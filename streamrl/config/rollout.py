@@ -101,9 +101,10 @@ class GeneratorConfig(Section):
     """The vLLM engine's start (imports, model load, compile, KV cache, the EngineCore's handshake)
     still unfinished after this long means it hangs (e.g. a forked EngineCore deadlocked): its stacks
     (Python and native) are dumped to the log, its processes killed, and the generator exits naming the
-    phase it hung in; `streamrl up` restarts it with engine_start_method=spawn. 600 s is ~4.5x the
-    slowest cold start measured (0.6B on a fresh H100: engine 86 s, first step 134 s,
-    docs/benchmarks/gpu-round9_h100_2026-12-07.md); raise it for a model that loads slower."""
+    phase it hung in; `streamrl up` restarts it with engine_start_method=spawn. 600 s is ~7x the
+    slowest cold engine start measured (0.6B on a fresh H100: ~88 s from the engine start to ready,
+    129.6 s from the command to step 1, docs/benchmarks/gpu-round9_h100_2026-12-07.md), room for a
+    bigger model's load and compile; raise it for a model that loads slower."""
     engine_start_method: Literal["auto", "fork", "spawn"] = "auto"
     """How the generator starts vLLM's EngineCore process. `fork`: the child inherits this process's
     imported torch + vLLM (on the H200 a spawned EngineCore spent ~25 s importing them again before
