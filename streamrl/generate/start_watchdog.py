@@ -113,29 +113,33 @@ class StartWatchdog:
             self.fire()
 
     def fire(self) -> None:
-        """Dump, kill, exit: the start hung."""
-        phase = self.phase
+        """Dump, kill, exit: the start hung. The exit happens whatever the dump runs into."""
+        phase, where = self.phase, []
         err = sys.stderr
-        print(
-            f"--- vLLM engine start hung for {self.timeout_s:g}s in: {phase}; stacks follow ---", file=err, flush=True
-        )
-        faulthandler.dump_traceback(file=err, all_threads=True)
-        _allow_tracing_by_children()
-        where = []
-        for pid in [os.getpid(), *engine_processes()]:
-            dump = dump_stacks(pid)
-            print(f"--- native and Python stacks of pid {pid} ---\n{dump}", file=err, flush=True)
-            if pid != os.getpid() and (frame := innermost_frame(dump)):
-                where.append(f"pid {pid} in {frame}")
-        message = hang_message(phase, self.timeout_s, self.setting, where)
-        _log().error("engine_start_hung", phase=phase, timeout_s=self.timeout_s, engine_processes=where)
-        for pid in engine_processes():
-            try:
-                os.kill(pid, 9)
-            except OSError:
-                pass
-        print(ENGINE_HUNG_PREFIX + message, file=err, flush=True)
-        self.exit_process(EXIT_ENGINE_START_HUNG)
+        try:
+            print(
+                f"--- vLLM engine start hung for {self.timeout_s:g}s in: {phase}; stacks follow ---",
+                file=err,
+                flush=True,
+            )
+            faulthandler.dump_traceback(file=err, all_threads=True)
+            _allow_tracing_by_children()
+            for pid in [os.getpid(), *engine_processes()]:
+                dump = dump_stacks(pid)
+                print(f"--- native and Python stacks of pid {pid} ---\n{dump}", file=err, flush=True)
+                if pid != os.getpid() and (frame := innermost_frame(dump)):
+                    where.append(f"pid {pid} in {frame}")
+            _log().error("engine_start_hung", phase=phase, timeout_s=self.timeout_s, engine_processes=where)
+        except Exception as exc:  # e.g. a stderr without a file descriptor: still kill and exit
+            print(f"(stack dump failed: {exc!r})", file=err, flush=True)
+        finally:
+            for pid in engine_processes():
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+            print(ENGINE_HUNG_PREFIX + hang_message(phase, self.timeout_s, self.setting, where), file=err, flush=True)
+            self.exit_process(EXIT_ENGINE_START_HUNG)
 
 
 def hang_message(phase: str, timeout_s: float, setting: str, where: list[str]) -> str:
