@@ -112,6 +112,7 @@ class GeneratorWorker(Worker):
             seconds=round(time.monotonic() - t0, 2),
             model=self.cfg.model.path,
             start_method=self.engine.start_method,
+            openmp_threads_released=self.engine.openmp_threads_released,
             prefix_caching=self.engine.prefix_cache.get("enabled"),
             block_size=self.engine.prefix_cache.get("block_size"),
         )

@@ -114,6 +114,10 @@ class JudgeConfig(Section):
     """False: CUDA graphs on a GPU (faster decoding, slower start); the CPU build runs eager either way."""
     cpu_kvcache_gb: int = Field(1, ge=1)
     """KV-cache size on the CPU build of vLLM."""
+    start_timeout_s: float = Field(600.0, gt=0)
+    """The judge engine's start still unfinished after this long: its stacks are dumped to the log, it
+    is killed and the judge exits naming the phase it hung in, to be restarted with spawn (as
+    generator.start_timeout_s)."""
 
     @field_validator("template")
     @classmethod

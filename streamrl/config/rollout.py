@@ -97,12 +97,23 @@ class GeneratorConfig(Section):
     switch_timeout_s: float = Field(300.0, gt=0)
     """A weight switch (pause, load, resume) still unfinished after this long means the engine is
     stuck: the generator exits with an error so `streamrl up` restarts it and its prompts are redone."""
+    start_timeout_s: float = Field(600.0, gt=0)
+    """The vLLM engine's start (imports, model load, compile, KV cache, the EngineCore's handshake)
+    still unfinished after this long means it hangs (e.g. a forked EngineCore deadlocked): its stacks
+    (Python and native) are dumped to the log, its processes killed, and the generator exits naming the
+    phase it hung in; `streamrl up` restarts it with engine_start_method=spawn. 600 s is ~7x the
+    slowest cold engine start measured (0.6B on a fresh H100: ~88 s from the engine start to ready,
+    129.6 s from the command to step 1, docs/benchmarks/gpu-round9_h100_2026-12-07.md), room for a
+    bigger model's load and compile; raise it for a model that loads slower."""
     engine_start_method: Literal["auto", "fork", "spawn"] = "auto"
     """How the generator starts vLLM's EngineCore process. `fork`: the child inherits this process's
     imported torch + vLLM (on the H200 a spawned EngineCore spent ~25 s importing them again before
     its first log line; forked, 1 s); needs a process that has not initialised CUDA, which the
-    generator never does before its engine starts. `auto`: fork, falling back to spawn if the forked
-    start fails; on the CPU build only while the generator runs no other thread, else spawn (tiny
+    generator never does before its engine starts. Before any fork the forking thread's OpenMP pool
+    is released (omp_pause_resource_all): a forked child inherits none of its threads, and GNU
+    OpenMP's first parallel region there waited for them forever (streamrl/generate/engine_start.py).
+    `auto`: fork, falling back to spawn if the forked start fails, and spawn where the OpenMP pool
+    cannot be released; on the CPU build only while the generator runs no other thread, else spawn (tiny
     model, 2 cores: engine start 5.3-5.6 s forked vs 10-26 s spawned, the same tokens, and the forked
     EngineCore exits in 1-2 s where a spawned one ran into vLLM's 5 s kill timeout). vLLM's CPU
     platform resets the choice to spawn while building its config; streamrl/generate/vllm_engine.py

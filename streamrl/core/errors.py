@@ -30,5 +30,12 @@ EXIT_NO_RESTART = 78
 """Exit code of a role process that stopped on a FatalError (sysexits' EX_CONFIG). The supervisor's
 restart policy (streamrl/launch/recovery.py) never restarts it: every restart would fail the same way."""
 
+EXIT_ENGINE_START_HUNG = 75
+"""Exit code of a role process whose vLLM engine did not start within its start_timeout_s (sysexits'
+EX_TEMPFAIL; streamrl/generate/start_watchdog.py). The supervisor restarts it with its engine started
+by spawn, never fork (VLLM_WORKER_MULTIPROC_METHOD=spawn), and quotes its ENGINE_HUNG_PREFIX line."""
+ENGINE_HUNG_PREFIX = "engine start hung: "
+"""How such a process prints, last on stderr, the phase its engine hung in."""
+
 NOT_TRANSIENT = (ImportError, ConfigError, FileNotFoundError)
 """Errors that, raised while a role starts, mean its config or environment is wrong (not a crash)."""

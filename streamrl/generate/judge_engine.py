@@ -48,6 +48,7 @@ def engine_settings(cfg: Config) -> GeneratorConfig:
         enforce_eager=j.enforce_eager,
         max_num_seqs=j.batch_size,
         max_tokens=j.max_tokens,
+        start_timeout_s=j.start_timeout_s,
     )
 
 
@@ -56,7 +57,7 @@ class JudgeEngine:
         self.cfg = cfg
         self.j = cfg.judge
         path, dtype = judge_model(cfg)
-        self.engine = VLLMEngine(path, engine_settings(cfg), dtype=dtype, seed=cfg.run.seed)
+        self.engine = VLLMEngine(path, engine_settings(cfg), dtype=dtype, seed=cfg.run.seed, section="judge")
         self.allowed: list[int] | None = None
 
     async def start(self) -> None:

@@ -26,7 +26,9 @@ import structlog
 from streamrl.config.schema import GeneratorConfig
 from streamrl.core.errors import FatalError
 from streamrl.generate.eager_ranks import use_eager_token_ranks
+from streamrl.generate.engine_start import choose_start_method, release_openmp_at_fork, released
 from streamrl.generate.model_inspect import models_inspected_here
+from streamrl.generate.start_watchdog import StartWatchdog
 
 log = structlog.get_logger("streamrl").bind(component="vllm_engine")
 
@@ -72,8 +74,11 @@ class VLLMEngine:
         seed: int,
         extension: str | None = None,
         lora: LoraSlots | None = None,
+        section: str = "generator",
     ):
         self.model_path = model_path
+        self.section = section
+        """The config section `gen` was read from (`generator`, `judge`): named in messages."""
         self.extension = extension
         """vLLM worker_extension_cls (a WeightLoader's vllm_extension, e.g. cuda_ipc's), or None."""
         self.lora = lora
@@ -92,6 +97,8 @@ class VLLMEngine:
         and can count tokens; both set by start()."""
         self.start_method: str | None = None
         """How the EngineCore process was started (fork or spawn), once started."""
+        self.openmp_threads_released = 0
+        """OpenMP pool threads this process released before forking during start() (engine_start.py)."""
         self.prefix_cache = {"queries": 0, "hits": 0, "preempted": 0}
         """Prompt tokens the engine looked up in its prefix cache, and those found (vLLM's scheduler
         stats, summed): a continued multi-turn episode hits on the history it already computed.
@@ -101,12 +108,21 @@ class VLLMEngine:
     async def start(self) -> None:
         if self.llm is not None:  # already started (a bench shares one engine between phases)
             return
+        threads = threading.active_count()  # counted before the watchdog's own thread starts
+        release_openmp_at_fork()
+        before = released["threads"]
+        with StartWatchdog(self.gen.start_timeout_s, f"{self.section}.start_timeout_s") as watch:
+            await self._start(watch, threads)
+        self.openmp_threads_released = released["threads"] - before
+
+    async def _start(self, watch: StartWatchdog, threads: int) -> None:
+        watch.phase = "importing vLLM"
         _cache_vllm_envs(False)  # this start (and its EngineCore) reads the settings set below afresh
         # The CPU build otherwise reserves most of the machine's RAM for its KV cache and fails.
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
         from vllm.platforms import current_platform
 
-        method = _start_method(self.gen.engine_start_method, current_platform.is_cpu(), threading.active_count())
+        method = choose_start_method(self.gen.engine_start_method, current_platform.is_cpu(), threads)
         if current_platform.is_cpu() and self.gen.cpu_worker_in_engine:
             # vLLM's CPU build otherwise starts the model worker as a process of its own, after the
             # EngineCore's: a second Python interpreter importing torch + vLLM on every (re)start.
@@ -146,6 +162,7 @@ class VLLMEngine:
         asked = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
         if asked == "fork":
             _forget_wakeup_fd_in_children()
+        watch.phase = "building the engine config (model inspection)"
         with models_inspected_here():  # no fresh interpreter for a model class new to this machine
             vllm_config = args.create_engine_config()
         # vLLM's CPU platform sets VLLM_WORKER_MULTIPROC_METHOD=spawn while it builds the config
@@ -158,6 +175,7 @@ class VLLMEngine:
                 vllm_config, stat_loggers=loggers, disable_log_stats=args.disable_log_stats
             )
 
+        watch.phase = f"starting the EngineCore by {asked} (its model load, KV cache, handshake)"
         try:
             self.llm = make()
         except Exception as exc:
@@ -167,6 +185,7 @@ class VLLMEngine:
             # "Cannot re-initialize CUDA in forked subprocess"): start it the slow, safe way.
             log.warning("engine_fork_failed_retrying_with_spawn", error=repr(exc))
             os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
+            watch.phase = "starting the EngineCore by spawn after a failed fork (its model load, KV cache, handshake)"
             self.llm = make()
         self.start_method = os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
         _cache_vllm_envs(True)
@@ -180,6 +199,7 @@ class VLLMEngine:
         self.prefix_cache.update(enabled=bool(cache.enable_prefix_caching), block_size=int(cache.block_size))
         # Loaded here, in a thread: loaded at the first decode it held the generator's event loop (and
         # every request streaming through it) for the whole AutoTokenizer.from_pretrained (H200, issue 28).
+        watch.phase = "loading the tokenizer"
         await asyncio.to_thread(self.get_tokenizer)
 
     def sampling_params(
@@ -344,22 +364,6 @@ def _forget_wakeup_fd_in_children() -> None:
     if not _AT_FORK:
         os.register_at_fork(after_in_child=lambda: signal.set_wakeup_fd(-1))
         _AT_FORK.append(True)
-
-
-def _start_method(setting: str, cpu: bool, threads: int = 1) -> str:
-    """Set VLLM_WORKER_MULTIPROC_METHOD (how vLLM starts its EngineCore) from generator.engine_start_method
-    unless the environment already names one; "auto-fork" when auto chose fork (then a failed start
-    is retried with spawn). vLLM itself switches to spawn when torch has initialised CUDA here.
-    `threads`: this process's running threads; on the CPU build auto forks only a single-threaded
-    process (a thread holding a lock at the fork would leave the child's copy locked forever)."""
-    if "VLLM_WORKER_MULTIPROC_METHOD" in os.environ:
-        return os.environ["VLLM_WORKER_MULTIPROC_METHOD"]
-    if setting == "auto":
-        chosen = "spawn" if cpu and threads > 1 else "fork"
-    else:
-        chosen = setting
-    os.environ["VLLM_WORKER_MULTIPROC_METHOD"] = chosen
-    return "auto-fork" if setting == "auto" and chosen == "fork" else chosen
 
 
 def output_mode(stream_interval: int, can_stream_interval: bool, can_count_tokens: bool) -> tuple[str, int]:

@@ -23,7 +23,7 @@ from typing import Callable
 from streamrl.config.files import dump_config
 from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
-from streamrl.core.errors import EXIT_NO_RESTART, WorkerDied
+from streamrl.core.errors import ENGINE_HUNG_PREFIX, EXIT_ENGINE_START_HUNG, EXIT_NO_RESTART, WorkerDied
 from streamrl.launch.cpu_threads import host_cores, is_gpu_host, threads_per_role
 from streamrl.launch.env_watch import EnvWatch, NoEnvWatch
 from streamrl.launch.failures import DeadLetterWatch
@@ -64,15 +64,17 @@ def tail(path: Path, lines: int = 15) -> str:
         return "(no output)"
 
 
-def fatal_line(path: Path) -> str:
-    """The error a role printed before exiting with EXIT_NO_RESTART (streamrl.launch.runtime.print_fatal)."""
+def fatal_line(path: Path, prefix: str | None = None) -> str:
+    """The error a role printed before exiting with EXIT_NO_RESTART (streamrl.launch.runtime.print_fatal),
+    or its last line starting with `prefix` (without it)."""
     from streamrl.launch.runtime import FATAL_PREFIX
 
+    prefix = prefix or FATAL_PREFIX
     try:
         lines = path.read_text(errors="replace").splitlines()
     except OSError:
         return ""
-    return next((ln[len(FATAL_PREFIX) :] for ln in reversed(lines) if ln.startswith(FATAL_PREFIX)), "")
+    return next((ln[len(prefix) :] for ln in reversed(lines) if ln.startswith(prefix)), "")
 
 
 def kill_group(proc: subprocess.Popen) -> None:
@@ -134,6 +136,9 @@ class Supervisor:
         """Dead-lettered entries per cause, printed while the job runs (streamrl/launch/failures.py)."""
         self.env_watch = EnvWatch(broker_url, cfg.run.name) if cfg.env.fn == EXTERNAL else NoEnvWatch()
         """env.fn=external: a warning on the console while no env worker has joined."""
+        self.spawn_engines: set[str] = set()
+        """Workers whose vLLM engine start hung (exit EXIT_ENGINE_START_HUNG): restarted with their
+        engine started by spawn (VLLM_WORKER_MULTIPROC_METHOD), never fork again."""
         self.retiring: list[Child] = []
         """Children asked to leave by `streamrl scale` (SIGTERM sent), until they exit."""
         self.oom = OomWatch()
@@ -180,6 +185,8 @@ class Supervisor:
             env["CUDA_VISIBLE_DEVICES"] = gpus
         if self.cpu_threads is not None:
             env["OMP_NUM_THREADS"] = str(self.cpu_threads)
+        if wid in self.spawn_engines:
+            env["VLLM_WORKER_MULTIPROC_METHOD"] = "spawn"
         return env
 
     def _on_death(self, c: Child, code: int) -> None:
@@ -190,6 +197,11 @@ class Supervisor:
         if code == EXIT_NO_RESTART and (fatal := fatal_line(c.log_path)):
             self._clean_up(c)
             raise WorkerDied(f"{c.worker_id} ({c.role}) stopped: {fatal} (log: {c.log_path})")
+        spawn = ""
+        if code == EXIT_ENGINE_START_HUNG:  # streamrl/generate/start_watchdog.py
+            hung = fatal_line(c.log_path, ENGINE_HUNG_PREFIX) or "its vLLM engine did not start in time"
+            how, spawn = f"{how}: engine start hung: {hung}", " with its vLLM engine started by spawn, not fork"
+            self.spawn_engines.add(c.worker_id)
         if not self.policy.allows(c.role, c.restarts, code):
             self._clean_up(c)
             raise WorkerDied(
@@ -199,7 +211,7 @@ class Supervisor:
         delay = self.policy.delay(c.restarts)
         c.restart_at = time.time() + delay
         self.say(
-            f"{c.worker_id} ({c.role}) {how}; restarting in {delay:.1f}s "
+            f"{c.worker_id} ({c.role}) {how}; restarting in {delay:.1f}s{spawn} "
             f"(restart {c.restarts + 1} of {self.cfg.supervisor.max_restarts})"
         )
         self._clean_up(c)  # during the back-off
