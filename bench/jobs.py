@@ -24,6 +24,8 @@ from pathlib import Path
 
 import redis
 
+from streamrl.core.broker import Keys
+
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 
@@ -115,7 +117,7 @@ def broker(run_dir: Path) -> redis.Redis:
 
 def heartbeat(client: redis.Redis, run: str, role: str, worker: str) -> dict:
     """A worker's heartbeat ({} when it has none: not started yet, or left)."""
-    raw = client.get(f"streamrl:{run}:workers:{role}:{worker}")
+    raw = client.get(Keys(run).worker(role, worker))
     return json.loads(raw) if raw else {}
 
 
@@ -194,7 +196,7 @@ class Job:
     def wait_checkpointed(self, run: str, version: int, timeout: float = 120) -> None:
         """Until the broker marks checkpoint `version` complete (it is written in the background)."""
         with self.redis() as r:
-            mark = f"streamrl:{run}:trainer:checkpointed"
+            mark = Keys(run).trainer_checkpointed
             self.wait_for(f"checkpoint {version} marked", lambda: int(r.get(mark) or 0) >= version, timeout, 0.1)
 
     def wait(self, timeout: float = 600) -> int:

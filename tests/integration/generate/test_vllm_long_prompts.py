@@ -26,7 +26,10 @@ REPO = Path(__file__).resolve().parents[3]
 
 def test_seeded_long_prompts_over_the_step_budget_all_finish(tmp_path):
     model = build_tiny_model(TinyModelConfig(max_position_embeddings=1024), tmp_path / "model", seed=0)
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    # A fresh process chooses its own start method: an in-process engine test earlier in this pytest worker
+    # may have set VLLM_WORKER_MULTIPROC_METHOD (choose_start_method records its choice there).
+    inherited = {k: v for k, v in os.environ.items() if k != "VLLM_WORKER_MULTIPROC_METHOD"}
+    env = {**inherited, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(
         [sys.executable, str(Path(__file__).resolve().parents[2] / "programs" / "long_prompts_script.py"), str(model)],
         cwd=REPO,

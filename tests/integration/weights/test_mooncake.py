@@ -83,14 +83,16 @@ async def test_late_reader_pulls_newest_with_no_rendezvous(config: Config, broke
 
 
 async def test_slot_reused_mid_read_is_discarded_never_mixed(config: Config, broker, tmp_path: Path):
-    # keep=1: every publish rewrites the slot a reader is reading (128 MB: a read lasts ~0.3 s on loopback).
+    # keep=1: every publish rewrites the slot a reader is reading. Publishes back to back: filling 128 MB in
+    # memory is several times faster than a reader's pull of it over TCP (~0.2-0.3 s on loopback), so reads
+    # overlap rewrites on a quiet machine as on a loaded one (a pause between publishes let a quiet
+    # machine's reads slip in between).
     pub = make_publisher(_cfg(config, keep=1), broker, None)
     await pub.publish(1, uniform_state(1, 128))
-    last = 12
+    last = 24
     reader = _reader(config, tmp_path, 1, "--until", str(last))
     _next_line(reader, "reading")
     for v in range(2, last + 1):
-        time.sleep(0.1)
         await pub.publish(v, uniform_state(v, 128))
     rows = _lines(reader)
     fetched = [r for r in rows if "uniform" in r]
