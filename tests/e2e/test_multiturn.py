@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from bench.jobs import Job, log_events, metrics, summary
+from bench.jobs import Job, heartbeat, log_events, metrics, summary
+from tests.e2e.hold import held
 
 RUN = "tiny-multiturn"
 pytestmark = pytest.mark.slow
@@ -57,8 +58,15 @@ def test_multiturn_job_learns_and_survives_env_and_generator_sigkill(tmp_path):
         job.wait_step(3, timeout=300)
         job.kill_role(RUN, "env")
         job.wait_step(7, timeout=300)
-        wait_episodes_in_flight(job)
-        job.kill_role(RUN, "generator")
+        # The env worker held: an episode between turns (state written, step request out) stays between
+        # turns until the generator is killed, so the kill always interrupts checkpointed episodes (without
+        # the hold a loaded machine's episode could finish its turn between the check and the kill: one
+        # clean-clone run restarted all 14 groups and continued none).
+        with job.redis() as r:
+            env_pid = heartbeat(r, RUN, "env", "env-0")["pid"]
+        with held(env_pid):
+            wait_episodes_in_flight(job)
+            job.kill_role(RUN, "generator")
         assert job.wait(500) == 0, job.output()[-4000:]
     finally:
         job.stop(signal.SIGKILL)
