@@ -90,35 +90,11 @@ def trl_figures(steps: list[dict]) -> dict:
 
 def run_trl(args, load: dict, variant: str, root: Path) -> dict:
     out = root / f"trl-{variant}.json"
-    cmd = [
-        sys.executable,
-        "-m",
-        "bench.peers_trl",
-        "--model",
-        load["model"],
-        "--variant",
-        variant,
-        "--steps",
-        str(args.steps),
-        "--completions",
-        str(load["completions"]),
-        "--group",
-        str(load["group"]),
-        "--max-tokens",
-        str(load["max_tokens"]),
-        "--micro-batch",
-        str(load["micro_batch"]),
-        "--lr",
-        str(load["lr"]),
-        "--gpu-memory-utilization",
-        str(load["gpu_memory_utilization"]),
-        "--max-model-len",
-        str(load["max_model_len"]),
-        "--out",
-        str(out),
-        "--launched",
-        str(time.time()),
-    ]
+    # The workload's keys are bench/peers_trl.py's flags (model -> --model, max_tokens -> --max-tokens, ...).
+    flags = {**load, "variant": variant, "steps": args.steps, "out": out, "launched": time.time()}
+    cmd = [sys.executable, "-m", "bench.peers_trl"]
+    for key, value in flags.items():
+        cmd += [f"--{key.replace('_', '-')}", str(value)]
     if args.no_vllm:
         cmd.append("--no-vllm")
     with open(root / f"trl-{variant}.out", "wb") as log:
