@@ -28,7 +28,7 @@ from typing import Callable
 
 from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
-from streamrl.core.bounded_tasks import InFlight
+from streamrl.core.bounded_tasks import InFlight, settle_cancelled
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.calls import Calls, CallTimeout
 from streamrl.core.errors import ConfigError
@@ -40,6 +40,8 @@ from streamrl.envs.resolve import env_factory, resolve_env
 GROUP = "env"
 MAX_CACHED = 4096
 """Episodes whose env instance a worker keeps (least recently used beyond it are replayed if needed)."""
+STOP_DRAIN_S = 3.0
+"""On stop, how long the steps in progress may take to finish (at most env.step_timeout_s)."""
 OBS_MAXLEN = 100_000
 """Approximate cap of an observations stream (its generator reads it as it arrives)."""
 
@@ -75,6 +77,8 @@ class EnvWorker(Worker):
             self.factory = resolve_env(self.cfg.env.fn, tuple(self.cfg.env.latency_ms))
         self.factory = env_factory(self.factory, self.cfg)
         probe = self.factory()
+        self.env_name = self.cfg.env.fn if self.cfg.env.fn and self.cfg.env.fn != EXTERNAL else type(probe).__name__
+        """What a timed-out step names: env.fn (`streamrl env --fn` sets it too), else the env's class."""
         self.replayable = bool(getattr(probe, "replayable", True))
         self.is_async = inspect.iscoroutinefunction(probe.step)
         await self.broker.ensure_group(self.keys.env_steps, GROUP)
@@ -182,7 +186,9 @@ class EnvWorker(Worker):
             except (asyncio.TimeoutError, CallTimeout):
                 self.states.pop(req.episode_id, None)  # a hung call may still be mutating it
                 self.count("step_timeouts")
-                return self._obs(req, error=f"env step timed out after {timeout:g}s (env.step_timeout_s)")
+                return self._obs(
+                    req, error=f"env step timed out after {timeout:g}s in {self.env_name} (env.step_timeout_s)"
+                )
             except Exception as exc:  # user code: this episode's failure, not the worker's
                 self.states.pop(req.episode_id, None)
                 return self._obs(req, error=f"env raised {type(exc).__name__}: {exc}")
@@ -197,9 +203,16 @@ class EnvWorker(Worker):
         return self.cfg.env.step_timeout_s + 10.0
 
     async def close(self) -> None:
-        # Drain: finish the steps already taken, so they are acked, not redone.
-        await self.steps.drain(timeout=self.cfg.env.step_timeout_s)
-        self.calls.close()
+        # Drain: finish the steps already taken, so they are acked, not redone; but not for all of
+        # env.step_timeout_s: a step that never returns would hold every stop that long. One left
+        # running stays pending and is redone (replayed) by whoever takes it over.
+        late = await self.steps.drain(timeout=min(self.cfg.env.step_timeout_s, STOP_DRAIN_S))
+        if late:
+            self.log.warning("steps_left_running", steps=len(late), waited_s=STOP_DRAIN_S)
+        for task in late:
+            task.cancel()
+        await settle_cancelled(late, self.log, "env steps", 1.0)
+        self.calls.close()  # never joins a thread stuck in a step: they are daemons
 
 
 def _drive_sync(state: _State, req: StepRequest) -> tuple[str, float, bool, dict]:

@@ -22,7 +22,7 @@ import uuid
 from pathlib import Path
 
 from streamrl.config.schema import Config
-from streamrl.core.accounting import close_group
+from streamrl.core.accounting import fail_group
 from streamrl.core.bounded_tasks import InFlight, settle_cancelled
 from streamrl.core.broker import Broker, Entry
 from streamrl.core.errors import ConfigError
@@ -147,7 +147,7 @@ class GeneratorWorker(Worker):
         if self.groups:
             grace = self.cfg.generator.drain_timeout_s
             self.log.info("draining", groups=len(self.groups), grace_s=grace, policy_version=self.weights.version)
-            pending = await self.groups.drain(timeout=grace)
+            pending = await self._drain(grace)
             for task in pending:  # cancelling a stream aborts its vLLM request; the prompt stays un-acked
                 task.cancel()
             await settle_cancelled(pending, self.log, "groups", CANCEL_WAIT_S)
@@ -165,6 +165,28 @@ class GeneratorWorker(Worker):
         self._update_busy()
         self.engine.shutdown()
         await self.loader.close()
+
+    async def _drain(self, grace: float, idle_s: float = 1.0, every_s: float = 0.25) -> set[asyncio.Task]:
+        """Wait up to `grace` for the in-flight groups; the ones still running are returned. Multi-turn:
+        once the engine has had nothing to do for `idle_s` while episodes wait for observations, the
+        rest wait on env workers, which are stopping too (or hung: a step that never returns would
+        hold the stop for all of `grace`). Their episodes are checkpointed at their last model turn,
+        so the generator that takes the prompt over (or the resumed job) continues them."""
+        if self.episodes is None:
+            return await self.groups.drain(timeout=grace)
+        deadline, idle_since = time.monotonic() + grace, None
+        while True:
+            left = deadline - time.monotonic()
+            pending = await self.groups.drain(timeout=max(0.0, min(every_s, left)))
+            if not pending or left <= every_s:
+                return pending
+            if not self.episodes.only_waiting_on_env():
+                idle_since = None
+            elif idle_since is None:
+                idle_since = time.monotonic()
+            elif time.monotonic() - idle_since >= idle_s:
+                self.log.info("drain_ends_on_env", groups=len(pending), waited_s=round(idle_s, 2))
+                return pending
 
     def _finish_loop_profile(self, profile: LoopProfiler) -> None:
         profile.stop()
@@ -220,8 +242,7 @@ class GeneratorWorker(Worker):
     async def _reject(self, entry: Entry, prompt: Prompt, reason: str) -> None:
         """Dead-letter a prompt that can never be generated; its group is closed as failed (slot freed)."""
         await self.dead_letter(self.keys.prompts, entry, reason)
-        if await close_group(self.broker, self.keys, prompt.group_id, "failed"):
-            await self.broker.incr(self.keys.stat("groups_failed"))  # metrics.jsonl's `failed`
+        await fail_group(self.broker, self.keys, prompt.group_id, reason)
         await self.broker.ack(self.keys.prompts, GROUP, [entry.id])
         self.count("groups_rejected")
 

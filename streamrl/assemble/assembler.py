@@ -63,6 +63,9 @@ class Assembler:
         self.loss = resolve_loss(cfg)  # the objective's defaults: dapo samples dynamically, dr_grpo uses group_mean
         self.streak = FailureStreak(cfg)
         """Failed groups in a row: past the bound it raises FatalError (the trainer stops the job)."""
+        self._generator_failed: int | None = None
+        """stats:groups_failed when last read (None: not yet; what a resumed run counted before is not a streak)."""
+        self._failures_read = 0.0
         self.groups: dict[str, PendingGroup] = {}
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         """rollout_id (of a trained copy) -> key -> (entry id, annotation)."""
@@ -120,6 +123,7 @@ class Assembler:
 
     async def _poll(self) -> int:
         n = 0
+        await self._generator_failures()
         if time.monotonic() - self._rescanned > self.cfg.broker.claim_idle_ms / 1000:
             # Re-read our own pending entries now and then: after a broker restart, entries whose
             # XREADGROUP reply was lost are pending on us but were never seen (nobody else claims them).
@@ -148,6 +152,23 @@ class Assembler:
                 if kind is Rollout and self.reader.caught_up.get(stream):
                     await self._ack_unknown(before)
         return n
+
+    async def _generator_failures(self, every_s: float = 1.0) -> None:
+        """Groups the generators gave up (streamrl.core.accounting.fail_group) never reach these streams:
+        count them in the streak from stats:groups_failed, read at most every `every_s`."""
+        if time.monotonic() - self._failures_read < every_s:
+            return
+        self._failures_read = time.monotonic()
+        total = int(await self.broker.get(self.keys.stat("groups_failed")) or 0)
+        seen = total if self._generator_failed is None else self._generator_failed
+        new, self._generator_failed = total - seen, total
+        if new <= 0:
+            return
+        reason = (await self.broker.get(self.keys.last_group_failure) or b"a generator gave the group up").decode(
+            errors="replace"
+        )
+        for _ in range(new):
+            self.streak.failed(reason)
 
     def start_intake(self) -> None:
         """Keep polling in a background task (until `stop_intake`); batches then wait on its polls."""
@@ -420,6 +441,7 @@ class Assembler:
         """Wait until `groups_per_step` fresh complete groups exist; None if `stop()` turns true first."""
         need = self.cfg.rollout.groups_per_step
         t0 = time.time()
+        self.streak.step = version
         while True:
             async with self._state:
                 await self._expire()

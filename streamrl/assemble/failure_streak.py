@@ -1,49 +1,100 @@
 """A job where nothing can be trained stops, saying why: the assembler counts the groups that failed in a row.
 
 streak = FailureStreak(cfg)              # in the assembler
-streak.failed("reward: reward function raised ValueError: boom")   # FatalError once the bound is hit
+streak.failed("reward: reward function raised ValueError: boom")   # FatalError once a bound is hit
 streak.ok()                              # a group completed with usable annotations
+streak.step = version                    # the trainer's version (the message names the streak's first)
+
+Two bounds, whichever comes first. A count (rollout.max_consecutive_failed_groups): right for failures
+that come fast (a reward function that raises). A time (rollout.max_failing_s; with env.fn, by default
+env.step_timeout_s): failures that each take a timeout to show (a hung env step) come one round of
+in-flight groups per timeout, so a count would take (count / groups in flight) timeouts, minutes
+where the timeout is 10 s; after one timeout more of nothing but failures (the next round failed
+too) the job cannot make progress.
 """
 
 from __future__ import annotations
 
+import re
+import time
+
 from streamrl.config.schema import Config
 from streamrl.core.errors import FatalError
 
+_TIMEOUT = re.compile(r"timed out after|no observation for turn \d+ within")
+"""A failure that took a timeout to show (workers/env.py, workers/reward.py, streamrl/generate/env_channel.py)."""
+_EPISODE = re.compile(r"^episode (\S+) turn (\d+): (.*)$", re.S)
+"""An env failure's reason (the env worker's and the generator's dead letters): `episode ID turn N: what`."""
+
 
 class FailureStreak:
-    """Groups that failed in a row; past rollout.max_consecutive_failed_groups the job cannot train."""
+    """Groups that failed in a row; past a bound (count or time) the job cannot train."""
 
     def __init__(self, cfg: Config):
         self.bound = cfg.rollout.max_consecutive_failed_groups
+        self.window_s = cfg.rollout.failing_window_s(cfg.env)
+        capacity = cfg.generator.count * cfg.generator.max_inflight_groups or cfg.rollout.groups_per_step
+        self.min_groups = min(cfg.rollout.groups_per_step, capacity, self.bound or capacity)
+        """The time bound needs this many failed groups too (as many as a step trains, or as the
+        generators hold at once): a flaky job's few slow groups failing in a row do not stop it.
+        Unless every failure of the streak is a timeout: those come one round of steps per timeout,
+        as few groups a round as the env workers take steps at once over a group's size (a group's
+        episodes send their steps together), so two rounds of them are the signal."""
         self.reward_fn = cfg.reward.fn
         self.on_error = cfg.reward.on_error
+        self.env_fn = cfg.env.fn
+        self.step = 0
+        """The trainer's version now (the assembler sets it); the streak's first failure records it."""
         self.count = 0
         self.first = ""
         """The error of the streak's first group (what to show: later ones are usually the same)."""
+        self.since = 0.0
+        self.since_step = 0
+        self.timeouts_only = True
+        """Every failure of the streak so far was a timeout (an env step, an observation, a reward call)."""
 
     def ok(self) -> None:
         self.count, self.first = 0, ""
 
-    def failed(self, reason: str) -> None:
+    def failed(self, reason: str, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
         self.count += 1
-        self.first = self.first or reason
+        if self.count == 1:
+            self.first, self.since, self.since_step, self.timeouts_only = reason, now, self.step, True
+        self.timeouts_only = self.timeouts_only and _TIMEOUT.search(reason) is not None
         if self.bound is not None and self.count >= self.bound:
             raise FatalError(self.message())
+        enough = self.count >= (min(2, self.min_groups) if self.timeouts_only else self.min_groups)
+        if self.window_s is not None and enough and now - self.since >= self.window_s:
+            raise FatalError(self.timed_message(now - self.since))
+
+    def _fix(self) -> str:
+        if self.first.startswith("reward"):
+            alt = (
+                ""
+                if self.on_error == "score"
+                else "; or set reward.on_error=score to train failing rollouts with reward.error_value"
+            )
+            return f"fix the reward function (reward.fn={self.reward_fn}){alt}"
+        if "env step timed out" in self.first:
+            return f"raise env.step_timeout_s or fix the env (env.fn={self.env_fn}): its step does not return"
+        if _EPISODE.match(self.first):
+            return f"fix the env (env.fn={self.env_fn})"
+        return "fix what the error names"
 
     def message(self) -> str:
-        fix = (
-            f"fix the reward function (reward.fn={self.reward_fn})"
-            if self.first.startswith("reward")
-            else "fix what the error names"
-        )
-        alt = (
-            ""
-            if self.on_error == "score"
-            else "; or set reward.on_error=score to train failing rollouts with reward.error_value"
-        )
         return (
             f"nothing can be trained: {self.count} groups in a row failed "
             f"(rollout.max_consecutive_failed_groups={self.bound}); the first one: {self.first}. "
-            f"To go on, {fix}{alt}"
+            f"To go on, {self._fix()}"
+        )
+
+    def timed_message(self, lasted_s: float) -> str:
+        """`what failed (episode X, turn N): every group since step S failed (...); the fix`."""
+        what = self.first
+        if m := _EPISODE.match(what):
+            what = f"{m.group(3)} (episode {m.group(1)}, turn {m.group(2)})"
+        return (
+            f"{what}: every group since step {self.since_step} failed ({self.count} groups in {lasted_s:.0f}s, "
+            f"none completed; rollout.max_failing_s={self.window_s:g}); {self._fix()}"
         )

@@ -27,6 +27,19 @@ class RolloutConfig(Section):
     """Stop the job (trainer exits with the first error) after this many groups in a row failed, i.e.
     had an error annotation (a reward function that raised, timed out or returned NaN; under
     reward.on_error=score: every rollout of the group errored). None: never stop for this."""
+    max_failing_s: float | None = Field(None, gt=0)
+    """Stop the job (trainer exits with the first error) once groups have kept failing for this
+    long, none completing in between, with at least min(groups_per_step, generator.count x
+    generator.max_inflight_groups) of them failed: the bound for failures that each take a timeout
+    to show (a hung env step fails one round of in-flight groups per env.step_timeout_s, so the
+    count above would take minutes). None: env.step_timeout_s with env.fn set (the next round of
+    steps timed out too), else no time bound (the count alone)."""
+
+    def failing_window_s(self, env: "EnvConfig") -> float | None:
+        """max_failing_s as the assembler applies it (None: no time bound)."""
+        if self.max_failing_s is not None:
+            return self.max_failing_s
+        return env.step_timeout_s if env.fn else None
 
 
 class GeneratorConfig(Section):
@@ -66,7 +79,10 @@ class GeneratorConfig(Section):
     weights_poll_s: float = Field(0.05, gt=0)
     """How often the generator checks the weight store for a newer version."""
     drain_timeout_s: float = Field(30.0, ge=0)
-    """On stop, time allowed for in-flight groups to finish; the rest are aborted (left un-acked for others)."""
+    """On stop, time allowed for in-flight groups to finish; the rest are aborted (left un-acked for others).
+    Multi-turn: the wait ends sooner, once the engine has been idle for a second while episodes wait for
+    env observations (the env workers are stopping too, or hung); those episodes are continued from
+    their last model turn by the generator or job that takes their prompts over."""
     switch_kv_cache: Literal["keep", "recompute"] = "keep"
     """What a weight switch does with the KV cache of requests it pauses mid-generation. `keep`
     (the design's in-flight update, as PipelineRL does): they continue on their cached keys and

@@ -82,6 +82,16 @@ async def close_group(broker: Broker, keys: Keys, group_id: str, outcome: str, r
     return bool(await broker.script(_CLOSE, [lk.groups, keys.trainer_released], [group_id, outcome, int(release)]))
 
 
+async def fail_group(broker: Broker, keys: Keys, group_id: str, reason: str) -> None:
+    """A generator gives a group up (an episode failed, a prompt it cannot generate): its outcome
+    `failed`, counted in `stats:groups_failed` (metrics.jsonl's `failed`) with its reason kept in
+    `stats:last_group_failure`, where the trainer's failure streak (streamrl/assemble/failure_streak.py)
+    reads both: such a group never reaches the trainer's streams."""
+    if await close_group(broker, keys, group_id, "failed"):
+        await broker.set(keys.last_group_failure, reason)
+        await broker.incr(keys.stat("groups_failed"))
+
+
 async def log_step(
     broker: Broker, keys: Keys, step: int, group_ids: list[str], rollout_ids: list[str]
 ) -> tuple[bool, dict]:

@@ -274,3 +274,8 @@ class Keys:
 
     def stat(self, name: str) -> str:
         return f"{self.prefix}stats:{name}"
+
+    @property
+    def last_group_failure(self) -> str:
+        """String: why a generator last gave a group up (streamrl.core.accounting.fail_group)."""
+        return self.stat("last_group_failure")

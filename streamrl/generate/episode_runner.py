@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from streamrl.config.schema import Config
-from streamrl.core.accounting import close_group, count_group_start
+from streamrl.core.accounting import count_group_start, fail_group
 from streamrl.core.broker import Broker, Entry, Keys
 from streamrl.core.consumer import StreamConsumer
 from streamrl.core.errors import DecodeError
@@ -99,6 +99,12 @@ class EpisodeRunner:
     async def close(self) -> None:
         await self.env.close()
 
+    def only_waiting_on_env(self) -> bool:
+        """No model turn runs and some episode waits for an observation: what the generator still holds
+        waits on env workers (on a stop, those are stopping too, or hung in a step that never returns)."""
+        requests = self.ctx.requests
+        return bool(self.env.waiting) and (requests is None or requests.active == 0)
+
     # -- one group / one episode ---------------------------------------------------------------
     async def run_group(self, entry: Entry, prompt: Prompt) -> bool:
         """Run the group's episodes; publish its rollouts (True) or close it as failed (False)."""
@@ -120,13 +126,13 @@ class EpisodeRunner:
         if other:
             raise other[0]  # engine or broker trouble: the generator's usual retry/fatal handling
         if failed:
-            reason = f"episode failed: {failed[0].exception()}"
+            # Said as the env worker says it ("episode ID turn N: what"): one cause on the console.
+            reason = str(failed[0].exception())
             await self.ctx.broker.incr(self.keys.stat("episodes_failed"), len(failed))
             self.ctx.count("episodes_failed", len(failed))
             self.ctx.log.warning("episode_failed", group_id=prompt.group_id, reason=reason)
             await self.ctx.consumer.dead_letter(self.keys.prompts, entry, reason)
-            if await close_group(self.ctx.broker, self.keys, prompt.group_id, "failed"):
-                await self.ctx.broker.incr(self.keys.stat("groups_failed"))  # metrics.jsonl's `failed`
+            await fail_group(self.ctx.broker, self.keys, prompt.group_id, reason)
             await self.ctx.broker.delete(self.state_key(prompt.group_id))
             return False
         rollouts = [t.result() for t in tasks]
@@ -272,7 +278,7 @@ class EpisodeRunner:
             if obs.error_kind == "replay":
                 return None
             if obs.error:
-                raise EpisodeFailed(f"env step {turn} of {episode_id} ({obs.env_worker}): {obs.error}")
+                raise EpisodeFailed(f"episode {episode_id} turn {turn}: {obs.error}")
             env_reward += obs.reward
             for key, value in obs.counts.items():
                 counts[key] = counts.get(key, 0) + value

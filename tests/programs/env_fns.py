@@ -89,3 +89,13 @@ class SlowAfterFirst(Env):
         if self.n > 1:
             time.sleep(self.sleep)
         return f"\n{self.n}:", float(len(action)), False
+
+
+class Hang(Env):
+    """A wedged env: reset returns, every step waits forever (a tool call that never comes back)."""
+
+    def reset(self, item):
+        pass
+
+    def step(self, action):
+        threading.Event().wait()
