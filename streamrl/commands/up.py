@@ -11,7 +11,7 @@ from pathlib import Path
 from streamrl.commands.common import add_preflight_arg, preflight
 from streamrl.config.args import add_config_args, load
 from streamrl.core.errors import ConfigError
-from streamrl.launch.rundir import claim, earlier_run, new_run_dir
+from streamrl.launch.rundir import claim, clear_unstarted, earlier_run, new_run_dir
 from streamrl.models.tiny import resolve_model
 
 NAME = "up"
@@ -67,6 +67,12 @@ def run(args) -> int:
             f"`streamrl up --resume {run_dir}`, or pass another --run-dir (or none: a new "
             "folder under runs/)"
         )
+    if not args.resume and (removed := clear_unstarted(run_dir)):
+        print(
+            f"{run_dir}: an earlier `streamrl up` stopped there before its first step; starting afresh "
+            f"(removed {', '.join(removed)}; logs/ kept)",
+            flush=True,
+        )
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
     if warning := cfg.broker.inline_password_warning():
         print(warning, flush=True)
@@ -102,7 +108,13 @@ def run(args) -> int:
     finally:
         # Producers of the run see it end (and leave) before the broker goes away under them; the
         # broker goes last, after every role drained and the accounting read it.
-        _end_run_and_stop_broker(url, cfg.run.name, code, sup.broker_watch.server if sup is not None else embedded)
+        _end_run_and_stop_broker(
+            url,
+            cfg.run.name,
+            code,
+            sup.broker_watch.server if sup is not None else embedded,
+            sup.stop_reason if sup is not None else None,
+        )
         from streamrl.weights.shm import shm_root
 
         # This run's host-local weights and copies (shm, dir and torchstore backends); keyed by the
@@ -154,16 +166,16 @@ def continue_hint(run_dir: Path) -> str:
     return f"stopped; continue this run with `streamrl up --resume {run_dir}`"
 
 
-def _end_run_and_stop_broker(url: str, run: str, code: int, server) -> None:
-    """Set the run's end mark (streamrl/core/run_end.py), then stop the embedded server (the one running
-    now: restarted if the first died), whatever signals arrive meanwhile: it runs in its own
-    session, so nothing else would stop it."""
+def _end_run_and_stop_broker(url: str, run: str, code: int, server, why: str | None = None) -> None:
+    """Set the run's end mark (streamrl/core/run_end.py; `why`: a role's fatal error that stopped it),
+    then stop the embedded server (the one running now: restarted if the first died), whatever
+    signals arrive meanwhile: it runs in its own session, so nothing else would stop it."""
     from streamrl.core.run_end import end_run
 
     old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         if url != "embedded":  # "embedded" here: the server never started, nobody to tell
-            end_run(url, run, "streamrl up exited" + ("" if code == 0 else f" with code {code}"))
+            end_run(url, run, why or ("streamrl up exited" + ("" if code == 0 else f" with code {code}")))
         if server is not None:
             server.stop()
     finally:

@@ -21,8 +21,11 @@ from streamrl.core.errors import ConfigError
 
 LOCK_FILE = "up.lock"
 SUMMARY_FILE = "summary.json"
-USED_MARKERS = ("config.yaml", "metrics.jsonl", "checkpoints", "broker")
-"""What an earlier `streamrl up` leaves in its run directory."""
+USED_MARKERS = ("metrics.jsonl", "checkpoints")
+"""What an earlier `streamrl up` that trained a step leaves in its run directory."""
+UNSTARTED_LEFTOVERS = ("broker", "summary.json", "scale.json")
+"""What an earlier `streamrl up` that stopped before its first step leaves besides config.yaml and logs/:
+its broker's data (admitted prompts, counters) would mix into a new job's accounting."""
 
 
 def new_run_dir(runs: Path, name: str) -> Path:
@@ -74,9 +77,28 @@ def is_live(run_dir: Path) -> bool:
 
 
 def earlier_run(run_dir: Path) -> str | None:
-    """What shows that an earlier `streamrl up` used `run_dir` (None: a fresh or empty folder)."""
+    """What shows that an earlier `streamrl up` trained in `run_dir` (None: a fresh folder, or one whose
+    job stopped before its first step, e.g. at a model it could not load: nothing there to continue)."""
     found = [m for m in USED_MARKERS if (Path(run_dir) / m).exists()]
     return ", ".join(found) or None
+
+
+def clear_unstarted(run_dir: Path) -> list[str]:
+    """Remove what a job that never trained left in `run_dir` (call only when earlier_run is None); the
+    names removed. Its logs/ stay (a new job appends to them), its config.yaml is rewritten."""
+    import shutil
+
+    removed = []
+    for name in UNSTARTED_LEFTOVERS:
+        path = Path(run_dir) / name
+        if path.is_dir():
+            shutil.rmtree(path)
+        elif path.exists():
+            path.unlink()
+        else:
+            continue
+        removed.append(name)
+    return removed
 
 
 def finished_summary(run_dir: Path) -> dict | None:

@@ -122,6 +122,8 @@ class Supervisor:
         self.policy = RestartPolicy(cfg.supervisor)
         self.broker_watch = BrokerWatch(broker_server, cfg.supervisor.restart_broker, say)
         self.summary: dict | None = None
+        self.stop_reason: str | None = None
+        """Why the job stopped before its end (a role's fatal error), for summary.json and the run's end mark."""
         self.run_dir = run_dir
         self.broker_url = broker_url
         self.say = say
@@ -269,7 +271,11 @@ class Supervisor:
                     "env.fn=external: no env worker is started here; episodes wait until one joins "
                     f"(streamrl env --run {self.cfg.run.name} --broker URL ...; `streamrl status` shows it)"
                 )
-            code = self._watch()
+            try:
+                code = self._watch()
+            except WorkerDied as exc:
+                self.stop_reason = str(exc).split("\n", 1)[0]
+                raise
             if code == 0 and self.on_trained is not None:
                 self.on_trained()
         finally:
@@ -301,7 +307,7 @@ class Supervisor:
                 self.run_dir,
                 per_group,
                 self.cfg.rollout.partitions,
-                extra={"first_step_s": self.progress.first_step_s},
+                extra={"first_step_s": self.progress.first_step_s, "stop_reason": self.stop_reason},
             )
         except Exception as exc:  # the broker is gone: nothing to account against
             self.say(f"accounting skipped: broker unreachable ({exc})")

@@ -36,7 +36,7 @@ def test_earlier_run_and_the_finished_message(tmp_path):
     assert earlier_run(tmp_path) is None  # the lock file alone is not a run
     (tmp_path / "config.yaml").write_text("run: {name: tiny}\n")
     (tmp_path / "checkpoints").mkdir()
-    assert earlier_run(tmp_path) == "config.yaml, checkpoints"
+    assert earlier_run(tmp_path) == "checkpoints"
     s = {
         "admitted": 24,
         "trained": 24,
