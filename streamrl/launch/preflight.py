@@ -26,6 +26,7 @@ from streamrl.core.errors import ConfigError
 from streamrl.core.imports import cwd_on_path
 from streamrl.envs.tools import check_tools
 from streamrl.generate.lora_versions import LORA_SUPPORT_CHECK, lora_support_message
+from streamrl.launch.code_checks import check_env_fn, check_reward_calls
 
 
 def check_reward_fn(cfg: Config) -> str | None:
@@ -94,7 +95,8 @@ def check_task(cfg: Config) -> str | None:
 
 def check_model_path(cfg: Config) -> str | None:
     """model.path, when set, is a Hugging Face model folder (or a hub id resolved from the local cache)."""
-    from streamrl.models.tiny import resolve_model_path
+    from streamrl.models.hub import hub_id_problem
+    from streamrl.models.tiny import is_hub_id, resolve_model_path
 
     if not cfg.model.path:
         return None  # the tiny model is built offline
@@ -102,18 +104,21 @@ def check_model_path(cfg: Config) -> str | None:
         resolve_model_path(cfg.model, Path("unused"), cfg.run.seed)
     except ConfigError as exc:
         return str(exc)
-    return None
+    # A hub id: in the local cache, or the hub answers (seconds, not the loaders' minute of retries offline).
+    return hub_id_problem(cfg.model.path, "model.path") if is_hub_id(cfg.model.path) else None
 
 
 def check_lora(cfg: Config) -> str | None:
     """trainer.lora's target modules exist in the model and its rank fits each (streamrl.train.lora
     .check_targets), read from the model's config on the meta device: no weights are loaded."""
-    if not cfg.trainer.lora.enabled:
-        return None
+    from streamrl.models.hub import is_cached
+    from streamrl.models.tiny import is_hub_id, resolve_model_path, tiny_hf_config
+
+    if not cfg.trainer.lora.enabled or (cfg.model.path and is_hub_id(cfg.model.path) and not is_cached(cfg.model.path)):
+        return None  # a hub id not downloaded yet: check_model_path speaks for it (no retries here)
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from streamrl.models.tiny import resolve_model_path, tiny_hf_config
     from streamrl.train.lora import check_targets, linear_shapes
 
     try:
@@ -133,7 +138,8 @@ def check_judge_model(cfg: Config) -> str | None:
     """judge.model.path, unless `policy`, is a Hugging Face model folder (or a hub id), as model.path."""
     from streamrl.config.judge import POLICY
     from streamrl.config.schema import ModelConfig
-    from streamrl.models.tiny import resolve_model_path
+    from streamrl.models.hub import hub_id_problem
+    from streamrl.models.tiny import is_hub_id, resolve_model_path
 
     if cfg.judge is None or cfg.judge.model.path == POLICY:
         return None
@@ -145,7 +151,7 @@ def check_judge_model(cfg: Config) -> str | None:
             f"judge.model.path={cfg.judge.model.path!r} {why}, so it is not a Hugging Face model folder; point "
             "it at the folder that holds the judge's config.json and weights, or set judge.model.path=policy"
         )
-    return None
+    return hub_id_problem(cfg.judge.model.path, "judge.model.path") if is_hub_id(cfg.judge.model.path) else None
 
 
 def check_cuda(cfg: Config) -> str | None:
@@ -359,6 +365,8 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
 
 CHEAP = (
     check_reward_fn,
+    check_reward_calls,
+    check_env_fn,
     check_loss_fn,
     check_task,
     check_model_path,

@@ -176,11 +176,16 @@ def build_tiny_model(cfg: TinyModelConfig, out_dir: Path, seed: int) -> Path:
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")
 
 
+def is_hub_id(path: str) -> bool:
+    """`path` names a Hugging Face hub model ("Qwen/Qwen3-1.7B"), not a folder here."""
+    return not Path(path).expanduser().exists() and bool(_HUB_ID.fullmatch(path))
+
+
 def resolve_model_path(model_cfg: ModelConfig, cache_dir: Path, seed: int) -> Path:
     """`model.path` if set (checked), else the tiny build under `cache_dir` (built on first use)."""
     if model_cfg.path:
         path = Path(model_cfg.path).expanduser()
-        if not path.exists() and _HUB_ID.fullmatch(model_cfg.path):
+        if is_hub_id(model_cfg.path):
             # A hub id ("Qwen/Qwen3-1.7B"): transformers and vLLM resolve it from the local Hugging Face
             # cache (or download it where the machine may); streamrl itself never downloads.
             return Path(model_cfg.path)
