@@ -1,9 +1,10 @@
 """Pre-flight checks of the user's code that the roles call (streamrl/launch/preflight.py runs them):
-env.fn imports as an env class; each reward function takes the arguments the reward workers pass and,
+env.fn and tools.names import; each reward function takes the arguments the reward workers pass and,
 called once on a task item, returns a number. Found here, these stop `streamrl config` and `up` before
 anything starts, instead of an env worker's restarts or ~25 s of dead-lettered groups.
 
     check_env_fn(cfg)          # None, or the problem naming the fix
+    check_tool_fns(cfg)
     check_reward_calls(cfg)
 
 The probe call: a reward function is called twice on the task's first item (completions: the item's
@@ -53,6 +54,18 @@ def check_env_fn(cfg: Config) -> str | None:
     except Exception as exc:  # the module itself raised while importing: user code
         return _user_code_error("env.fn", fn, exc, "the env workers")
     return None
+
+
+def check_tool_fns(cfg: Config) -> str | None:
+    """tools.names load as the env workers load them (streamrl.envs.tools.check_tools), the working
+    directory on the path; a user's tool module that raises while importing is named with its error."""
+    from streamrl.envs.tools import check_tools
+
+    try:
+        with cwd_on_path():
+            return check_tools(cfg)
+    except Exception as exc:  # the module itself raised while importing: user code
+        return _user_code_error("tools.names", ", ".join(cfg.tools.names), exc, "the env workers")
 
 
 def _user_rewards(cfg: Config) -> list[tuple[str, str]]:

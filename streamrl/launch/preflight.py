@@ -24,9 +24,8 @@ from streamrl.core.broker_url import is_cluster_url
 from streamrl.core.cache import cache_dir
 from streamrl.core.errors import ConfigError
 from streamrl.core.imports import cwd_on_path
-from streamrl.envs.tools import check_tools
 from streamrl.generate.lora_versions import LORA_SUPPORT_CHECK, lora_support_message
-from streamrl.launch.code_checks import check_env_fn, check_reward_calls
+from streamrl.launch.code_checks import check_env_fn, check_reward_calls, check_tool_fns
 
 
 def check_reward_fn(cfg: Config) -> str | None:
@@ -375,7 +374,7 @@ CHEAP = (
     check_cuda,
     check_weights_engine,
     check_broker,
-    check_tools,
+    check_tool_fns,
 )
 SLOW = (check_vllm,)
 

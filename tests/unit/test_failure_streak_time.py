@@ -84,3 +84,15 @@ def test_count_bound_names_the_env_fix():
     s.failed("episode e:0:a turn 1: env raised RuntimeError: boom", now=0.0)
     with pytest.raises(FatalError, match=r"2 groups in a row failed .*To go on, fix the env \(env.fn=my_envs:Calc\)"):
         s.failed("episode e:0:b turn 1: env raised RuntimeError: boom", now=0.0)
+
+
+def test_the_env_workers_and_the_generators_records_of_one_hang_are_one_console_cause():
+    from streamrl.launch.failures import FailureCounts
+
+    counts = FailureCounts()
+    for reason in (HUNG, HUNG.replace("g3:7:e727c641", "g4:1:0badf00d"), HUNG.replace("turn 0", "turn 3")):
+        counts.add({"reason": reason, "worker": "env-0", "stream": "env_steps"})
+        counts.add({"reason": reason, "worker": "generator-0", "stream": "prompts"})  # its group, failed
+    assert list(counts.by_cause) == [
+        "episode <id> turn N: env step timed out after 10s in my_envs:Calc (env.step_timeout_s)"
+    ]

@@ -135,7 +135,7 @@ def test_episode_metrics_sum_env_counters():
 
 
 def test_preflight_reports_a_tool_that_cannot_load():
-    from streamrl.launch.preflight import check_tools
+    from streamrl.envs.tools import check_tools
 
     assert check_tools(Config(tools={"names": SPECS})) is None
     assert "cannot import module 'no_such_mod'" in check_tools(Config(tools={"names": ["no_such_mod:f"]}))

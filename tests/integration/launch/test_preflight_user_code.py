@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamrl.config.files import load_config
-from streamrl.launch.code_checks import check_env_fn, check_reward_calls
+from streamrl.launch.code_checks import check_env_fn, check_reward_calls, check_tool_fns
 from streamrl.launch.preflight import CHEAP, check_model_path
 from streamrl.launch.rundir import clear_unstarted, earlier_run
 from streamrl.models.hub import hub_id_problem
@@ -67,6 +67,12 @@ def test_env_fn_that_does_not_import_is_refused(user_code):
     assert check_env_fn(cfg("env.fn=pf_no_such_module:Calc", "env.count=0")) is None  # env workers run elsewhere
 
 
+def test_a_tool_module_that_raises_while_importing_is_named(user_code):
+    (user_code / "pf_tools.py").write_text("def lookup(q: str) -> str:\n    return q\n\nraise RuntimeError('no db')\n")
+    msg = check_tool_fns(cfg("tools.names=[pf_tools:lookup]"))
+    assert "tools.names='pf_tools:lookup': importing it raised RuntimeError: no db" in msg, msg
+
+
 def test_reward_with_the_wrong_signature_is_refused(user_code):
     msg = check_reward_calls(cfg("reward.fn=pf_rewards:no_meta"))
     assert "reward.fn='pf_rewards:no_meta' has the signature no_meta(prompt, completion)" in msg, msg
@@ -112,7 +118,9 @@ def test_hub_id_unreachable_or_offline_is_refused_in_seconds_and_a_cached_one_pa
     assert "HF_HUB_OFFLINE is set" in msg and "hf download streamrl-test/not-downloaded" in msg, msg
     _cached(cache, "streamrl-test/cached")
     assert check_model_path(cfg("model.path=streamrl-test/cached")) is None  # no look-up: the cache holds it
-    assert {check_model_path, check_env_fn, check_reward_calls} <= set(CHEAP)  # what `config` and `up` run
+    assert {check_model_path, check_env_fn, check_reward_calls, check_tool_fns} <= set(
+        CHEAP
+    )  # what `config` and `up` run
 
 
 def test_a_run_dir_whose_job_never_trained_is_not_used(tmp_path):
