@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -44,6 +45,17 @@ async def observations(broker, keys, n: int, timeout: float = 10.0) -> list[Obse
         if len(out) >= n or time.monotonic() > deadline:
             return out
         await asyncio.sleep(0.05)
+
+
+def env_cli(args: list[str], out: Path) -> subprocess.Popen:
+    """`streamrl ARGS` (an env worker) in its own session, its output in `out`."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "streamrl.cli", *args],
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+        stdout=open(out, "wb"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
 
 
 async def burst(worker: EnvWorker, idle_rounds: int = 3) -> None:
@@ -198,14 +210,7 @@ async def test_calls_that_never_return_cost_no_slot_and_do_not_hold_up_exit(conf
     # The env CLI's flags, not a config file: --concurrency 2 --step-timeout 0.5.
     args = ["env", "--fn", "tests.programs.env_fns:Misbehave", "--run", cfg.run.name, "--broker", cfg.broker.url]
     args += ["--concurrency", "2", "--step-timeout", "0.5", "--id", "env-wedged"]
-    out = open(tmp_path / "env.out", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl.cli", *args],
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = env_cli(args, tmp_path / "env.out")
     try:
         for i in range(5):
             await broker.add(keys.env_steps, encode(request(["forever"], episode=f"h{i}:0:a")))

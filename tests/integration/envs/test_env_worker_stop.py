@@ -9,13 +9,12 @@ import asyncio
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from streamrl.core.messages import encode
-from tests.integration.envs.test_env_worker import env_config, request
+from tests.integration.envs.test_env_worker import env_cli, env_config, request
 from workers.env import GROUP, STOP_DRAIN_S, EnvWorker
 
 pytestmark = pytest.mark.anyio
@@ -26,14 +25,7 @@ async def test_sigterm_does_not_wait_for_a_hung_step(config, broker, tmp_path):
     keys = EnvWorker(cfg, broker, "probe").keys
     args = ["env", "--fn", "tests.programs.env_fns:Hang", "--run", cfg.run.name, "--broker", cfg.broker.url]
     args += ["--step-timeout", "120", "--id", "env-hung"]
-    out = open(tmp_path / "env.out", "wb")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "streamrl.cli", *args],
-        env={**os.environ, "PYTHONPATH": os.getcwd()},
-        stdout=out,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    proc = env_cli(args, tmp_path / "env.out")
     try:
         await broker.add(keys.env_steps, encode(request(["anything"], episode="h0:0:a")))
         deadline = time.monotonic() + 90
