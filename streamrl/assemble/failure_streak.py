@@ -6,11 +6,11 @@ streak.ok()                              # a group completed with usable annotat
 streak.step = version                    # the trainer's version (the message names the streak's first)
 
 Two bounds, whichever comes first. A count (rollout.max_consecutive_failed_groups): right for failures
-that come fast (a reward function that raises). A time (rollout.max_failing_s; with env.fn, by default
-env.step_timeout_s): failures that each take a timeout to show (a hung env step) come one round of
-in-flight groups per timeout, so a count would take (count / groups in flight) timeouts, minutes
-where the timeout is 10 s; after one timeout more of nothing but failures (the next round failed
-too) the job cannot make progress.
+that come fast (a reward function that raises, an env that raises). A time, for failures that each
+take a timeout to show (a hung env step): they come one round of in-flight groups per timeout, so a
+count would take (count / groups in flight) timeouts, minutes where the timeout is 10 s. With env.fn
+set, a streak of nothing but timeouts that lasts env.step_timeout_s more (the next round timed out
+too) stops the job; rollout.max_failing_s, when set, is that time for a streak of any failures.
 """
 
 from __future__ import annotations
@@ -33,13 +33,16 @@ class FailureStreak:
     def __init__(self, cfg: Config):
         self.bound = cfg.rollout.max_consecutive_failed_groups
         self.window_s = cfg.rollout.failing_window_s(cfg.env)
+        self.any_cause = cfg.rollout.max_failing_s is not None
+        """Set explicitly, the time bound applies to every failure; by default (env.step_timeout_s) only
+        to a streak of timeouts: other failures come fast, and the count is their bound."""
         capacity = cfg.generator.count * cfg.generator.max_inflight_groups or cfg.rollout.groups_per_step
         self.min_groups = min(cfg.rollout.groups_per_step, capacity, self.bound or capacity)
         """The time bound needs this many failed groups too (as many as a step trains, or as the
         generators hold at once): a flaky job's few slow groups failing in a row do not stop it.
-        Unless every failure of the streak is a timeout: those come one round of steps per timeout,
-        as few groups a round as the env workers take steps at once over a group's size (a group's
-        episodes send their steps together), so two rounds of them are the signal."""
+        A streak of timeouts needs two: they come one round of steps per timeout, with as few groups
+        a round as the env workers take steps at once over a group's size (a group's episodes send
+        their steps together), so two rounds of them are the signal."""
         self.reward_fn = cfg.reward.fn
         self.on_error = cfg.reward.on_error
         self.env_fn = cfg.env.fn
@@ -64,8 +67,9 @@ class FailureStreak:
         self.timeouts_only = self.timeouts_only and _TIMEOUT.search(reason) is not None
         if self.bound is not None and self.count >= self.bound:
             raise FatalError(self.message())
-        enough = self.count >= (min(2, self.min_groups) if self.timeouts_only else self.min_groups)
-        if self.window_s is not None and enough and now - self.since >= self.window_s:
+        if self.window_s is None or now - self.since < self.window_s:
+            return
+        if (self.timeouts_only and self.count >= 2) or (self.any_cause and self.count >= self.min_groups):
             raise FatalError(self.timed_message(now - self.since))
 
     def _fix(self) -> str:
@@ -96,5 +100,6 @@ class FailureStreak:
             what = f"{m.group(3)} (episode {m.group(1)}, turn {m.group(2)})"
         return (
             f"{what}: every group since step {self.since_step} failed ({self.count} groups in {lasted_s:.0f}s, "
-            f"none completed; rollout.max_failing_s={self.window_s:g}); {self._fix()}"
+            f"none completed; {'rollout.max_failing_s' if self.any_cause else 'env.step_timeout_s'}={self.window_s:g}); "
+            f"{self._fix()}"
         )

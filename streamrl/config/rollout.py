@@ -26,17 +26,19 @@ class RolloutConfig(Section):
     max_consecutive_failed_groups: int | None = Field(100, ge=1)
     """Stop the job (trainer exits with the first error) after this many groups in a row failed, i.e.
     had an error annotation (a reward function that raised, timed out or returned NaN; under
-    reward.on_error=score: every rollout of the group errored). None: never stop for this."""
+    reward.on_error=score: every rollout of the group errored) or a generator gave it up (an episode
+    failed, a prompt it cannot generate). None: never stop for this."""
     max_failing_s: float | None = Field(None, gt=0)
-    """Stop the job (trainer exits with the first error) once groups have kept failing for this
-    long, none completing in between, with at least min(groups_per_step, generator.count x
-    generator.max_inflight_groups) of them failed: the bound for failures that each take a timeout
-    to show (a hung env step fails one round of in-flight groups per env.step_timeout_s, so the
-    count above would take minutes). None: env.step_timeout_s with env.fn set (the next round of
-    steps timed out too), else no time bound (the count alone)."""
+    """Stop the job (trainer exits with the first error) once groups have kept failing for this long,
+    none completing in between, with at least min(groups_per_step, generator.count x
+    generator.max_inflight_groups) of them failed. None: only for failures that each take a timeout
+    to show, with env.fn set: two or more groups failing by timeouts alone (an env step, an
+    observation) for env.step_timeout_s (a hung env fails one round of in-flight groups per step
+    timeout, so the count above would take minutes); other failures come fast and the count bounds them."""
 
     def failing_window_s(self, env: "EnvConfig") -> float | None:
-        """max_failing_s as the assembler applies it (None: no time bound)."""
+        """The time bound's length (None: none): max_failing_s, else env.step_timeout_s with env.fn
+        set (then for a streak of timeouts only, streamrl/assemble/failure_streak.py)."""
         if self.max_failing_s is not None:
             return self.max_failing_s
         return env.step_timeout_s if env.fn else None

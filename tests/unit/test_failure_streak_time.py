@@ -31,7 +31,7 @@ def test_hung_env_stops_after_one_more_timeout_of_failures_with_one_readable_cau
     msg = str(info.value)
     assert msg.startswith(
         "env step timed out after 10s in my_envs:Calc (env.step_timeout_s) (episode g3:7:e727c641, turn 0): "
-        "every group since step 5 failed (9 groups in 10s, none completed; rollout.max_failing_s=10); "
+        "every group since step 5 failed (9 groups in 10s, none completed; env.step_timeout_s=10); "
         "raise env.step_timeout_s or fix the env (env.fn=my_envs:Calc)"
     ), msg
 
@@ -39,8 +39,8 @@ def test_hung_env_stops_after_one_more_timeout_of_failures_with_one_readable_cau
 RAISED = "episode g1:0:ab turn 1: env raised RuntimeError: tool crashed"
 
 
-def test_time_bound_needs_a_steps_worth_of_failures_and_no_success_in_between():
-    s = streak()
+def test_time_bound_set_for_any_cause_needs_a_steps_worth_of_failures_and_no_success_in_between():
+    s = streak("rollout.max_failing_s=10")
     for t in (0.0, 20.0, 40.0):  # a flaky env's slow groups failing one by one: fewer than a step's 4
         s.failed(RAISED, now=t)
     s.ok()  # a group completed: a new streak
@@ -59,10 +59,11 @@ def test_timeouts_alone_need_only_two_rounds():
         s.failed(HUNG, now=10.0)
     s = streak()
     s.failed(HUNG, now=0.0)
-    s.failed(RAISED, now=10.0)  # not only timeouts: a step's worth (4) is needed
-    s.failed(HUNG, now=11.0)
-    with pytest.raises(FatalError):
-        s.failed(HUNG, now=12.0)
+    s.failed(RAISED, now=10.0)  # not only timeouts: by default only the count bounds the streak
+    for t in range(11, 108):  # a flaky env failing more than half its groups (one episode in 10)
+        s.failed(RAISED, now=float(t))
+    with pytest.raises(FatalError, match="100 groups in a row failed"):
+        s.failed(RAISED, now=108.0)
 
 
 def test_time_bound_off_without_env_and_set_explicitly_for_any_cause():
