@@ -17,11 +17,13 @@ config. `--no-preflight` skips it.
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import itertools
 import math
 import threading
 
+from streamrl.config.env_spec import ADAPTER_PREFIXES
 from streamrl.config.rollout import EXTERNAL
 from streamrl.config.schema import Config
 from streamrl.core.errors import ConfigError
@@ -41,11 +43,17 @@ def _user_code_error(setting: str, spec: str, exc: Exception, who: str) -> str:
 
 def check_env_fn(cfg: Config) -> str | None:
     """env.fn imports and names an env class, as the env workers `up` starts resolve it."""
+    from streamrl.envs import adapters
     from streamrl.envs.resolve import resolve_env
 
     fn = cfg.env.fn
     if not fn or fn == EXTERNAL or cfg.env.count == 0:
         return None  # single-turn, or env workers started elsewhere (with their own code)
+    if parts := adapters.split_spec(fn):  # another library's env: installed? (building one may load its data)
+        package = ADAPTER_PREFIXES[parts[0]][0] if parts[0] in ADAPTER_PREFIXES else parts[0]
+        if importlib.util.find_spec(package) is None:
+            return f"env.fn={fn!r} needs the {package} package, which is not installed; pip install -e '.[envs]'"
+        return None
     try:
         with cwd_on_path():
             resolve_env(fn, tuple(cfg.env.latency_ms))
