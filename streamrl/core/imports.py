@@ -97,7 +97,8 @@ def spec_of(obj: object, where: str) -> str:
     if name == "<lambda>":
         problem = "is a lambda, which has no name another process can import"
     elif name is None or qualname != name:
-        problem = f"is defined inside {qualname.rsplit('.', 2)[0] if qualname else '?'} (not at module level)"
+        inside = qualname.rsplit(".", 1)[0].replace(".<locals>", "") if qualname else "?"
+        problem = f"is defined inside {inside} (not at module level)"
     elif module is None or getattr(module, name, None) is not obj:
         problem = (
             f"is not reachable as {getattr(module, '__name__', '?')}.{name} (redefined, or wrapped by a decorator)"
