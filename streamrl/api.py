@@ -29,6 +29,9 @@ from streamrl.core.imports import importing_script
 
 POLL_S = 0.5
 """How often Job.rows() looks for new metrics rows."""
+WAIT_TICK_S = 0.1
+"""Job.wait's sleep between looks at the job's end. Not Thread.join: a KeyboardInterrupt inside join
+leaves the thread looking ended while it runs (CPython 3.11), and wait() must survive Ctrl-C."""
 
 
 class JobFailed(StreamRLError):
@@ -124,6 +127,7 @@ class Job:
         """The console lines so far (`streamrl up`'s: roles ready, one a step, failures, accounting)."""
         self._code: int | None = None
         self._error: BaseException | None = None
+        self._ended = threading.Event()
         self._thread = threading.Thread(target=self._main, name=f"streamrl-job-{self.config.run.name}")
         self._thread.start()
 
@@ -132,6 +136,8 @@ class Job:
             self._code = self._local.run()
         except BaseException as exc:  # re-raised by wait(), in the caller's thread
             self._error = exc
+        finally:
+            self._ended.set()
 
     @property
     def metrics(self) -> list[dict]:
@@ -152,7 +158,7 @@ class Job:
 
     @property
     def done(self) -> bool:
-        return not self._thread.is_alive()
+        return self._ended.is_set()
 
     def rows(self) -> Iterator[dict]:
         """Each metrics row as it comes (from the first), until the job ends."""
@@ -164,7 +170,7 @@ class Job:
             seen = max(seen, len(rows))
             if ended:
                 return
-            self._thread.join(POLL_S)
+            self._ended.wait(POLL_S)
 
     def stop(self, wait: bool = True) -> Result | None:
         """Stop the job as Ctrl-C does: every role finishes its current work, the trainer checkpoints;
@@ -177,14 +183,14 @@ class Job:
         while waiting stops the job (and waits for it); a second one kills every role. Raises JobFailed
         (or the role's error) if the job failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while self._thread.is_alive():
-            left = None if deadline is None else deadline - time.monotonic()
-            if left is not None and left <= 0:
+        while not self._ended.is_set():
+            if deadline is not None and time.monotonic() >= deadline:
                 return None
             try:
-                self._thread.join(POLL_S if left is None else min(POLL_S, left))
+                time.sleep(WAIT_TICK_S)
             except KeyboardInterrupt:
                 self._local.request_stop()
+        self._thread.join()  # ended: only its last bytecodes are left
         return self._result()
 
     def _result(self) -> Result:

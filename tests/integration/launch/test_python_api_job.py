@@ -1,33 +1,70 @@
-"""The Python API's job handle with real processes: streamrl.start returns once the job has started,
-stop() ends it as Ctrl-C ends `streamrl up` (roles asked to finish, the accounting written), and the
-Result says it was stopped. The whole job, trained to its end: tests/e2e/test_up.py.
+"""The Python API's job handle with real processes: a script starts a job and waits on it, Ctrl-C (SIGINT
+to the script) while it waits stops the job as Ctrl-C stops `streamrl up` (roles asked to finish, the
+accounting written: Job.stop's path), and the Result says it was stopped. The whole job, trained to its
+end: tests/e2e/test_up.py.
 
     pytest tests/integration/launch/test_python_api_job.py
 """
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
 import pytest
 
+ROOT = Path(__file__).resolve().parents[3]
+
+SCRIPT = """
+import json, sys
 import streamrl
+
+if __name__ == "__main__":
+    # the fewest roles (trainer, feeder, reward): what is checked is the launcher, not the roles
+    overrides = {"trainer.steps": 2, "run.export": False, "generator.count": 0, "loss.kl_beta": 0}
+    config = streamrl.load_config("tiny-cpu", overrides)
+    job = streamrl.start(config, run_dir=sys.argv[1], check=False)
+    print("waiting", flush=True)
+    result = job.wait()
+    print(json.dumps({"code": result.code, "stopped": result.stopped, "steps": result.steps,
+                      "model_dir": result.model_dir, "summary": result.summary, "lines": job.lines}, default=str), flush=True)
+    try:
+        streamrl.start(config, run_dir=sys.argv[1], check=False)
+    except streamrl.ConfigError as exc:
+        print(json.dumps({"again": str(exc)}), flush=True)
+"""
 
 
 @pytest.mark.timeout(180)
-def test_start_then_stop_ends_the_job_as_ctrl_c_does(tmp_path):
-    # the fewest roles (trainer, feeder, reward): what is checked is the launcher, not the roles
-    config = streamrl.load_config(
-        "tiny-cpu", {"trainer.steps": 2, "run.export": False, "generator.count": 0, "loss.kl_beta": 0}
+def test_ctrl_c_while_waiting_stops_the_job(tmp_path):
+    script, run_dir = tmp_path / "job.py", tmp_path / "run"
+    script.write_text(SCRIPT)
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(run_dir)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    job = streamrl.start(config, run_dir=tmp_path / "run", check=False, echo=False)
-    assert job.run_dir == (tmp_path / "run").resolve() and not job.done
-    result = job.stop()  # as soon as it started: every role is still starting
-    assert job.done and result.stopped and result.code == 130
-    assert result.steps == 0 and result.model_dir is None and job.step == 0
-    lines = "\n".join(job.lines)
-    assert lines.startswith(f"streamrl: run 'tiny' in {job.run_dir}"), lines
-    assert "stopping: asking every role to finish its current work" in lines
-    assert f"stopped; continue this run with `streamrl up --resume {job.run_dir}`" in lines
-    assert result.summary is not None and result.summary["invariant_holds"], result.summary
-    assert (job.run_dir / "summary.json").is_file() and (job.run_dir / "config.yaml").is_file()
-    with pytest.raises(streamrl.ConfigError, match="already holds a run"):  # the CLI's refusal, too
-        streamrl.start(config, run_dir=job.run_dir, check=False, echo=False)
+    try:
+        out = []
+        for line in proc.stdout:  # Ctrl-C once the roles are being started, while the script waits
+            out.append(line)
+            if line.startswith("started "):
+                time.sleep(0.5)
+                proc.send_signal(signal.SIGINT)
+                break
+        rest, err = proc.communicate(timeout=150)
+    finally:
+        proc.kill()
+    out = "".join(out) + rest
+    assert proc.returncode == 0, out + err
+    assert "waiting" in out and "stopping: asking every role to finish its current work" in out, out
+    result = json.loads(out.strip().splitlines()[-2])
+    assert result["code"] == 130 and result["stopped"] and result["steps"] == 0 and result["model_dir"] is None
+    assert result["summary"] is not None and result["summary"]["invariant_holds"], result["summary"]
+    lines = "\n".join(result["lines"])  # Job.lines: what was printed
+    assert lines.startswith(f"streamrl: run 'tiny' in {run_dir}"), lines
+    assert f"stopped; continue this run with `streamrl up --resume {run_dir}`" in lines
+    assert (run_dir / "summary.json").is_file() and (run_dir / "config.yaml").is_file()
+    assert "already holds a run" in json.loads(out.strip().splitlines()[-1])["again"]  # the CLI's refusal, too
