@@ -121,6 +121,7 @@ import sys
 from pathlib import Path
 
 import streamrl
+from streamrl.envs.base import CharclassDialog
 
 from helper import BONUS   # a module beside the script: found as `python script.py` finds it
 
@@ -129,8 +130,12 @@ def score(prompt, completion, meta):
     return 0.5 + BONUS
 
 
+class Echo(CharclassDialog):
+    pass
+
+
 if __name__ == "__main__":
-    Path(sys.argv[1]).write_text("the job ran")
+    Path(__file__).with_name("ran").write_text("the job ran")
 """
 
 
@@ -143,7 +148,9 @@ def test_a_script_is_imported_by_path_without_running_its_main_block(tmp_path):
     assert fn("p", "c", {}) == 0.75
     assert import_spec(f"{script}:score", "reward.fn", "unused")[2] is fn  # imported once per process
     assert resolve_reward(f"{script}:score") is fn
-    assert not list(tmp_path.glob("ran*"))
+    assert not (tmp_path / "ran").exists()
+    env_cls = resolve_env(Config(env={"fn": f"{script}:Echo"}).env.fn)  # an env class the same way
+    assert env_cls.__name__ == "Echo" and env_cls.__module__ == module_name
     cfg = Config(reward={"fn": f"{script}:score"})
     assert check_reward_fn(cfg) is None  # pre-flight imports it as the reward worker will
     with pytest.raises(ConfigError, match=r"the script .*nope\.py does not exist"):
