@@ -16,8 +16,10 @@ complete script.
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
@@ -183,13 +185,14 @@ class Job:
         while waiting stops the job (and waits for it); a second one kills every role. Raises JobFailed
         (or the role's error) if the job failed."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        while not self._ended.is_set():
-            if deadline is not None and time.monotonic() >= deadline:
-                return None
-            try:
-                time.sleep(WAIT_TICK_S)
-            except KeyboardInterrupt:
-                self._local.request_stop()
+        with _sigterm_as_ctrl_c():
+            while not self._ended.is_set():
+                if deadline is not None and time.monotonic() >= deadline:
+                    return None
+                try:
+                    time.sleep(WAIT_TICK_S)
+                except KeyboardInterrupt:
+                    self._local.request_stop()
         self._thread.join()  # ended: only its last bytecodes are left
         return self._result()
 
@@ -203,6 +206,24 @@ class Job:
             why = "its accounting invariant is violated" if self._code == 3 else f"it exited with code {self._code}"
             raise JobFailed(f"the job in {self.run_dir} failed: {why}; see {self.run_dir / 'summary.json'} and logs/")
         return result
+
+
+@contextmanager
+def _sigterm_as_ctrl_c():
+    """While the main thread waits on a job, SIGTERM stops it as Ctrl-C does (as `streamrl up` treats
+    both): without this, SIGTERM would end this process at once and leave the roles running."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def export(run_dir: str | Path, out: str | Path, step: int | None = None) -> Path:

@@ -1,6 +1,7 @@
-"""The Python API's job handle with real processes: a script starts a job and waits on it, Ctrl-C (SIGINT
-to the script) while it waits stops the job as Ctrl-C stops `streamrl up` (roles asked to finish, the
-accounting written: Job.stop's path), and the Result says it was stopped. The whole job, trained to its
+"""The Python API's job handle with real processes: a script starts a job and waits on it, SIGTERM to the
+script while it waits stops the job as Ctrl-C and SIGTERM stop `streamrl up` (roles asked to finish, the
+accounting written; Job.wait turns SIGTERM into the KeyboardInterrupt Ctrl-C raises, and both take
+Job.stop's path), and the Result says it was stopped. The whole job, trained to its
 end: tests/e2e/test_up.py.
 
     pytest tests/integration/launch/test_python_api_job.py
@@ -40,7 +41,7 @@ if __name__ == "__main__":
 
 
 @pytest.mark.timeout(180)
-def test_ctrl_c_while_waiting_stops_the_job(tmp_path):
+def test_sigterm_while_waiting_stops_the_job(tmp_path):
     script, run_dir = tmp_path / "job.py", tmp_path / "run"
     script.write_text(SCRIPT)
     proc = subprocess.Popen(
@@ -48,15 +49,20 @@ def test_ctrl_c_while_waiting_stops_the_job(tmp_path):
     )
     try:
         out = []
-        for line in proc.stdout:  # Ctrl-C once the roles are being started, while the script waits
+        for line in proc.stdout:  # SIGTERM once the roles are being started, while the script waits
             out.append(line)
             if line.startswith("started "):
                 time.sleep(0.5)
-                proc.send_signal(signal.SIGINT)
+                proc.send_signal(signal.SIGTERM)
                 break
         rest, err = proc.communicate(timeout=150)
     finally:
-        proc.kill()
+        if proc.poll() is None:  # a failure above: stop the job as a user would, so no role is left behind
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
     out = "".join(out) + rest
     assert proc.returncode == 0, out + err
     assert "waiting" in out and "stopping: asking every role to finish its current work" in out, out
