@@ -163,7 +163,8 @@ class Job:
         return self._ended.is_set()
 
     def rows(self) -> Iterator[dict]:
-        """Each metrics row as it comes (from the first), until the job ends."""
+        """Each metrics row as it comes (from the first), until the job ends; Ctrl-C while it waits for
+        the next one stops the job as in wait()."""
         seen = 0
         while True:
             ended = self.done
@@ -172,7 +173,8 @@ class Job:
             seen = max(seen, len(rows))
             if ended:
                 return
-            self._ended.wait(POLL_S)
+            with _sigterm_as_ctrl_c():  # only while waiting here: between rows the caller's code runs
+                self._nap(POLL_S)
 
     def stop(self, wait: bool = True) -> Result | None:
         """Stop the job as Ctrl-C does: every role finishes its current work, the trainer checkpoints;
@@ -189,12 +191,16 @@ class Job:
             while not self._ended.is_set():
                 if deadline is not None and time.monotonic() >= deadline:
                     return None
-                try:
-                    time.sleep(WAIT_TICK_S)
-                except KeyboardInterrupt:
-                    self._local.request_stop()
+                self._nap(WAIT_TICK_S)
         self._thread.join()  # ended: only its last bytecodes are left
         return self._result()
+
+    def _nap(self, seconds: float) -> None:
+        """Sleep while the job runs; Ctrl-C meanwhile stops the job (a second: force)."""
+        try:
+            time.sleep(seconds)
+        except KeyboardInterrupt:
+            self._local.request_stop()
 
     def _result(self) -> Result:
         if self._error is not None:

@@ -1,5 +1,5 @@
-"""The Python API's job handle with real processes: a script starts a job and waits on it, SIGTERM to the
-script while it waits stops the job as Ctrl-C and SIGTERM stop `streamrl up` (roles asked to finish, the
+"""The Python API's job handle with real processes: a script starts a job and follows its rows, SIGTERM to
+the script while it waits for one stops the job as Ctrl-C and SIGTERM stop `streamrl up` (roles asked to finish, the
 accounting written; Job.wait turns SIGTERM into the KeyboardInterrupt Ctrl-C raises, and both take
 Job.stop's path), and the Result says it was stopped. The whole job, trained to its
 end: tests/e2e/test_up.py.
@@ -30,9 +30,10 @@ if __name__ == "__main__":
     config = streamrl.load_config("tiny-cpu", overrides)
     job = streamrl.start(config, run_dir=sys.argv[1], check=False)
     print("waiting", flush=True)
+    rows = list(job.rows())  # as examples/python_api.py: each step's row until the job ends
     result = job.wait()
     print(json.dumps({"code": result.code, "stopped": result.stopped, "steps": result.steps,
-                      "model_dir": result.model_dir, "summary": result.summary, "lines": job.lines}, default=str), flush=True)
+                      "model_dir": result.model_dir, "summary": result.summary, "lines": job.lines, "rows": rows}, default=str), flush=True)
     try:
         streamrl.start(config, run_dir=sys.argv[1], check=False)
     except streamrl.ConfigError as exc:
@@ -68,6 +69,7 @@ def test_sigterm_while_waiting_stops_the_job(tmp_path):
     assert "waiting" in out and "stopping: asking every role to finish its current work" in out, out
     result = json.loads(out.strip().splitlines()[-2])
     assert result["code"] == 130 and result["stopped"] and result["steps"] == 0 and result["model_dir"] is None
+    assert result["rows"] == []  # stopped before its first step
     assert result["summary"] is not None and result["summary"]["invariant_holds"], result["summary"]
     lines = "\n".join(result["lines"])  # Job.lines: what was printed
     assert lines.startswith(f"streamrl: run 'tiny' in {run_dir}"), lines
