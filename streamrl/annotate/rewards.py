@@ -10,13 +10,13 @@ for every rollout and tests can call them directly.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import re
 from typing import Callable
 
 from streamrl.core.errors import ConfigError
+from streamrl.core.imports import import_spec
 from streamrl.tasks.charclass import charclass_reward
 from streamrl.tasks.math_answers import math_lenient_reward, math_verify_reward, think_format_reward
 from streamrl.tasks.reasoning_gym import reasoning_gym_reward
@@ -89,15 +89,7 @@ def resolve_reward(spec: str) -> RewardFn:
             f"reward.fn={spec!r} is not a built-in reward ({', '.join(sorted(BUILTIN_REWARDS))}); "
             "use one of those or `package.module:function`"
         )
-    module_name, _, attr = spec.partition(":")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(
-            f"reward.fn={spec!r}: cannot import module {module_name!r} ({exc}); "
-            "install it or put its directory on PYTHONPATH"
-        ) from exc
-    fn = getattr(module, attr, None)
+    module_name, attr, fn = import_spec(spec, f"reward.fn={spec!r}", "install it or put its directory on PYTHONPATH")
     if not callable(fn):
         raise ConfigError(
             f"reward.fn={spec!r}: module {module_name!r} has no function {attr!r}; "

@@ -32,14 +32,19 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"--set {item!r} is not of the form section.field=value, e.g. --set trainer.steps=20")
         dotted, value = item.split("=", 1)
-        parts = dotted.strip().split(".")
-        node = data
-        for part in parts[:-1]:
-            node = node.setdefault(part, {})
-            if not isinstance(node, dict):
-                raise ConfigError(f"--set {item!r}: {part!r} is a value, not a section")
-        node[parts[-1]] = _parse_scalar(value)
+        set_dotted(data, dotted, _parse_scalar(value), f"--set {item!r}")
     return data
+
+
+def set_dotted(data: dict, dotted: str, value: Any, where: str) -> None:
+    """data[a][b] = value for dotted `a.b` (sections created as needed); `where` names it in the error."""
+    parts = dotted.strip().split(".")
+    node = data
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"{where}: {part!r} is a value, not a section")
+    node[parts[-1]] = value
 
 
 def _section_fields(loc: tuple) -> list[str]:
@@ -88,6 +93,12 @@ def _format_errors(err: ValidationError, source: str, overrides: list[str] = ())
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> Config:
     """Load and validate a config; raise ConfigError naming the field and the fix."""
     path = Path(path) if path else DEFAULT_CONFIG
+    data = apply_overrides(read_config_file(path), overrides or [])
+    return validate_config(data, str(path), overrides or [])
+
+
+def read_config_file(path: Path) -> dict:
+    """A YAML config file's sections, not yet validated; ConfigError when it is missing or not a mapping."""
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist; pass --config configs/tiny-cpu.yaml")
     try:
@@ -96,11 +107,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from exc
     if not isinstance(data, dict):
         raise ConfigError(f"config file {path} must hold a mapping of sections, got {type(data).__name__}")
-    data = apply_overrides(data, overrides or [])
+    return data
+
+
+def validate_config(data: dict, source: str, overrides: list[str] = ()) -> Config:
+    """`data` validated into a Config; the ConfigError names each bad field, and the --set of `overrides`
+    (`section.field=value` strings) it came from."""
     try:
         return Config.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(_format_errors(exc, str(path), overrides or [])) from None
+        raise ConfigError(_format_errors(exc, source, overrides)) from None
 
 
 def resolved_dump(cfg: Config, secrets_dir: Path | None = None) -> dict:

@@ -3,25 +3,25 @@ log-probs, external producers' annotations and how they combine."""
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from streamrl.config.base import Section
+from streamrl.core.imports import CODE_SPEC, as_spec
 
 REWARD_BUILTINS = ("charclass", "math", "math_lenient", "math_regex", "think_format", "env", "reasoning_gym")
 """Built-in reward names (streamrl.annotate.rewards.BUILTIN_REWARDS)."""
-_REWARD_FN = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*")
 
 
 def _check_reward_fn(value: str, where: str) -> str:
     # Syntax only: user modules are imported by the reward worker, never at config time.
-    if value in REWARD_BUILTINS or _REWARD_FN.fullmatch(value):
+    if value in REWARD_BUILTINS or CODE_SPEC.fullmatch(value):
         return value
     raise ValueError(
         f"{where}={value!r} is neither a built-in reward ({', '.join(REWARD_BUILTINS)}) nor "
-        "`package.module:function`; e.g. set reward.fn=math or reward.fn=my_rewards:score"
+        "`package.module:function` (or `path/to/script.py:function`); e.g. set reward.fn=math or "
+        "reward.fn=my_rewards:score"
     )
 
 
@@ -29,13 +29,18 @@ class RewardComponent(Section):
     """One term of a combined reward (reward.components)."""
 
     fn: str
-    """A built-in reward name or `package.module:function`, as reward.fn."""
+    """A built-in reward name or `package.module:function`, as reward.fn (in Python: the function itself)."""
     weight: float = 1.0
     """Its weight in the sum that becomes the `reward` annotation."""
     name: str | None = Field(None, pattern=r"^[A-Za-z0-9_.-]+$")
     """Its name in metrics.jsonl's reward_components (`reward/<name>`); default: its `fn` as written,
     `:` read as `.` (reward/math, reward/my_rewards.score), not the bare function name, which says
     neither where it comes from nor tells two modules' `score` apart."""
+
+    @field_validator("fn", mode="before")
+    @classmethod
+    def _callable(cls, value: object) -> object:
+        return as_spec(value, "reward.components[].fn")
 
     @field_validator("fn")
     @classmethod
@@ -50,7 +55,9 @@ class RewardConfig(Section):
     count: int = Field(1, ge=0)
     fn: str = "charclass"
     """A built-in reward (charclass; math = math-verify's answer check; math_regex = the last number;
-    think_format = <think>...</think> structure) or `package.module:function`."""
+    think_format = <think>...</think> structure) or `package.module:function`, or
+    `path/to/script.py:function` (a file imported by its path: what the Python API records for a
+    function defined in the calling script, streamrl.Config(reward={"fn": score}))."""
     timeout_s: float = Field(10.0, gt=0)
     on_error: Literal["drop", "score"] = "drop"
     """A rollout whose reward function raised, timed out or returned NaN/inf: `drop` fails its whole
@@ -65,6 +72,11 @@ class RewardConfig(Section):
     """Several rewards combined, e.g. [{fn: math, weight: 1.0}, {fn: think_format, weight: 0.2}]: the
     `reward` annotation is sum(weight * fn(...)) and each term is logged as reward_components
     ["reward/<name>"] in metrics.jsonl. When set, reward.fn is not used."""
+
+    @field_validator("fn", mode="before")
+    @classmethod
+    def _callable(cls, value: object) -> object:
+        return as_spec(value, "reward.fn")
 
     @field_validator("fn")
     @classmethod

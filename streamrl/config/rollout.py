@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import re
 from typing import Literal
 
 from pydantic import Field, field_validator
 
 from streamrl.config import env_spec as env_adapters
 from streamrl.config.base import Section
+from streamrl.core.imports import CODE_SPEC, as_spec
 
 
 class RolloutConfig(Section):
@@ -177,7 +177,8 @@ class EnvConfig(Section):
 
     fn: str | None = None
     """The environment: a built-in name (charclass_dialog) or `package.module:Class` (a
-    streamrl.envs.base.Env subclass), or `external`: the env is served only by env workers started
+    streamrl.envs.base.Env subclass; `path/to/script.py:Class` imports a file by its path, and in Python
+    the class itself may be given), or `external`: the env is served only by env workers started
     outside the job (`streamrl env`, or one in another language, docs/protocol.md); `up` starts
     none and `streamrl status` warns while none has joined. None: single-turn generation."""
     count: int = Field(1, ge=0)
@@ -203,6 +204,11 @@ class EnvConfig(Section):
     together (generate every episode's turn, wait for every env step, generate the next turn):
     the synchronous turn loop streaming is measured against. Never faster; keep it off."""
 
+    @field_validator("fn", mode="before")
+    @classmethod
+    def _callable(cls, value: object) -> object:
+        return as_spec(value, "env.fn")
+
     @field_validator("fn")
     @classmethod
     def _fn(cls, value: str | None) -> str | None:
@@ -212,7 +218,7 @@ class EnvConfig(Section):
             value is None
             or value in ("charclass_dialog", EXTERNAL)
             or env_adapters.split_spec(value)
-            or re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*", value)
+            or CODE_SPEC.fullmatch(value)
         ):
             return value
         raise ValueError(

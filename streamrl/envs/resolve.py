@@ -10,10 +10,9 @@ Apart from streamrl/envs/base.py so that the adapters, which build on base.Env, 
 from __future__ import annotations
 
 import inspect
-import re
 
 from streamrl.core.errors import ConfigError
-from streamrl.core.imports import import_spec
+from streamrl.core.imports import CODE_SPEC, import_spec
 from streamrl.envs import adapters as env_adapters
 from streamrl.envs.base import CharclassDialog
 
@@ -28,10 +27,10 @@ def resolve_env(spec: str, latency_ms: tuple[float, float] = (20.0, 200.0)):
         return lambda: cls(latency_ms=tuple(latency_ms))
     if env_adapters.split_spec(spec):  # another library's env, run unchanged (streamrl/envs/adapters)
         return env_adapters.make_factory(spec)
-    if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", spec):
+    if not CODE_SPEC.fullmatch(spec):
         raise ConfigError(
             f"env {spec!r} is neither a built-in env ({', '.join(BUILTIN_ENVS)}) nor "
-            "`package.module:Class`, e.g. --fn my_envs:Calculator"
+            "`package.module:Class` (or `path/to/script.py:Class`), e.g. --fn my_envs:Calculator"
         )
     module_name, attr, cls = import_spec(spec, f"env {spec!r}", "install it or add its folder to PYTHONPATH")
     if not (inspect.isclass(cls) and callable(getattr(cls, "step", None))):

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -241,6 +242,11 @@ class Supervisor:
                 c.tree.scan(c.proc.pid)
 
     def _on_signal(self, signum, _frame) -> None:
+        self.request_stop()
+
+    def request_stop(self) -> None:
+        """Ctrl-C's effect (SIGINT/SIGTERM in the main thread; the Python API's Job.stop from any
+        thread): the first asks every role to finish its current work, the next kills every role."""
         self._stop_requested += 1
         if self._stop_requested == 1:
             self.say("stopping: asking every role to finish its current work (Ctrl-C again to force)")
@@ -251,7 +257,10 @@ class Supervisor:
 
     def run(self) -> int:
         dump_config(self.cfg, self.config_path)
-        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        # Only the main thread receives signals (and may set handlers); a job the Python API runs in
+        # another thread (streamrl.start) is stopped through request_stop.
+        main = threading.current_thread() is threading.main_thread()
+        old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
         try:
             for role, n in role_counts(self.cfg).items():
                 for i in range(n):

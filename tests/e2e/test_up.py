@@ -1,20 +1,29 @@
-"""`streamrl up` end to end on the tiny CPU config: real broker, vLLM, reward, reference, FSDP trainer.
+"""The tiny CPU job end to end (real broker, vLLM, reward, reference, FSDP trainer), run as a user of the
+Python API runs it: `python examples/python_api.py`, whose reward function is defined in the script
+(the reward worker imports it by the script's path). The job is `streamrl up`'s (streamrl/launch/job.py),
+so this checks what `up` prints and writes too; `up` itself runs in every other e2e test.
 
-Runs the CLI as users do (a subprocess), then checks the run's outputs.
+    pytest tests/e2e/test_up.py
 """
+
+import subprocess
+import sys
 
 import pytest
 
-from bench.jobs import metrics, up
+from bench.jobs import ROOT, metrics, summary, up
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.mark.timeout(900)
-def test_up_learns_asynchronously(tmp_path):
+def test_python_api_job_learns_asynchronously(tmp_path):
     run_dir = tmp_path / "async"
-    res = up(run_dir, "trainer.steps=40", "rollout.max_staleness=2")
+    example = ROOT / "examples" / "python_api.py"
+    cmd = [sys.executable, str(example), "--run-dir", str(run_dir), "trainer.steps=40", "rollout.max_staleness=2"]
+    res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=880)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert f"reward.fn = {example}:score" in res.stdout  # the script's own function, by its path
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, 41))
     for r in rows:
@@ -48,6 +57,12 @@ def test_up_learns_asynchronously(tmp_path):
     assert "(vLLM engine start " in out[out.find("generator-0 ready, ") : first_step]
     assert (run_dir / "logs" / "trainer-0.jsonl").exists() and (run_dir / "logs" / "generator-0.jsonl").exists()
     assert f"model: {run_dir / 'hf'}" in res.stdout and (run_dir / "hf" / "config.json").is_file()  # run.export
+    # the accounting is exact, and the script read it (Result.summary) and the rows (Job.rows) back
+    s = summary(run_dir)
+    assert s["invariant_holds"] and s["lost"] == 0 and s["double_trained"] == 0
+    assert f"python api: 40 steps in {run_dir}; mean reward {first:.3f} (first 10) -> {last:.3f}" in out, out[-2000:]
+    assert f"groups admitted {s['admitted']} = trained {s['trained']} + other outcomes; invariant holds: True" in out
+    assert f"python api: model {run_dir / 'hf'}" in out
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):

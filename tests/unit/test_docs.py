@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+import streamrl
+
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 CAMPAIGNS = sorted((ROOT / "docs" / "benchmarks").glob("*_*_*.md"))
@@ -50,6 +52,8 @@ def _lines(doc: Path):
 def _module_exists(dotted: str) -> bool:
     """The longest leading part of `dotted` that is a module or package; at least `top.module`."""
     parts = dotted.split(".")
+    if parts[0] == "streamrl" and parts[1] in streamrl.__all__:  # the Python API: streamrl.run, streamrl.Config, ...
+        return True
     for i in range(len(parts), 1, -1):
         base = ROOT.joinpath(*parts[:i])
         if base.with_suffix(".py").is_file() or (base / "__init__.py").is_file():

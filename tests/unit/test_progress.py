@@ -11,8 +11,8 @@ import json
 
 import numpy as np
 
-from streamrl.commands.up import continue_hint, resume_at
 from streamrl.core.batch import zero_variance_frac
+from streamrl.launch.job import continue_hint, resume_at
 from streamrl.launch.progress import NO_SIGNAL_STEPS, Progress, step_line
 
 

@@ -17,9 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.commands.up import Export
 from streamrl.config.files import dump_config
 from streamrl.config.schema import Config
+from streamrl.launch.job import Export
 from streamrl.launch.supervisor import WATCH_INTERVAL_S, Child, Supervisor
 from streamrl.models.tiny import build_tiny_model
 from streamrl.train.checkpoint import list_checkpoints
