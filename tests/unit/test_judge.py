@@ -118,7 +118,7 @@ def test_judges_scale_and_their_group_holds_back_trimming():
     assert "judge" not in stream_groups(load_config(None, []))["streamrl:tiny:rollouts"]
 
 
-def test_a_judge_model_folder_that_is_not_one_fails_preflight(tmp_path):
+def test_a_judge_model_folder_that_is_not_one_fails_preflight(tmp_path, monkeypatch):
     from streamrl.launch.preflight import check_judge_model
 
     def check(path: str) -> str | None:
@@ -130,4 +130,9 @@ def test_a_judge_model_folder_that_is_not_one_fails_preflight(tmp_path):
     assert "has no config.json" in check(str(tmp_path))
     (tmp_path / "config.json").write_text("{}")
     assert check(str(tmp_path)) is None and check("policy") is None
-    assert check("Qwen/Qwen3-1.7B") is None  # a hub id: vLLM resolves it from the local cache
+    # a hub id not in the local cache while offline: refused before start, naming the download
+    # (one in the cache passes: tests/integration/launch/test_preflight_user_code.py)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    refused = check("Qwen/Qwen3-1.7B")
+    assert "not in the local cache" in refused and "hf download Qwen/Qwen3-1.7B" in refused, refused
