@@ -1,8 +1,9 @@
-"""Elastic jobs end to end: `streamrl up` on the tiny config with external reward keys served by
-Node.js producers (scores reach the trainer; a killed producer's key times out to its default, in the
-same job), and workers joining and leaving a running job through `streamrl worker` and `streamrl scale`.
+"""Elastic jobs end to end: `streamrl up` on the tiny config with workers joining and leaving a running
+job through `streamrl worker` and `streamrl scale`; the scale job also waits for external reward keys
+served by Node.js producers (scores reach the trainer; a killed producer's key times out to its
+default, in the same job).
 
-    pytest tests/e2e/test_elastic.py        # 3 runs of `streamrl up`, several minutes on 2 cores
+    pytest tests/e2e/test_elastic.py        # 2 runs of `streamrl up`, several minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -22,15 +23,16 @@ from tests.e2e.hold import held, wait_held, worker_pid
 from tests.nodejs import start_node_producer
 
 STEPS = 8
-NODE_STEPS = 6
-"""The `lost` producer is killed after step 1 with the trainer held (at most steps 2-4 admitted by then):
-steps 5 and 6 are admitted after the kill, so the last batch has only `lost`'s default."""
 ELASTIC_STEPS = 10
 SCALE_STEPS = 16
 """Few steps suffice: the trainer is held from its start until the checks are done (a step
 takes well under a second here; unheld, a 24-step job ended before status ran). While a started worker
 has no work the held trainer takes a step every 5 s (wait_held): 16 steps leave over a minute for the
 second generator's engine to come up after the first's."""
+LOST_AT = SCALE_STEPS - 6
+"""The `lost` producer is SIGKILLed once step LOST_AT (or a later one, k) is trained, with the trainer held:
+at most steps k+1..k+3 are admitted by then, the later ones after the kill, so their batches have only
+`lost`'s default, while the first steps had its scores."""
 BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000", "run.export=false"]
 
 pytestmark = pytest.mark.slow
@@ -107,9 +109,9 @@ def assert_nothing_lost(run_dir: Path) -> None:
 
 
 # Two external keys, each scored by its own Node.js producer (completion tokens / 16): `judge` is served
-# to the end; `lost`'s producer is SIGKILLed after step 2, so its key times out (3 s) to its default.
+# to the end; `lost`'s producer is SIGKILLed after step LOST_AT, so its key times out (3 s) to its default.
 # One job shows both: scores reach the trainer, and a dead producer's key falls back without
-# holding up the other key or failing a group.
+# holding up the other key or failing a group. (The scale job's: a job of their own cost a start-up.)
 JUDGES = (
     "annotations.external=[{key: judge, weight: 0.5, timeout_s: 60, on_timeout: default, default: -1.0}, "
     "{key: lost, weight: 0.5, timeout_s: 3, on_timeout: default, default: -1.0}]"
@@ -131,41 +133,6 @@ def attach_node_producer(up: Job, run_dir: Path, key: str) -> subprocess.Popen:
         "--claim-idle-ms",
         "3000",
     )
-
-
-@pytest.mark.timeout(900)
-def test_node_producer_scores_reach_the_trainer_and_a_killed_ones_key_times_out(tmp_path):
-    run_dir = tmp_path / "run"
-    up = start_up(run_dir, JUDGES, steps=NODE_STEPS)
-    judge = attach_node_producer(up, run_dir, "judge")
-    lost = attach_node_producer(up, run_dir, "lost")
-    try:
-        up.wait_step(1)
-        with held(worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")):
-            assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
-        rows = finish(up, run_dir, NODE_STEPS)
-        code = judge.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
-    finally:
-        for node in (judge, lost):
-            if node.poll() is None:
-                stop(node)
-    for r in rows:
-        parts = r["reward_components"]
-        assert set(parts) == {"reward", "judge", "lost"}
-        # The toy judge scores completion tokens / 16: its mean is the batch's mean length / 16.
-        assert parts["judge"] == pytest.approx(r["completion_len_mean"] / 16, abs=1e-5)
-        assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"] + 0.5 * parts["lost"], abs=1e-5)
-        assert r["failed"] == 0
-    assert rows[0]["reward_components"]["lost"] == pytest.approx(rows[0]["completion_len_mean"] / 16, abs=1e-5)
-    assert rows[0]["annotation_timeouts"] == 0
-    last = rows[-1]
-    assert last["reward_components"]["lost"] == -1.0  # every rollout of the last batch got the default
-    assert last["annotation_timeouts"] >= 64  # of `lost` only: `judge` was served in time (its score above)
-    log = (tmp_path / "node-judge.log").read_text()
-    assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[
-        -2000:
-    ]
-    assert '"event":"broker_error"' not in log, log[-2000:]
 
 
 @pytest.mark.timeout(900)
@@ -248,14 +215,49 @@ def scale(run_dir: Path, *counts: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_scale_changes_the_supervised_count(tmp_path):
+def test_scale_changes_the_supervised_count_and_node_producers_score_or_time_out(tmp_path):
     run_dir = tmp_path / "run"
     # No generator to begin with: the run advances only through the ones `streamrl scale` starts.
     # A short drain: a leaving generator finishes (or hands back) its in-flight groups within
     # generator.drain_timeout_s, which ends while the trainer is held below.
     # Weights through a shared folder (`dir`, the simplest multi-host path) in this job.
-    up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", "weights.backend=dir", steps=SCALE_STEPS)
+    up = start_up(
+        run_dir,
+        "generator.count=0",
+        "generator.drain_timeout_s=3",
+        "weights.backend=dir",
+        JUDGES,
+        steps=SCALE_STEPS,
+    )
     up.wait_for("config.yaml", (run_dir / "config.yaml").exists, timeout=120)
+    judge = attach_node_producer(up, run_dir, "judge")
+    lost = attach_node_producer(up, run_dir, "lost")
+    try:
+        rows, killed_at = _scale_up_and_down(up, run_dir, lost)
+        code = judge.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
+    finally:
+        for node in (judge, lost):
+            if node.poll() is None:
+                stop(node)
+    assert_external_keys(rows, killed_at, code, run_dir.parent / "node-judge.log")
+    out = up.output()
+    for line in (
+        "scale: started generator-0",
+        "scale: started generator-1",
+        "scale: started reward-1",
+        "scale: stopping generator-1",
+        "scale: stopping reward-1",
+    ):
+        assert line in out, out
+    assert "scale: stopping generator-0" not in out and all(r["failed"] == 0 for r in rows)
+    assert any((run_dir / "weights").iterdir())  # the versions went through the folder
+    assert_nothing_lost(run_dir)
+
+
+def _scale_up_and_down(up: Job, run_dir: Path, lost: subprocess.Popen) -> tuple[list[dict], int]:
+    """`scale generator=2 reward=2`, both working and shown by status, `scale generator=1 reward=1`, the
+    `lost` producer SIGKILLed after step LOST_AT; the job's rows once it ended, and the step it was
+    killed after."""
     scale(run_dir, "generator=2", "reward=2")  # while the trainer starts: both start-ups at once
     trainer = up.wait_for(
         "the trainer's heartbeat",
@@ -289,16 +291,34 @@ def test_scale_changes_the_supervised_count(tmp_path):
             "generator-1 and reward-1 to leave",
             lambda: all(f"{w} left (exited with code 0)" in up.output() for w in ("generator-1", "reward-1")),
         )
-    rows = finish(up, run_dir, SCALE_STEPS)
-    out = up.output()
-    for line in (
-        "scale: started generator-0",
-        "scale: started generator-1",
-        "scale: started reward-1",
-        "scale: stopping generator-1",
-        "scale: stopping reward-1",
-    ):
-        assert line in out, out
-    assert "scale: stopping generator-0" not in out and all(r["failed"] == 0 for r in rows)
-    assert any((run_dir / "weights").iterdir())  # the versions went through the folder
-    assert_nothing_lost(run_dir)
+    up.wait_step(LOST_AT)
+    with held(trainer):
+        killed_at = len(metrics(run_dir))
+        assert killed_at + 4 <= SCALE_STEPS, f"step {killed_at} trained before `lost` was killed: no batch after"
+        assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
+    return finish(up, run_dir, SCALE_STEPS), killed_at
+
+
+def assert_external_keys(rows: list[dict], killed_at: int, code: int, log_path: Path) -> None:
+    """Both keys' scores reached the trainer with their weights; `lost`'s default once its producer was
+    killed (the batches admitted after step `killed_at` + 3), without failing a group; the live producer
+    saw the run end and left cleanly."""
+    for r in rows:
+        parts = r["reward_components"]
+        assert set(parts) == {"reward", "judge", "lost"}
+        # The toy judge scores completion tokens / 16: its mean is the batch's mean length / 16.
+        assert parts["judge"] == pytest.approx(r["completion_len_mean"] / 16, abs=1e-5)
+        assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"] + 0.5 * parts["lost"], abs=1e-5)
+        assert r["failed"] == 0
+    assert rows[0]["reward_components"]["lost"] == pytest.approx(rows[0]["completion_len_mean"] / 16, abs=1e-5)
+    assert rows[0]["annotation_timeouts"] == 0
+    after = rows[killed_at + 3 :]
+    assert after, killed_at
+    for r in after:
+        assert r["reward_components"]["lost"] == -1.0  # every rollout of the batch got the default
+        assert r["annotation_timeouts"] >= 64  # of `lost` only: `judge` was served in time (its score above)
+    log = log_path.read_text()
+    assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[
+        -2000:
+    ]
+    assert '"event":"broker_error"' not in log, log[-2000:]
