@@ -96,8 +96,8 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
 # fill whichever worker is free. Added since: multihost (second half; 211 s here under load), judge (first half).
 # Since: test_eval's job joined test_titan's, test_reward_failures' flaky-reward job test_run_dirs'.
 # At 8cf04a4 (CI-like clean clone, 28 min): 723 | 1,048. Then test_bench_e2e's job joined test_up's (first
-# half, -50), the password job test_tools' and test_elastic's three jobs became one (second half, about
-# -55 and -100), so multihost (~90) moved to the first half: about 760 | 790.
+# half, about -50), the password job test_tools' and test_elastic's three jobs became one (second half,
+# about -55 and -75), so multihost (~90) moved to the first half: about 760 | 820.
 # A new module joins the lighter half; move one when they drift apart (the run's "test time per worker" says).
 E2E_FIRST_HALF = frozenset(
     f"tests/e2e/test_{name}.py"
