@@ -1,8 +1,11 @@
-"""Elastic jobs end to end: `streamrl up` on the tiny config with external reward keys served by
-Node.js producers (scores reach the trainer; a killed producer's key times out to its default, in the
-same job), and workers joining and leaving a running job through `streamrl worker` and `streamrl scale`.
+"""Elastic jobs end to end, in one `streamrl up` on the tiny config: workers added and removed by
+`streamrl scale` (supervised) and by `streamrl worker` (joined from outside; one leaves cleanly while
+the job runs), weights pulled by every generator from the trainer's memory (`weights.backend:
+mooncake`), and external reward keys served by Node.js producers (scores reach the trainer; a killed
+producer's key times out to its default). Once three jobs: a job's start-up is most of a short job's
+time on 2 cores.
 
-    pytest tests/e2e/test_elastic.py        # 3 runs of `streamrl up`, several minutes on 2 cores
+    pytest tests/e2e/test_elastic.py        # 1 run of `streamrl up`, a few minutes on 2 cores
 """
 
 from __future__ import annotations
@@ -18,19 +21,18 @@ import pytest
 
 from bench import jobs
 from bench.jobs import ROOT, Job, broker, cli_args, log_events, metrics
-from tests.e2e.hold import held, wait_held, worker_pid
+from tests.e2e.hold import held, wait_held
 from tests.nodejs import start_node_producer
 
-STEPS = 8
-NODE_STEPS = 6
-"""The `lost` producer is killed after step 1 with the trainer held (at most steps 2-4 admitted by then):
-steps 5 and 6 are admitted after the kill, so the last batch has only `lost`'s default."""
-ELASTIC_STEPS = 10
-SCALE_STEPS = 16
+STEPS = 20
 """Few steps suffice: the trainer is held from its start until the checks are done (a step
 takes well under a second here; unheld, a 24-step job ended before status ran). While a started worker
-has no work the held trainer takes a step every 5 s (wait_held): 16 steps leave over a minute for the
-second generator's engine to come up after the first's."""
+has no work the held trainer takes a step every 5 s (wait_held): 20 steps leave over a minute for the
+last of three generators' engines to come up after the first's."""
+LOST_AT = STEPS - 6
+"""The `lost` producer is SIGKILLed once step LOST_AT (or a later one, k) is trained, with the trainer held:
+at most steps k+1..k+3 are admitted by then, the later ones after the kill, so their batches have only
+`lost`'s default, while the first steps had its scores."""
 BASE = ["loss.kl_beta=0", "rollout.max_staleness=1", "broker.claim_idle_ms=3000", "run.export=false"]
 
 pytestmark = pytest.mark.slow
@@ -47,8 +49,8 @@ def cli(run_dir: Path, *args: str, log: str) -> subprocess.Popen:
     return proc
 
 
-def start_up(run_dir: Path, *sets: str, steps: int = STEPS) -> Job:
-    return Job(run_dir, *BASE, f"trainer.steps={steps}", *sets, out=run_dir.parent / "up.log", env=ENV)
+def start_up(run_dir: Path, *sets: str) -> Job:
+    return Job(run_dir, *BASE, f"trainer.steps={STEPS}", *sets, out=run_dir.parent / "up.log", env=ENV)
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
@@ -61,11 +63,11 @@ def heartbeat(run_dir: Path, role: str, wid: str) -> dict:
         return jobs.heartbeat(r, "tiny", role, wid)
 
 
-def finish(up: Job, run_dir: Path, steps: int = STEPS, timeout: float = 600) -> list[dict]:
+def finish(up: Job, run_dir: Path, timeout: float = 600) -> list[dict]:
     code = up.wait(timeout=timeout)
     assert code == 0, up.output()[-4000:]
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["samples"] == 64 for r in rows)
     return rows
 
@@ -107,9 +109,9 @@ def assert_nothing_lost(run_dir: Path) -> None:
 
 
 # Two external keys, each scored by its own Node.js producer (completion tokens / 16): `judge` is served
-# to the end; `lost`'s producer is SIGKILLed after step 2, so its key times out (3 s) to its default.
+# to the end; `lost`'s producer is SIGKILLed after step LOST_AT, so its key times out (3 s) to its default.
 # One job shows both: scores reach the trainer, and a dead producer's key falls back without
-# holding up the other key or failing a group.
+# holding up the other key or failing a group. (The scale job's: a job of their own cost a start-up.)
 JUDGES = (
     "annotations.external=[{key: judge, weight: 0.5, timeout_s: 60, on_timeout: default, default: -1.0}, "
     "{key: lost, weight: 0.5, timeout_s: 3, on_timeout: default, default: -1.0}]"
@@ -133,113 +135,10 @@ def attach_node_producer(up: Job, run_dir: Path, key: str) -> subprocess.Popen:
     )
 
 
-@pytest.mark.timeout(900)
-def test_node_producer_scores_reach_the_trainer_and_a_killed_ones_key_times_out(tmp_path):
-    run_dir = tmp_path / "run"
-    up = start_up(run_dir, JUDGES, steps=NODE_STEPS)
-    judge = attach_node_producer(up, run_dir, "judge")
-    lost = attach_node_producer(up, run_dir, "lost")
-    try:
-        up.wait_step(1)
-        with held(worker_pid(broker(run_dir), "tiny", "trainer", "trainer-0")):
-            assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
-        rows = finish(up, run_dir, NODE_STEPS)
-        code = judge.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
-    finally:
-        for node in (judge, lost):
-            if node.poll() is None:
-                stop(node)
-    for r in rows:
-        parts = r["reward_components"]
-        assert set(parts) == {"reward", "judge", "lost"}
-        # The toy judge scores completion tokens / 16: its mean is the batch's mean length / 16.
-        assert parts["judge"] == pytest.approx(r["completion_len_mean"] / 16, abs=1e-5)
-        assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"] + 0.5 * parts["lost"], abs=1e-5)
-        assert r["failed"] == 0
-    assert rows[0]["reward_components"]["lost"] == pytest.approx(rows[0]["completion_len_mean"] / 16, abs=1e-5)
-    assert rows[0]["annotation_timeouts"] == 0
-    last = rows[-1]
-    assert last["reward_components"]["lost"] == -1.0  # every rollout of the last batch got the default
-    assert last["annotation_timeouts"] >= 64  # of `lost` only: `judge` was served in time (its score above)
-    log = (tmp_path / "node-judge.log").read_text()
-    assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[
-        -2000:
-    ]
-    assert '"event":"broker_error"' not in log, log[-2000:]
-
-
-@pytest.mark.timeout(900)
-def test_workers_join_and_leave_a_running_job(tmp_path):
-    run_dir = tmp_path / "run"
-    # No supervised generator or reward worker: the job advances only through the ones added here. Weights
-    # through the transfer engine: generators that come and go pull from the trainer's memory, no rendezvous.
-    up = start_up(run_dir, "generator.count=0", "reward.count=0", "weights.backend=mooncake", steps=ELASTIC_STEPS)
-    up.wait_for(
-        "config.yaml",
-        lambda: (run_dir / "config.yaml").exists() and (run_dir / "broker" / "url").exists(),
-        timeout=120,
-    )
-    joined = {}
-    try:
-
-        def join(role: str, wid: str) -> None:
-            joined[wid] = cli(
-                run_dir,
-                "worker",
-                role,
-                "--config",
-                str(run_dir / "config.yaml"),
-                "--run-dir",
-                str(run_dir),
-                "--id",
-                wid,
-                log=f"{wid}.log",
-            )
-
-        # Both generators' engines up (a heartbeat is written once a worker has started) before the
-        # reward worker joins: with no reward worker no step can complete, so however slowly the second
-        # vLLM starts on a loaded machine, the job is still at step 0 when it is ready to compete.
-        join("generator", "gen-a")
-        join("generator", "gen-b")
-        up.wait_for(
-            "both generators started", lambda: all(heartbeat(run_dir, "generator", w) for w in ("gen-a", "gen-b"))
-        )
-        assert metrics(run_dir) == []
-        # The trainer held (SIGSTOP) while gen-a leaves: with the reward worker in, a step takes well under
-        # a second here, so without the hold the job could end before gen-a's stop is seen (seen in CI).
-        with broker(run_dir) as r:
-            trainer = worker_pid(r, "tiny", "trainer", "trainer-0")
-        with held(trainer):
-            join("reward", "rew-a")
-            wait_held(
-                "both generators producing and the reward worker scoring",
-                lambda: all(
-                    heartbeat(run_dir, role, w).get(counter, 0) > 0
-                    for role, w, counter in (
-                        ("generator", "gen-a", "rollouts"),
-                        ("generator", "gen-b", "rollouts"),
-                        ("reward", "rew-a", "scored"),
-                    )
-                ),
-                trainer,
-                steps=lambda: len(metrics(run_dir)),
-                job_alive=up.alive,
-                idle_s=5,
-            )
-            assert len(metrics(run_dir)) < ELASTIC_STEPS
-            assert stop(joined["gen-a"]) == 0  # leaves cleanly: drains its in-flight groups first
-            assert not heartbeat(run_dir, "generator", "gen-a")  # and deregisters
-        rows = finish(up, run_dir, ELASTIC_STEPS)
-    finally:
-        end(list(joined.values()))  # gen-b and rew-a lost their broker when the run ended
-    assert all(r["failed"] == 0 for r in rows)
-    stopped = next(e for e in log_events(run_dir, "gen-a") if e["event"] == "stopped")
-    assert stopped["rollouts"] > 0 and stopped.get("groups_aborted", 0) == 0
-    for wid in ("gen-a", "gen-b"):  # each pulled versions through its own engine (TCP: no RDMA NIC here)
-        events = log_events(run_dir, wid)
-        assert any(e["event"] == "weights_engine_started" and e["protocol"] == "tcp" for e in events), wid
-        assert any(e["event"] == "weights_loaded" and e["policy_version"] >= 1 for e in events), wid
-    assert_nothing_lost(run_dir)
+def join(run_dir: Path, joined: dict, role: str, wid: str, *sets: str) -> None:
+    """`streamrl worker ROLE` from outside the job (the run's config.yaml), as on another host."""
+    args = ["worker", role, "--config", str(run_dir / "config.yaml"), "--run-dir", str(run_dir), "--id", wid]
+    joined[wid] = cli(run_dir, *args, *[a for s in sets for a in ("--set", s)], log=f"{wid}.log")
 
 
 def scale(run_dir: Path, *counts: str) -> None:
@@ -248,48 +147,31 @@ def scale(run_dir: Path, *counts: str) -> None:
 
 
 @pytest.mark.timeout(900)
-def test_scale_changes_the_supervised_count(tmp_path):
+def test_workers_scale_join_and_leave_while_node_producers_score(tmp_path):
     run_dir = tmp_path / "run"
-    # No generator to begin with: the run advances only through the ones `streamrl scale` starts.
-    # A short drain: a leaving generator finishes (or hands back) its in-flight groups within
-    # generator.drain_timeout_s, which ends while the trainer is held below.
-    # Weights through a shared folder (`dir`, the simplest multi-host path) in this job.
-    up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", "weights.backend=dir", steps=SCALE_STEPS)
-    up.wait_for("config.yaml", (run_dir / "config.yaml").exists, timeout=120)
-    scale(run_dir, "generator=2", "reward=2")  # while the trainer starts: both start-ups at once
-    trainer = up.wait_for(
-        "the trainer's heartbeat",
-        lambda: (run_dir / "broker" / "url").exists() and heartbeat(run_dir, "trainer", "trainer-0").get("pid"),
+    # No generator to begin with: the run advances only through the ones `streamrl scale` starts and
+    # the one that joins. A short drain for the supervised ones: a generator stopped by the scale-down
+    # finishes (or hands back) its in-flight groups within generator.drain_timeout_s, which ends while
+    # the trainer is held below. Weights through the transfer engine: generators that come and go pull
+    # from the trainer's memory, no rendezvous.
+    up = start_up(run_dir, "generator.count=0", "generator.drain_timeout_s=3", "weights.backend=mooncake", JUDGES)
+    up.wait_for(
+        "config.yaml",
+        lambda: (run_dir / "config.yaml").exists() and (run_dir / "broker" / "url").exists(),
         timeout=120,
     )
-    # The trainer held (SIGSTOP) from its start (before the generators' engines are up) until status and
-    # the scale-down are looked at: a step takes well under a second here, so without the hold the job
-    # could end while status is still starting. wait_held lets it step when a worker is left without
-    # work in the admission window.
-    with held(trainer):
-        wait_held(
-            "both generators and both reward workers working",
-            lambda: all(
-                heartbeat(run_dir, role, f"{role}-{i}").get(counter, 0) > 0
-                for role, counter in (("generator", "rollouts"), ("reward", "scored"))
-                for i in (0, 1)
-            ),
-            trainer,
-            steps=lambda: len(metrics(run_dir)),
-            job_alive=up.alive,
-            idle_s=5,
-        )
-        status = run_cli("status", "--run-dir", str(run_dir), "--once")
-        assert status.returncode == 0, status.stderr
-        for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
-            assert text in status.stdout, status.stdout
-        assert len(metrics(run_dir)) < SCALE_STEPS
-        scale(run_dir, "generator=1", "reward=1")
-        up.wait_for(
-            "generator-1 and reward-1 to leave",
-            lambda: all(f"{w} left (exited with code 0)" in up.output() for w in ("generator-1", "reward-1")),
-        )
-    rows = finish(up, run_dir, SCALE_STEPS)
+    judge = attach_node_producer(up, run_dir, "judge")
+    lost = attach_node_producer(up, run_dir, "lost")
+    joined: dict[str, subprocess.Popen] = {}
+    try:
+        rows, killed_at = _scale_join_and_leave(up, run_dir, lost, joined)
+        code = judge.wait(timeout=10)  # it saw the run end (run:end) and left before up stopped the broker
+    finally:
+        for node in (judge, lost):
+            if node.poll() is None:
+                stop(node)
+        end(list(joined.values()))  # rew-a lost its broker when the run ended
+    assert_external_keys(rows, killed_at, code, run_dir.parent / "node-judge.log")
     out = up.output()
     for line in (
         "scale: started generator-0",
@@ -300,5 +182,91 @@ def test_scale_changes_the_supervised_count(tmp_path):
     ):
         assert line in out, out
     assert "scale: stopping generator-0" not in out and all(r["failed"] == 0 for r in rows)
-    assert any((run_dir / "weights").iterdir())  # the versions went through the folder
+    # The joined generator left cleanly: it drained its in-flight groups first (none aborted).
+    stopped = next(e for e in log_events(run_dir, "gen-a") if e["event"] == "stopped")
+    assert stopped["rollouts"] > 0 and stopped.get("groups_aborted", 0) == 0
+    for wid in ("gen-a", "generator-0"):  # each pulled versions through its own engine (TCP: no RDMA NIC here)
+        events = log_events(run_dir, wid)
+        assert any(e["event"] == "weights_engine_started" and e["protocol"] == "tcp" for e in events), wid
+        assert any(e["event"] == "weights_loaded" and e["policy_version"] >= 1 for e in events), wid
     assert_nothing_lost(run_dir)
+
+
+def _scale_join_and_leave(up: Job, run_dir: Path, lost: subprocess.Popen, joined: dict) -> tuple[list[dict], int]:
+    """`scale generator=2 reward=2` and a generator and a reward worker joined with `streamrl worker`,
+    all working and shown by status; `scale generator=1 reward=1` and the joined generator stopped
+    (SIGTERM), all with the trainer held; the `lost` producer SIGKILLed after step LOST_AT. The job's
+    rows once it ended, and the step `lost` was killed after."""
+    scale(run_dir, "generator=2", "reward=2")  # while the trainer starts: all start-ups at once
+    join(run_dir, joined, "generator", "gen-a", "generator.drain_timeout_s=30")  # the default drain
+    join(run_dir, joined, "reward", "rew-a")
+    trainer = up.wait_for(
+        "the trainer's heartbeat", lambda: heartbeat(run_dir, "trainer", "trainer-0").get("pid"), timeout=120
+    )
+    # The trainer held (SIGSTOP) from its start (before the generators' engines are up) until status,
+    # the scale-down and gen-a's leaving are looked at: a step takes well under a second here, so without
+    # the hold the job could end while status is still starting. wait_held lets it step when a worker is
+    # left without work in the admission window.
+    with held(trainer):
+        wait_held(
+            "three generators producing (gen-a on a version it pulled) and three reward workers scoring",
+            lambda: all(
+                heartbeat(run_dir, role, wid).get(counter, 0) >= least
+                for role, wid, counter, least in (
+                    ("generator", "generator-0", "rollouts", 1),
+                    ("generator", "generator-1", "rollouts", 1),
+                    ("generator", "gen-a", "rollouts", 1),
+                    ("generator", "gen-a", "policy_version", 1),
+                    ("reward", "reward-0", "scored", 1),
+                    ("reward", "reward-1", "scored", 1),
+                    ("reward", "rew-a", "scored", 1),
+                )
+            ),
+            trainer,
+            steps=lambda: len(metrics(run_dir)),
+            job_alive=up.alive,
+            idle_s=5,
+        )
+        status = run_cli("status", "--run-dir", str(run_dir), "--once")
+        assert status.returncode == 0, status.stderr
+        for text in ("trainer version", "rollouts", "generator-0", "generator-1", "reward-1", "lag", "rollouts/s"):
+            assert text in status.stdout, status.stdout
+        assert len(metrics(run_dir)) < STEPS
+        scale(run_dir, "generator=1", "reward=1")
+        assert stop(joined["gen-a"]) == 0  # leaves cleanly: drains its in-flight groups first
+        assert not heartbeat(run_dir, "generator", "gen-a")  # and deregisters
+        up.wait_for(
+            "generator-1 and reward-1 to leave",
+            lambda: all(f"{w} left (exited with code 0)" in up.output() for w in ("generator-1", "reward-1")),
+        )
+    up.wait_step(LOST_AT)
+    with held(trainer):
+        killed_at = len(metrics(run_dir))
+        assert killed_at + 4 <= STEPS, f"step {killed_at} trained before `lost` was killed: no batch after"
+        assert stop(lost, signal.SIGKILL) == -signal.SIGKILL
+    return finish(up, run_dir), killed_at
+
+
+def assert_external_keys(rows: list[dict], killed_at: int, code: int, log_path: Path) -> None:
+    """Both keys' scores reached the trainer with their weights; `lost`'s default once its producer was
+    killed (the batches admitted after step `killed_at` + 3), without failing a group; the live producer
+    saw the run end and left cleanly."""
+    for r in rows:
+        parts = r["reward_components"]
+        assert set(parts) == {"reward", "judge", "lost"}
+        # The toy judge scores completion tokens / 16: its mean is the batch's mean length / 16.
+        assert parts["judge"] == pytest.approx(r["completion_len_mean"] / 16, abs=1e-5)
+        assert r["reward_mean"] == pytest.approx(parts["reward"] + 0.5 * parts["judge"] + 0.5 * parts["lost"], abs=1e-5)
+        assert r["failed"] == 0
+    assert rows[0]["reward_components"]["lost"] == pytest.approx(rows[0]["completion_len_mean"] / 16, abs=1e-5)
+    assert rows[0]["annotation_timeouts"] == 0
+    after = rows[killed_at + 3 :]
+    assert after, killed_at
+    for r in after:
+        assert r["reward_components"]["lost"] == -1.0  # every rollout of the batch got the default
+        assert r["annotation_timeouts"] >= 64  # of `lost` only: `judge` was served in time (its score above)
+    log = log_path.read_text()
+    assert code == 0 and '"event":"stopped"' in log and '"reason":"run tiny ended: trainer finished"' in log, log[
+        -2000:
+    ]
+    assert '"event":"broker_error"' not in log, log[-2000:]

@@ -96,12 +96,17 @@ def test_multiturn_job_learns_and_survives_env_and_generator_sigkill(tmp_path):
     assert "model: not exported (run.export=false)" in text and not (run_dir / "hf").exists()
 
 
+SHORT_STEPS = 2
+"""The two short jobs below: the fewest steps that show every episode of a job answered by Node, or an
+env error failing its episodes while the job trains on (a step's 64 episodes already show each)."""
+
+
 @pytest.mark.timeout(600)
 def test_node_env_drives_a_job(tmp_path):
     from tests.nodejs import start_node_env
 
     run_dir = tmp_path / "node"
-    job = start(run_dir, "trainer.steps=4", "env.fn=external")  # no Python env worker: only the Node one
+    job = start(run_dir, f"trainer.steps={SHORT_STEPS}", "env.fn=external")  # no Python env worker: only Node
     node = None
     try:
         job.wait_broker()
@@ -113,27 +118,27 @@ def test_node_env_drives_a_job(tmp_path):
             node.wait(30)
         job.stop(signal.SIGKILL)
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert [r["step"] for r in rows] == list(range(1, SHORT_STEPS + 1))
     assert all(r["turns_mean"] == 2 and r["env_tokens"] > 0 for r in rows)
     s = summary(run_dir)
-    assert s["invariant_holds"] and s["episodes"]["trained"] == 4 * 64
+    assert s["invariant_holds"] and s["episodes"]["trained"] == SHORT_STEPS * 64
     node_log = [json.loads(ln) for ln in (tmp_path / "node-env.log").read_text().splitlines() if ln.startswith("{")]
     stopped = [e for e in node_log if e["event"] == "stopped"]
-    assert stopped and stopped[0]["steps"] >= 4 * 64 * 2  # every episode: two steps, all answered by Node
+    assert stopped and stopped[0]["steps"] >= SHORT_STEPS * 64 * 2  # every episode: two steps, all answered by Node
     assert not [e for e in node_log if e["event"] in ("dead_letter", "step_failed")]
 
 
 @pytest.mark.timeout(600)
 def test_env_errors_fail_their_episodes_not_the_job(tmp_path):
     run_dir = tmp_path / "flaky"
-    job = start(run_dir, "trainer.steps=4", "env.fn=tests.programs.env_fns:FlakyDialog")
+    job = start(run_dir, f"trainer.steps={SHORT_STEPS}", "env.fn=tests.programs.env_fns:FlakyDialog")
     assert job.wait(500) == 0, job.output()[-4000:]
     s = summary(run_dir)
     assert s["invariant_holds"] and s["lost"] == 0, s
     assert s["failed"] >= 1 and s["episodes"]["episodes_failed"] >= s["failed"], s["episodes"]
     assert s["dead_lettered"] >= 2 * s["failed"]  # the step request (env worker) and the prompt (generator)
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == [1, 2, 3, 4] and rows[-1]["episodes_failed"] >= 1
+    assert [r["step"] for r in rows] == list(range(1, SHORT_STEPS + 1)) and rows[-1]["episodes_failed"] >= 1
     assert "failed episodes" in job.output()
     failed = [e for e in log_events(run_dir, "generator-0") if e.get("event") == "episode_failed"]
     assert failed and all("flaky tool crashed" in e["reason"] for e in failed)

@@ -24,12 +24,15 @@ def test_rl_from_sft_starts_where_rl_from_scratch_ends(tmp_path):
         p.name for p in (sft_dir / "hf").iterdir()
     }
 
-    res = up(rl_dir, f"model.path={sft_dir / 'hf'}", "trainer.steps=10", "loss.kl_beta=0", timeout=300)
+    # Weights through a shared folder (`dir`, the simplest multi-host path) in this job.
+    sets = (f"model.path={sft_dir / 'hf'}", "trainer.steps=10", "loss.kl_beta=0", "weights.backend=dir")
+    res = up(rl_dir, *sets, timeout=300)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     rl = metrics(rl_dir)
     first10 = sum(r["reward_mean"] for r in rl[:10]) / 10
     print(f"RL from SFT: mean reward of the first 10 steps {first10:.3f}")
     assert len(rl) == 10 and first10 >= 0.7, f"first 10 RL steps from the SFT model: {first10:.3f}"
+    assert any((rl_dir / "weights").iterdir())  # the versions went through the folder
     # `up` exports its end too: the RL model is a loadable Hugging Face folder.
     from transformers import AutoModelForCausalLM
 
