@@ -19,9 +19,10 @@ while the read goes on): readers that start together wait for a free holder, and
 adds one, a doubling tree. A peer that has moved on or gone is detected by the header or the connect.
 
 Trust boundary: each engine listens on TCP (its handshake port and its data port, RDMA where the
-host has NICs). Mooncake 0.3.13 binds those listeners to every address of the host whatever
-address it is given (checked with `ss -ltn`); `weights.engine_addr` only chooses the address it
-advertises. Anyone who reaches those ports can read every registered buffer (the weights) and, the
+host has NICs). Mooncake binds those listeners to every address of the host whatever address it is
+given (its source hard-codes the wildcard; no setting names an address: docs/multihost.md says
+where); `weights.engine_addr` only chooses the address it advertises. Both ports come from
+MC_MIN_RPC_PORT..MC_MAX_RPC_PORT (default 15000-17000), the range a firewall rule admits. Anyone who reaches those ports can read every registered buffer (the weights) and, the
 engine having no authentication, write into them. Run it on a private network (docs/multihost.md).
 
     streamrl up --set weights.backend=mooncake
