@@ -1,6 +1,7 @@
 """`streamrl bench weights_hosts`: weights across two hosts, side by side: publish -> ready and bytes/s
 of the `mooncake`, `dir` and `torchstore` backends, and publish -> all N ready for N readers with and
-without peers (mooncake's fan-out). Root only: the hosts are two network namespaces joined by a veth
+without peers (mooncake's fan-out: the N readers start each version together; with peers each holder
+serves one of them at a time and later ones read from those done, counted and printed). Root only: the hosts are two network namespaces joined by a veth
 pair (the trainer's with the broker; the readers' with nothing but the veth), on one machine.
 
     sudo streamrl bench weights_hosts --sizes 1.073741824,3.4 --out /tmp/wh        # ~10 min on 2 cores
@@ -273,6 +274,7 @@ def run(args) -> int:
         redis.kill()
     shutil.rmtree(work, ignore_errors=True)
     print_table(results, notes)
+    print_fanout(fanout)
     write_result(args.out, {"transfer": results, "fanout": fanout, "notes": notes})
     return 0
 
@@ -289,3 +291,17 @@ def print_table(results: list[dict], notes: dict) -> None:
         print(f"{backend:>10} " + " ".join(f"{c:>22}" for c in cells))
     for backend, why in notes.items():
         print(f"{backend:>10} {why}")
+
+
+def print_fanout(fanout: list[dict]) -> None:
+    """publish -> all N ready per N, peers off and on side by side, and where the reads went."""
+    if not fanout:
+        return
+    print("\nfan-out (mooncake): publish -> all N ready (median); reads served by a peer / all reads")
+    print(f"{'N':>3} {'peers off':>10} {'peers on':>10} {'from a peer':>12}")
+    for n in dict.fromkeys(r["readers"] for r in fanout):
+        off = next((r for r in fanout if r["readers"] == n and not r["peers"]), None)
+        on = next((r for r in fanout if r["readers"] == n and r["peers"]), None)
+        cells = [f"{r['ready_med_s']:8.2f} s" if r else f"{'-':>10}" for r in (off, on)]
+        served = f"{sum(s != 'trainer' for s in on['sources'])}/{len(on['sources'])}" if on else "-"
+        print(f"{n:>3} {cells[0]:>10} {cells[1]:>10} {served:>12}")

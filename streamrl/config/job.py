@@ -213,8 +213,9 @@ class WeightsConfig(Section):
     an embedded broker). Mooncake listens on every address of the host whatever this says
     (docs/multihost.md, trust boundary)."""
     serve_peers: bool = True
-    """`mooncake`: a generator serves the version it holds to generators that read it later (announced in
-    the broker), so N generators need not all read through the trainer's NIC; false: all read the trainer."""
+    """`mooncake`: a generator serves the version it holds to other generators (announced in the broker),
+    each holder one reader at a time, so N generators that read together form a doubling tree instead of
+    all sharing the trainer's NIC; false: all read the trainer at once."""
 
     @field_validator("torchstore_addr")
     @classmethod

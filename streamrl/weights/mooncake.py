@@ -12,14 +12,17 @@ version fetched next (the generator's loop), so a mix of two versions is never l
 writes the tensors once to this host's shared memory and vLLM reloads them like the `shm` backend.
 
 Fan-out (`weights.serve_peers`): a generator's buffer keeps the version it read, under the same
-header, and it announces itself in the broker hash `weights:peers`; later readers of that version
-read from a peer first (one at random), falling back to the trainer, so N generators need not all
-share the trainer's NIC. A peer that has moved on or gone is detected by the header or the connect.
+header, and it announces itself in the broker hash `weights:peers`; readers of that version read from
+a peer first (one at random), falling back to the trainer, so N generators need not all share the
+trainer's NIC. Each holder serves one reader of a version at a time (a claim in the broker, renewed
+while the read goes on): readers that start together wait for a free holder, and each finished read
+adds one, a doubling tree. A peer that has moved on or gone is detected by the header or the connect.
 
 Trust boundary: each engine listens on TCP (its handshake port and its data port, RDMA where the
-host has NICs). Mooncake 0.3.13 binds those listeners to every address of the host whatever
-address it is given (checked with `ss -ltn`); `weights.engine_addr` only chooses the address it
-advertises. Anyone who reaches those ports can read every registered buffer (the weights) and, the
+host has NICs). Mooncake binds those listeners to every address of the host whatever address it is
+given (its source hard-codes the wildcard; no setting names an address: docs/multihost.md says
+where); `weights.engine_addr` only chooses the address it advertises. Both ports come from
+MC_MIN_RPC_PORT..MC_MAX_RPC_PORT (default 15000-17000), the range a firewall rule admits. Anyone who reaches those ports can read every registered buffer (the weights) and, the
 engine having no authentication, write into them. Run it on a private network (docs/multihost.md).
 
     streamrl up --set weights.backend=mooncake
@@ -31,6 +34,7 @@ import asyncio
 import json
 import os
 import random
+import secrets
 import shutil
 import threading
 import time
@@ -59,6 +63,14 @@ from streamrl.weights.shm import shm_root
 from streamrl.weights.store import WeightHandle, WeightLoader, WeightPublisher, WeightStoreError
 
 SPEC_VERSION = 1
+CLAIM_TTL_S = 3.0
+"""A reader's claim on a source lives this long unless renewed (every third of it while the read goes on)."""
+CLAIM_WAIT_S = 120.0
+"""A reader waits at most this long for a free source, then reads the trainer alongside the others."""
+CLAIM_POLL_S = 0.05
+CLAIM = "if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end return 0"
+RENEW = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end return 0"
+RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
 
 
 def engine_address(cfg: Config, broker: Broker) -> str:
@@ -217,6 +229,9 @@ class MooncakeLoader(WeightLoader):
         """[header | tensors]: what was read last, served to peers under the same seqlock header."""
         self.head = torch.zeros(2 * HEADER_BYTES, dtype=torch.uint8)
         self.lock = threading.Lock()
+        self.token = secrets.token_hex(8)
+        """Names this reader's claims on a source (released only by their holder)."""
+        self._sources: list[tuple[str, int]] | None = None
         self.last_source = ""
         """Where the last fetch read from: `trainer` or a peer's session (tests, bench)."""
 
@@ -232,21 +247,69 @@ class MooncakeLoader(WeightLoader):
         return self.buf
 
     async def fetch(self, handle: WeightHandle) -> str:
-        peers = []
-        if self.serve_peers and handle.transport == self.transport:
-            raw = await self.broker.hgetall(self.peers_key)
-            for session, value in raw.items():
-                session = session.decode() if isinstance(session, bytes) else session
-                entry = json.loads(value) if value else {}
-                if entry.get("version") == handle.version and session != getattr(self.engine, "session", ""):
-                    peers.append((session, int(entry["addr"])))
-            random.shuffle(peers)
-        self._peers = peers
-        local = await super().fetch(handle)
-        if self.serve_peers and self.engine is not None and self.buf is not None and not handle.is_adapter:
+        self._sources = None
+        if (
+            not self.serve_peers
+            or handle.transport != self.transport
+            or handle.is_adapter  # an adapter is small and not served on: read from the trainer
+            or (self.cache_dir / f"v{handle.version}").is_dir()
+        ):
+            return await super().fetch(handle)
+        spec = decode_spec(handle)
+        self._sources, claim = await self._claim_source(handle, (spec["session"], spec["addr"]))
+        renew = asyncio.create_task(self._renew(claim)) if claim else None
+        try:
+            local = await super().fetch(handle)
+            # Announced before the claim goes: a reader waiting for a free source sees this one at once.
             entry = json.dumps({"version": handle.version, "addr": self.buf.data_ptr()})
             await self.broker.hset(self.peers_key, {self.engine.session: entry})
+        finally:
+            if renew is not None:
+                renew.cancel()
+                await self.broker.script(RELEASE, [claim], [self.token])
         return local
+
+    async def _peers_holding(self, version: int) -> list[tuple[str, int]]:
+        """Announced peers that hold `version` (other than this process), in random order."""
+        peers = []
+        for session, value in (await self.broker.hgetall(self.peers_key)).items():
+            session = session.decode() if isinstance(session, bytes) else session
+            entry = json.loads(value) if value else {}
+            if entry.get("version") == version and session != getattr(self.engine, "session", ""):
+                peers.append((session, int(entry["addr"])))
+        random.shuffle(peers)
+        return peers
+
+    async def _claim_source(self, handle: WeightHandle, trainer: tuple[str, int]) -> tuple[list, str | None]:
+        """Sources of `handle` in the order to try them, the first one claimed for this read (its claim key).
+
+        Each holder of a version (a peer, the trainer) serves one reader of it at a time: readers that start
+        together do not all share the trainer's NIC; they wait for a holder to be free, and every finished
+        read adds one (a doubling tree: N readers are ready after ~log2(N+1) reads, not N reads through
+        one NIC). A claim is a broker key with a short TTL, renewed while the read goes on: a reader
+        killed mid-read frees its source within CLAIM_TTL_S."""
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while True:
+            peers = await self._peers_holding(handle.version)
+            candidates = [*peers, trainer]  # a free peer before the trainer
+            for i, (session, _) in enumerate(candidates):
+                key = f"{self.peers_key}:claim:{session}:{handle.version}"
+                if await self.broker.script(CLAIM, [key], [self.token, int(CLAIM_TTL_S * 1000)]):
+                    return [candidates[i], *candidates[:i], *candidates[i + 1 :]], key
+            newest = await self.latest()
+            if newest is not None and newest.version > handle.version:
+                raise WeightStoreError(
+                    f"weights version {handle.version} was superseded by {newest.version} while this reader waited "
+                    "for a free source; the newest is fetched next"
+                )
+            if time.monotonic() > deadline:  # every holder busy this long: read the trainer alongside them
+                return candidates[::-1], None
+            await asyncio.sleep(CLAIM_POLL_S)
+
+    async def _renew(self, claim: str) -> None:
+        while True:
+            await asyncio.sleep(CLAIM_TTL_S / 3)
+            await self.broker.script(RENEW, [claim], [self.token, int(CLAIM_TTL_S * 1000)])
 
     def _fetch(self, handle: WeightHandle) -> str:
         dst = self.cache_dir / f"v{handle.version}"
@@ -257,7 +320,7 @@ class MooncakeLoader(WeightLoader):
             buf = self._buffer(spec["length"])
             begin_write(buf)  # peers reading the previous version from here see it change
             error = None
-            for session, addr in [*getattr(self, "_peers", []), (spec["session"], spec["addr"])]:
+            for session, addr in self._sources or [(spec["session"], spec["addr"])]:
                 try:
                     self._read_slot(session, addr, handle.version, spec["length"])
                     self.last_source = "trainer" if session == spec["session"] else session
