@@ -51,6 +51,9 @@ def run(args) -> int:
         cfg, note = switch_objective(written, cfg, args.overrides)
         if note:
             print(note, flush=True)
+    if args.resume and (done := already_trained(Path(args.resume), cfg.trainer.steps)):
+        print(done, flush=True)  # before the broker and the roles: ~76 s of start-up that would train nothing
+        return 0
     preflight(args, cfg)
     cfg = resolve_model(cfg)
     # Only now: a config error above leaves no empty run directory behind.
@@ -147,6 +150,21 @@ def resume_at(run_dir: Path) -> int:
     step = max(list_checkpoints(run_dir), default=0)
     truncate_metrics(run_dir, step)
     return step
+
+
+def already_trained(run_dir: Path, steps: int) -> str | None:
+    """What `up --resume` says, and nothing starts, when the run's newest checkpoint already reached
+    trainer.steps (the trainer would load it and stop at once); None when there is training left."""
+    from streamrl.train.checkpoint import list_checkpoints  # torch: only on --resume
+
+    newest = max(list_checkpoints(run_dir), default=0)
+    if newest < steps:
+        return None
+    return (
+        f"nothing to resume: {run_dir} already trained {newest} steps (trainer.steps={steps}), so no role "
+        f"was started. To train further, raise trainer.steps: `streamrl up --resume {run_dir} --set "
+        f"trainer.steps={newest + steps}`; to evaluate the checkpoint: `streamrl eval {run_dir}`"
+    )
 
 
 def continue_hint(run_dir: Path) -> str:
