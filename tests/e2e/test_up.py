@@ -3,14 +3,16 @@
 Runs the CLI as users do (a subprocess), then checks the run's outputs.
 """
 
+import json
+
 import pytest
 
-from bench.jobs import metrics, up
+from bench.jobs import metrics, run_cli, up
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1100)
 def test_up_learns_asynchronously(tmp_path):
     run_dir = tmp_path / "async"
     res = up(run_dir, "trainer.steps=40", "rollout.max_staleness=2")
@@ -48,6 +50,20 @@ def test_up_learns_asynchronously(tmp_path):
     assert "(vLLM engine start " in out[out.find("generator-0 ready, ") : first_step]
     assert (run_dir / "logs" / "trainer-0.jsonl").exists() and (run_dir / "logs" / "generator-0.jsonl").exists()
     assert f"model: {run_dir / 'hf'}" in res.stdout and (run_dir / "hf" / "config.json").is_file()  # run.export
+    # `streamrl eval` on this run's newest checkpoint (no job of its own: one engine in-process)
+    ev = run_cli("eval", str(run_dir), "--set", "eval.num_prompts=8", timeout=300)
+    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+    assert "step 40: pass@1 " in ev.stdout and "pass@8 " in ev.stdout and "mean@8 " in ev.stdout, ev.stdout
+    out_dir = run_dir / "eval" / "step-40"
+    rec = json.loads((out_dir / "metrics.json").read_text())
+    samples = [json.loads(ln) for ln in (out_dir / "samples.jsonl").read_text().splitlines()]
+    assert rec["step"] == 40 and rec["eval/prompts"] == 8 and len(samples) == 8 * 8
+    assert {(r["group_id"], r["sample"]) for r in samples} == {
+        (f"eval-40-8-{i}", s) for i in range(8) for s in range(8)
+    }
+    # the trained weights were loaded: they score above the run's first steps (generator.temperature, as in training)
+    assert rec["eval/mean@8"] > first + 0.15, (rec, first)
+    assert not list((run_dir / "eval").glob(".model-*"))  # the exported weights are removed
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):
