@@ -23,16 +23,11 @@ DESCRIPTION = (
 
 
 def add_arguments(p) -> None:
+    from streamrl.config.args import add_set_arg
+
     p.add_argument("run_dir", metavar="RUN_DIR", help="the run directory (holds config.yaml and checkpoints/)")
     p.add_argument("--step", type=int, help="checkpoint step to evaluate (default: the newest; 0: the base model)")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.FIELD=VALUE",
-        help="override a value of the run's config, e.g. --set eval.samples=16 (repeatable)",
-    )
+    add_set_arg(p, example="eval.samples=16", what="a value of the run's config for this evaluation")
     p.add_argument("--out", help="where metrics.json and samples.jsonl go (default: RUN_DIR/eval/step-N)")
 
 
