@@ -33,12 +33,15 @@ def add_arguments(p) -> None:
 
 def run(args) -> int:
     import os
+    import warnings
 
     from streamrl.launch.evaluate import evaluate
 
     # vLLM's INFO lines (engine config, KV cache, shutdown) would bury the few lines this command prints;
     # set VLLM_LOGGING_LEVEL=INFO to see them.
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    # vLLM's own use of deprecated torch names (its Triton dispatcher): nothing a user can act on.
+    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.")
 
     result = evaluate(args.run_dir, args.step, args.overrides, args.out, say=lambda m: print(m, flush=True))
     m = result.metrics
