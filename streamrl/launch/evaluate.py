@@ -59,9 +59,10 @@ def evaluate(
     step, source = pick_step(run_dir, step)
     out = Path(out_dir) if out_dir is not None else eval_dir(run_dir, step)
     ev = cfg.eval
+    temperature = ev.temperature if ev.temperature is not None else cfg.generator.temperature
     say(
         f"evaluating step {step} of {run_dir} ({source}): {ev.num_prompts} prompts x {ev.samples} samples, "
-        f"temperature {ev.temperature if ev.temperature is not None else cfg.generator.temperature}"
+        f"temperature {temperature}"
     )
     items = eval_items(cfg)
     with model_folder(run_dir, cfg, step, out.parent) as model_path:
@@ -74,7 +75,7 @@ def evaluate(
         "task": (ev.task or cfg.task).name,
         "num_prompts": len(items),
         "samples": ev.samples,
-        "temperature": ev.temperature if ev.temperature is not None else cfg.generator.temperature,
+        "temperature": temperature,
         "max_tokens": cfg.generator.max_tokens,
         "pass_k": ev.pass_k,
         "threshold": ev.threshold,
@@ -111,6 +112,11 @@ def available_steps(run_dir: Path) -> list[int]:
 def pick_step(run_dir: Path, step: int | None) -> tuple[int, str]:
     """(step, what it loads): the newest checkpoint when `step` is None."""
     steps = available_steps(run_dir)
+    if step is None and len(steps) == 1:
+        raise ConfigError(
+            f"{run_dir} has no complete checkpoint yet (the trainer writes one every trainer.checkpoint_every "
+            "steps and at a graceful stop); pass --step 0 to evaluate the base model"
+        )
     if step is None:
         step = steps[-1]
     elif step not in steps:

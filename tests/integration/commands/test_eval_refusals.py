@@ -37,6 +37,10 @@ def test_eval_refuses_a_missing_step_listing_those_there_are(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "no checkpoint of step 3" in err and "the steps there are 0, 2, 4" in err, err
     assert not (d / "eval").exists()
+    # a run without a checkpoint yet: the base model only when asked for (--step 0)
+    bare = run_dir(tmp_path / "bare", steps=())
+    assert main(["eval", str(bare)]) == 2
+    assert "no complete checkpoint yet" in capsys.readouterr().err
 
 
 def test_eval_refuses_a_multi_turn_run(tmp_path, capsys):
