@@ -19,6 +19,7 @@ COMMANDS = [
     "up",
     "sft",
     "export",
+    "eval",
     "worker",
     "config",
     "scale",
@@ -75,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-FAST_EXIT = ("up", "worker")
+FAST_EXIT = ("up", "worker", "eval")
 """Commands whose process ends with os._exit once the command has returned: the interpreter's
 teardown of torch, transformers and vLLM modules costs 1-2 s on an idle 2-core machine and 5-6 s
 on a loaded one (docs/benchmarks/test-suite-time_cpu_2026-12-02.md), on every job's path: `up`

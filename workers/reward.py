@@ -11,11 +11,9 @@ and a dead-letter record.
 
 from __future__ import annotations
 
-import math
-
 from streamrl.annotate.annotator import Annotator
+from streamrl.annotate.reward_calls import score_batch
 from streamrl.annotate.rewards import make_reward
-from streamrl.core.calls import CallTimeout
 from streamrl.core.messages import Rollout
 
 GROUP = "reward"
@@ -31,23 +29,10 @@ class RewardWorker(Annotator):
         for stream in self.keys.rollout_streams:
             await self.broker.ensure_group(stream, GROUP)
 
-    def _score(self, r: Rollout):
-        out = self.fn(r.prompt_text, r.text, r.meta)
-        return float(out), getattr(out, "parts", {})  # parts: reward.components' scores
-
     async def annotate(self, rollouts: list[Rollout]) -> list[tuple]:
-        """Score a batch on one call thread, waking the event loop once per batch; a call that hangs
-        past reward.timeout_s fails that rollout only (streamrl/core/calls.py, Calls.map)."""
-        timeout = self.cfg.reward.timeout_s
-        out = []
-        for ok, got in await self.calls.map(self._score, rollouts, timeout):
-            if not ok and isinstance(got, CallTimeout):
-                self.count("reward_timeouts")
-                out.append((0.0, f"reward function timed out after {timeout}s"))
-            elif not ok:  # user code: any exception is that rollout's failure, not ours
-                out.append((0.0, f"reward function raised {type(got).__name__}: {got}"))
-            elif math.isfinite(got[0]):
-                out.append((got[0], "", got[1]))
-            else:
-                out.append((0.0, f"reward function returned {got[0]}"))
-        return out
+        """Score a batch on one call thread; a call that hangs past reward.timeout_s fails that
+        rollout only (streamrl/annotate/reward_calls.py, the same scoring `streamrl eval` does)."""
+        items = [(r.prompt_text, r.text, r.meta) for r in rollouts]
+        return await score_batch(
+            self.fn, items, self.calls, self.cfg.reward.timeout_s, on_timeout=lambda: self.count("reward_timeouts")
+        )

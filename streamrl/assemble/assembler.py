@@ -80,7 +80,7 @@ class Assembler:
         self._unused_keys: set[str] = set()
         self.vocab_size: int | None = None
         """Token ids at or above it are dead-lettered (the trainer's embedding would fail on them)."""
-        self.evals = EvalCollector(cfg, broker, self.keys, self.join)
+        self.evals = EvalCollector(cfg, broker, self.keys)
         """Eval rounds (streamrl/eval/rounds.py): their entries go there, never into a group or a batch."""
         self._state = asyncio.Lock()
         self._reading = asyncio.Lock()

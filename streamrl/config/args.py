@@ -19,13 +19,18 @@ from streamrl.core.errors import ConfigError
 def add_config_args(p: argparse.ArgumentParser) -> None:
     """`--config FILE` and repeatable `--set SECTION.FIELD=VALUE` (read by `load`)."""
     p.add_argument("--config", help="YAML config (default: configs/tiny-cpu.yaml)")
+    add_set_arg(p)
+
+
+def add_set_arg(p: argparse.ArgumentParser, example: str = "trainer.steps=20", what: str = "one config value") -> None:
+    """Repeatable `--set SECTION.FIELD=VALUE` into args.overrides (alone: commands that read a run's own config)."""
     p.add_argument(
         "--set",
         dest="overrides",
         action="append",
         default=[],
         metavar="SECTION.FIELD=VALUE",
-        help="override one config value, e.g. --set trainer.steps=20 (repeatable)",
+        help=f"override {what}, e.g. --set {example} (repeatable)",
     )
 
 

@@ -1,7 +1,7 @@
 """The trainer's half of evaluation: collect eval rollouts and their `reward` annotations by round,
 compute the round's metrics once every completion is scored, ack, and hand them to the trainer.
 
-    collector = EvalCollector(cfg, broker, keys, join_policy)     # inside the Assembler
+    collector = EvalCollector(cfg, broker, keys)                  # inside the Assembler
     if collector.owns(msg): await collector.add(stream, entry_id, msg)
     rec.update(collector.take())                                  # next metrics.jsonl row gets eval/*
 
@@ -16,10 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import numpy as np
-
 from streamrl.core.messages import Annotation, Rollout, eval_group_of, parse_eval_group
-from streamrl.eval.rounds import answer_key, round_metrics
+from streamrl.eval.rounds import EvalSample, answer_key, counted_reward, round_record
 
 GROUP = "trainer"
 
@@ -35,8 +33,8 @@ class _Round:
 
 
 class EvalCollector:
-    def __init__(self, cfg, broker, keys, join):
-        self.cfg, self.broker, self.keys, self.join = cfg, broker, keys, join
+    def __init__(self, cfg, broker, keys):
+        self.cfg, self.broker, self.keys = cfg, broker, keys
         self.rounds: dict[int, _Round] = {}
         self.rewards: dict[str, tuple[str, Annotation]] = {}
         """rollout id -> (entry id, its `reward` annotation), for rollouts of open rounds."""
@@ -73,27 +71,16 @@ class EvalCollector:
             return
         if any(r.rollout_id not in self.rewards for _, r in rnd.rollouts.values()):
             return
-        rewards = np.zeros((rnd.prompts, n))
-        answers: list[list[str]] = [[""] * n for _ in range(rnd.prompts)]
-        errors, versions = 0, []
+        scored = []
         for (i, s), (_, r) in rnd.rollouts.items():
             a = self.rewards[r.rollout_id][1]
-            errors += bool(a.error)
-            # A failed reward scores as incorrect (reward.error_value under on_error=score, else 0).
-            rewards[i, s] = self.join.value(a) if not a.error or self.join.reward_error_value is not None else 0.0
-            answers[i][s] = answer_key(r.text, r.meta)
-            versions.append(r.oldest_version())
-        rec = {
-            "eval/step": rnd.version,
-            **round_metrics(rewards, answers, self.cfg.eval.threshold, [*self.cfg.eval.pass_k, n]),
-        }
-        rec.update(
-            {
-                "eval/reward_errors": errors,
-                "eval/version_min": int(min(versions)),
-                "eval/completion_len_mean": float(np.mean([len(r.completion_ids) for _, r in rnd.rollouts.values()])),
-            }
-        )
+            reward = counted_reward(a.value, a.error, self.cfg.reward)
+            scored.append(
+                EvalSample(
+                    i, s, reward, answer_key(r.text, r.meta), bool(a.error), r.oldest_version(), len(r.completion_ids)
+                )
+            )
+        rec = round_record(rnd.version, rnd.prompts, scored, self.cfg.eval)
         # An older round still open will not complete (e.g. a generator dead-lettered one of its
         # prompts): drop it so its entries do not stay pending (and block trimming) forever.
         older = [v for v in self.rounds if v < rnd.version]

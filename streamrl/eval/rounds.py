@@ -20,6 +20,7 @@ feeder's half.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import dataclass
 from math import comb
 
 import numpy as np
@@ -87,6 +88,55 @@ def round_metrics(rewards: np.ndarray, answers: list[list[str]], threshold: floa
     out["eval/correct_frac"] = float(correct.mean())
     out["eval/prompts"] = int(rewards.shape[0])
     return out
+
+
+@dataclass(frozen=True)
+class EvalSample:
+    """One scored eval completion: what a round's metrics read of it."""
+
+    prompt: int
+    """Index of its prompt in the round (0..prompts-1)."""
+    sample: int
+    """Its index among the prompt's eval.samples completions."""
+    reward: float
+    """The reward it counts (counted_reward: a failed reward function already mapped)."""
+    answer: str
+    """answer_key of its text (what maj@n compares)."""
+    error: bool
+    """Whether its reward function failed."""
+    version: int
+    """The oldest policy version among its tokens."""
+    tokens: int
+    """Completion length in tokens."""
+
+
+def counted_reward(value: float, error: str, reward) -> float:
+    """The reward an eval completion counts (`reward`: the config's reward section): a failed reward
+    function scores reward.error_value under reward.on_error=score, else 0 (incorrect); a round is
+    reported, never dropped, so a failure cannot be left out as a training group is."""
+    if not error:
+        return float(value)
+    return float(reward.error_value) if reward.on_error == "score" else 0.0
+
+
+def round_record(step: int, prompts: int, samples: list[EvalSample], ev) -> dict:
+    """The eval/* metrics of one evaluation at policy version `step`: `samples` holds every one of
+    prompts x ev.samples completions (ev: the config's eval section). What an eval round writes
+    into metrics.jsonl (streamrl/eval/collector.py) and what `streamrl eval` prints
+    (streamrl/launch/evaluate.py)."""
+    n = ev.samples
+    rewards = np.zeros((prompts, n))
+    answers: list[list[str]] = [[""] * n for _ in range(prompts)]
+    for x in samples:
+        rewards[x.prompt, x.sample] = x.reward
+        answers[x.prompt][x.sample] = x.answer
+    return {
+        "eval/step": step,
+        **round_metrics(rewards, answers, ev.threshold, [*ev.pass_k, n]),
+        "eval/reward_errors": sum(x.error for x in samples),
+        "eval/version_min": int(min(x.version for x in samples)),
+        "eval/completion_len_mean": float(np.mean([x.tokens for x in samples])),
+    }
 
 
 def answer_key(completion: str, meta: dict) -> str:

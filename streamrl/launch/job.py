@@ -187,6 +187,21 @@ def resume_at(run_dir: Path) -> int:
     return step
 
 
+def already_trained(run_dir: Path, steps: int) -> str | None:
+    """What `up --resume` says, and nothing starts, when the run's newest checkpoint already reached
+    trainer.steps (the trainer would load it and stop at once); None when there is training left."""
+    from streamrl.train.checkpoint import list_checkpoints  # torch: only on --resume
+
+    newest = max(list_checkpoints(run_dir), default=0)
+    if newest < steps:
+        return None
+    return (
+        f"nothing to resume: {run_dir} already trained {newest} steps (trainer.steps={steps}), so no role "
+        f"was started. To train further, raise trainer.steps: `streamrl up --resume {run_dir} --set "
+        f"trainer.steps={newest + steps}`; to evaluate the checkpoint: `streamrl eval {run_dir}`"
+    )
+
+
 def continue_hint(run_dir: Path) -> str:
     """What a stopped run prints last: the command that continues it from its newest checkpoint."""
     return f"stopped; continue this run with `streamrl up --resume {run_dir}`"

@@ -6,17 +6,18 @@ so this checks what `up` prints and writes too; `up` itself runs in every other 
     pytest tests/e2e/test_up.py
 """
 
+import json
 import subprocess
 import sys
 
 import pytest
 
-from bench.jobs import ROOT, metrics, summary, up
+from bench.jobs import ROOT, metrics, run_cli, summary, up
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1100)
 def test_python_api_job_learns_asynchronously(tmp_path):
     run_dir = tmp_path / "async"
     example = ROOT / "examples" / "python_api.py"
@@ -63,6 +64,20 @@ def test_python_api_job_learns_asynchronously(tmp_path):
     assert f"python api: 40 steps in {run_dir}; mean reward {first:.3f} (first 10) -> {last:.3f}" in out, out[-2000:]
     assert f"groups admitted {s['admitted']} = trained {s['trained']} + other outcomes; invariant holds: True" in out
     assert f"python api: model {run_dir / 'hf'}" in out
+    # `streamrl eval` on this run's newest checkpoint (no job of its own: one engine in-process)
+    ev = run_cli("eval", str(run_dir), "--set", "eval.num_prompts=8", timeout=300)
+    assert ev.returncode == 0, ev.stdout[-3000:] + ev.stderr[-3000:]
+    assert "step 40: pass@1 " in ev.stdout and "pass@8 " in ev.stdout and "mean@8 " in ev.stdout, ev.stdout
+    out_dir = run_dir / "eval" / "step-40"
+    rec = json.loads((out_dir / "metrics.json").read_text())
+    samples = [json.loads(ln) for ln in (out_dir / "samples.jsonl").read_text().splitlines()]
+    assert rec["step"] == 40 and rec["eval/prompts"] == 8 and len(samples) == 8 * 8
+    assert {(r["group_id"], r["sample"]) for r in samples} == {
+        (f"eval-40-8-{i}", s) for i in range(8) for s in range(8)
+    }
+    # the trained weights were loaded: they score above the run's first steps (generator.temperature, as in training)
+    assert rec["eval/mean@8"] > first + 0.15, (rec, first)
+    assert not list((run_dir / "eval").glob(".model-*"))  # the exported weights are removed
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):

@@ -295,6 +295,9 @@ for the feature: the feeder embeds its issuer, the assembler its collector)."""
 EXCEPTIONS: dict[tuple[str, str], str] = {
     ("streamrl.config.files", "streamrl.losses.registry"): "the written config resolves loss: against its objective, "
     "which owns its settings class (per-objective loss settings); lazy: only when a run directory is written",
+    ("streamrl.eval", "streamrl.launch.evaluate"): "the public name streamrl.eval.evaluate (the Python API's) for "
+    "a checkpoint's evaluation, which composes an engine, the rewards and the feeder's items as only the launcher "
+    "may; lazy: on first use of the name",
 }
 """(importing module, imported module) -> why this crossing is needed. Keep it short: the fix for a
 crossing is to move the shared piece into core (or the lower library)."""
