@@ -36,7 +36,10 @@ def run(args) -> int:
     preflight(args, cfg)
     data = resolved_dump(cfg)  # as RUN_DIR/config.yaml will hold it: the objective's defaults applied
     if args.explain:
-        print(explain(data, cfg, resolve_loss(cfg)), end="")
+        from streamrl.models.chat_template import prompt_format
+
+        notes = {"task.chat_template": prompt_format(cfg)}
+        print(explain(data, cfg, resolve_loss(cfg), notes), end="")
     else:
         print(yaml.safe_dump(data, sort_keys=False), end="")
     return 0

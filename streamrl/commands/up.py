@@ -12,6 +12,7 @@ from streamrl.commands.common import add_preflight_arg, preflight
 from streamrl.config.args import add_config_args, load
 from streamrl.core.errors import ConfigError
 from streamrl.launch.rundir import claim, earlier_run, new_run_dir
+from streamrl.models.chat_template import prompt_format
 from streamrl.models.tiny import resolve_model
 
 NAME = "up"
@@ -68,6 +69,7 @@ def run(args) -> int:
             "folder under runs/)"
         )
     print(f"streamrl up: run '{cfg.run.name}' in {run_dir}", flush=True)
+    print(prompt_format(cfg), flush=True)
     if warning := cfg.broker.inline_password_warning():
         print(warning, flush=True)
     embedded = sup = None

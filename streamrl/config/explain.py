@@ -20,7 +20,7 @@ def _value(v: Any) -> str:
     return yaml.safe_dump(v, default_flow_style=True, width=10**6).strip().removesuffix("\n...").strip()
 
 
-def _lines(model: BaseModel, data: dict, indent: int) -> list[str]:
+def _lines(model: BaseModel, data: dict, indent: int, where: str, notes: dict[str, str]) -> list[str]:
     out, pad = [], "  " * indent
     fields = type(model).model_fields
     for key, value in data.items():
@@ -29,19 +29,22 @@ def _lines(model: BaseModel, data: dict, indent: int) -> list[str]:
         sub = getattr(model, key, None)
         if isinstance(sub, BaseModel) and isinstance(value, dict):
             out.append(f"{pad}{key}:" + (f"  # {doc}" if doc else ""))
-            out.extend(_lines(sub, value, indent + 1))
+            out.extend(_lines(sub, value, indent + 1, f"{where}{key}.", notes))
             continue
         line = f"{pad}{key}: {_value(value)}"
+        if note := notes.get(f"{where}{key}"):
+            doc = f"[{note}] {doc}"
         if doc:
             line += f"  # {doc}"
         out.append(line)
     return out
 
 
-def explain(data: dict, cfg: BaseModel, loss: BaseModel | None = None) -> str:
+def explain(data: dict, cfg: BaseModel, loss: BaseModel | None = None, notes: dict[str, str] | None = None) -> str:
     """`data` (a dump of `cfg`) as YAML lines, each field followed by its description; `loss`: the
-    resolved loss settings, whose class documents the objective's own fields."""
-    lines = []
+    resolved loss settings, whose class documents the objective's own fields; `notes`: dotted field
+    name -> what it resolves to on this machine, put before the field's description."""
+    lines, notes = [], notes or {}
     for key, value in data.items():
         section = loss if key == "loss" and loss is not None else getattr(cfg, key)
         doc = " ".join((type(cfg).model_fields[key].description or "").split())
@@ -49,5 +52,5 @@ def explain(data: dict, cfg: BaseModel, loss: BaseModel | None = None) -> str:
             lines.append(f"{key}: {_value(value)}" + (f"  # {doc}" if doc else ""))
             continue
         lines.append(f"{key}:" + (f"  # {doc}" if doc else ""))
-        lines.extend(_lines(section, value, 1))
+        lines.extend(_lines(section, value, 1, f"{key}.", notes))
     return "\n".join(lines) + "\n"

@@ -26,6 +26,7 @@ from streamrl.core.errors import ConfigError
 from streamrl.core.imports import cwd_on_path
 from streamrl.envs.tools import check_tools
 from streamrl.generate.lora_versions import LORA_SUPPORT_CHECK, lora_support_message
+from streamrl.models.chat_template import check_chat_template
 
 
 def check_reward_fn(cfg: Config) -> str | None:
@@ -368,6 +369,7 @@ CHEAP = (
     check_weights_engine,
     check_broker,
     check_tools,
+    check_chat_template,
 )
 SLOW = (check_vllm,)
 
