@@ -102,7 +102,10 @@ def check_model_path(cfg: Config) -> str | None:
     try:
         resolve_model_path(cfg.model, Path("unused"), cfg.run.seed)
     except ConfigError as exc:
-        return str(exc)
+        from streamrl.models.shapes import build_command
+
+        build = build_command(cfg.model.path, cfg.model.dtype)
+        return str(exc) + (f"; this config's random-weight model is built offline with `{build}`" if build else "")
     return None
 
 
