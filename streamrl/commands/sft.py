@@ -9,6 +9,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from streamrl.commands.common import quiet_progress_bars
 from streamrl.config.args import add_config_args, load
 from streamrl.config.files import dump_config
 from streamrl.core.errors import ConfigError
@@ -39,6 +40,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    quiet_progress_bars()  # before transformers is imported
     from transformers import AutoTokenizer
 
     from streamrl.sft.data import load_splits

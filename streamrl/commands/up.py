@@ -8,12 +8,13 @@ import signal
 import threading
 from pathlib import Path
 
-from streamrl.commands.common import add_preflight_arg, preflight
+from streamrl.commands.common import add_preflight_arg, preflight, quiet_progress_bars
 from streamrl.config.args import add_config_args, load
 from streamrl.core.errors import ConfigError
 from streamrl.launch.rundir import claim, earlier_run, new_run_dir
 from streamrl.models.chat_template import prompt_format
 from streamrl.models.tiny import resolve_model
+from streamrl.train.sink_paths import sink_lines
 
 NAME = "up"
 HELP = "run a whole job on this machine (broker + every role)"
@@ -28,6 +29,12 @@ def add_arguments(p) -> None:
     add_preflight_arg(p)
     p.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
     p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the full step line (samples, tokens, trainer wait/train time, MFU, generator rate and busy share) "
+        "on the console; RUN_DIR/logs/steps.log has it either way",
+    )
+    p.add_argument(
         "--resume",
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR: its config (plus --set), "
@@ -36,6 +43,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    quiet_progress_bars()
     from streamrl.launch.supervisor import Supervisor
 
     if args.resume:
@@ -99,6 +107,7 @@ def run(args) -> int:
             on_first_step=export.warm,
             on_trained=export.start,
             started_at=command_started_at(),
+            verbose=getattr(args, "verbose", False),
         )
         code = sup.run()
     finally:
@@ -112,6 +121,8 @@ def run(args) -> int:
         shutil.rmtree(shm_root(cfg.run.name, run_dir), ignore_errors=True)
         if code != 0:
             export.discard()
+    for line in sink_lines(cfg, run_dir):  # where W&B / TensorBoard wrote, and how to look
+        print(line, flush=True)
     if code == 0:
         print(f"done: metrics in {run_dir / 'metrics.jsonl'}", flush=True)
         print(export.finish(), flush=True)

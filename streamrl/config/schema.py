@@ -187,6 +187,14 @@ class Config(Section):
             return True
         return self.task.chat_template == "auto" and has_template and self.env.fn is None
 
+    def reward_weights(self) -> dict[str, float]:
+        """Annotation key -> its weight in the trained reward: `reward` (annotations.reward_weight), the
+        judge's key (judge.weight), each external key (its weight)."""
+        weights = {"reward": self.annotations.reward_weight}
+        if self.judge is not None:
+            weights[self.judge.key] = self.judge.weight
+        return weights | {e.key: e.weight for e in self.annotations.external}
+
     def required_annotations(self) -> list[str]:
         """Annotation keys a rollout needs before the trainer may use it."""
         keys = ["reward"]

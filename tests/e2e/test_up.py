@@ -48,6 +48,17 @@ def test_up_learns_asynchronously(tmp_path):
     assert "(vLLM engine start " in out[out.find("generator-0 ready, ") : first_step]
     assert (run_dir / "logs" / "trainer-0.jsonl").exists() and (run_dir / "logs" / "generator-0.jsonl").exists()
     assert f"model: {run_dir / 'hf'}" in res.stdout and (run_dir / "hf" / "config.json").is_file()  # run.export
+    # issue 43: the tiny model has no chat template, so its prompts stay raw text (and this job learns as
+    # before), said at start; a short step line with an ETA, the full one in logs/steps.log; no progress bars
+    assert "prompts: raw text (the model's tokenizer has no chat template; task.chat_template=auto)" in out
+    step40 = next(line for line in out.splitlines() if line.startswith("step   40/40 "))
+    assert " busy " not in step40 and "t=" not in step40 and len(step40) <= 160, step40
+    assert "ETA " in next(line for line in out.splitlines() if line.startswith("step   39/40 "))
+    logged = (run_dir / "logs" / "steps.log").read_text().splitlines()
+    assert len(logged) == 40 and any("generators " in ln and ", busy " in ln for ln in logged), logged[-1]
+    bar = "Loading weights:"  # transformers' tqdm bar (vLLM's "Loading weights took 0.1 seconds" is a log line)
+    assert bar not in out + res.stderr, out
+    assert all(bar not in log.read_text(errors="replace") for log in (run_dir / "logs").glob("*.out"))
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):

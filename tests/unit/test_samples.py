@@ -103,4 +103,4 @@ def test_html_page_escapes_and_groups_by_step():
 
 def test_format_sample_is_one_readable_block():
     text = format_sample(sample_rows(_batch(), 4, 1)[0])
-    assert text.startswith("step 4  group g0 #0  reward 1.0 (reward/math=1)  version 1  staleness 2")
+    assert text.startswith("step 4  group g0 #0  reward 1 (reward/math=1)  version 1  staleness 2")
