@@ -73,6 +73,8 @@ def sample_rows(batch, step: int, n: int, weights: dict[str, float] | None = Non
         }
         if weights:
             row["reward_weights"] = dict(weights)
+        if texts := {k: v[i] for k, v in batch.annotation_texts.items() if v[i]}:
+            row["annotation_texts"] = texts  # the judge's reply, under its key
         if episode := turns(r.text, r.meta.get("turn_chars")):
             row["turns"] = episode
         rows.append(row)
@@ -130,4 +132,6 @@ def format_sample(row: dict) -> str:
             lines.append(f"  {t['role']:>5}: " + t["text"].strip().replace("\n", "\n         "))
     else:
         lines.append("  completion: " + row["completion"].strip().replace("\n", "\n              "))
+    for key, text in row.get("annotation_texts", {}).items():  # what the judge said
+        lines.append(f"  {key} said: " + text.strip().replace("\n", "\n    "))
     return "\n".join(lines)

@@ -120,3 +120,19 @@ def test_progress_bars_are_off_for_up_and_sft_and_the_roles_they_start(monkeypat
     quiet_progress_bars()
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"  # inherited by every role
     assert not logging.is_progress_bar_enabled()
+
+
+def test_the_judges_reply_travels_to_the_samples():
+    from streamrl.assemble.assembler import annotation_texts
+    from streamrl.core.messages import Annotation, decode, encode
+
+    sent = Annotation(rollout_id="g0:0:t0", key="judge", value=3.0, text="3 - it is mostly lowercase")
+    assert decode(encode(sent)).text == "3 - it is mostly lowercase"  # on the wire (docs/protocol.md)
+    joined = [
+        {"reward": ("1-0", Annotation("g0:0", "reward", 0.5)), "judge": ("1-1", sent)},
+        {"reward": ("1-2", Annotation("g0:1", "reward", 0.5))},  # its judge annotation timed out
+    ]
+    assert annotation_texts(joined) == {"judge": ["3 - it is mostly lowercase", ""]}
+    assert annotation_texts([{"reward": ("1-0", Annotation("g0:0", "reward", 0.5))}]) == {}
+    row = {**_judged(), "annotation_texts": {"judge": "3 - it is mostly lowercase"}}
+    assert format_sample(row).endswith("  completion: c\n  judge said: 3 - it is mostly lowercase")
