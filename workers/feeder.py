@@ -38,9 +38,9 @@ def load_items(task: TaskConfig, seed: int, job: Config, tokenizer=None) -> list
 
 def task_items(items: list[dict], tokenizer, cfg: Config) -> list[dict]:
     """The feeder's items under the job's config `cfg`: rendered as chat prompts (with the schemas of
-    tools.names) when tools.chat is set, unchanged otherwise or when the task already rendered its
-    own chat messages (task.fields.messages)."""
-    if not cfg.tools.chat or cfg.task.fields.messages is not None:
+    tools.names) where Config.chat_prompts says so (task.chat_template, tools.chat), unchanged otherwise
+    or when the task already rendered its own chat messages (task.fields.messages)."""
+    if not cfg.chat_prompts(bool(getattr(tokenizer, "chat_template", None))):
         return items
     schemas = [t.schema() for t in load_tools(cfg.tools.names, cfg.tools.sandbox).values()]
     return chat_items(items, ChatBridge(tokenizer, cfg.tools, schemas))
@@ -51,7 +51,7 @@ class FeederWorker(Worker):
 
     async def start(self) -> None:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
-        # The tokenizer renders chat tasks; tools.chat renders with the model's chat template.
+        # The tokenizer renders chat tasks; task.chat_template (or tools.chat) with the model's chat template.
         self.items = load_items(self.cfg.task, self.cfg.run.seed, self.cfg, self.tokenizer)
         self.items = task_items(self.items, self.tokenizer, self.cfg)
         random.Random(self.cfg.run.seed).shuffle(self.items)

@@ -60,14 +60,15 @@ class JudgeWorker(Annotator):
         out = []
         for p in prompts:
             got = p if isinstance(p, JudgeError) else next(texts)
+            reply = got if isinstance(got, str) else ""  # the judge's text, kept in samples.jsonl
             if not isinstance(got, (JudgeError, RequestFailed)):
                 try:
-                    out.append((parse_score(self.cfg.judge.score, got), ""))
+                    out.append((parse_score(self.cfg.judge.score, got), "", {}, reply))
                     continue
                 except JudgeError as exc:
                     got = exc
             self.count("judge_errors")
-            out.append((0.0, str(got)))
+            out.append((0.0, str(got), {}, reply))
         return out
 
     async def close(self) -> None:

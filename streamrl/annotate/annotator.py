@@ -3,7 +3,7 @@
 
     class MyScorer(Annotator):
         key, group = "judge", "judge"
-        async def annotate(self, rollouts):           # [(value, error)] or [(value, error, parts)]
+        async def annotate(self, rollouts):           # [(value, error)], [(value, error, parts)] or [(value, error, parts, text)]
             return [(await self.calls.run(score, r, timeout=5.0), "") for r in rollouts]
 
 Blocking calls run on `self.calls` (streamrl/core/calls.py, `Calls`): a hung call times out at its
@@ -37,7 +37,7 @@ class Annotator(Worker):
         return False
 
     async def annotate(self, rollouts: list[Rollout]) -> list[tuple]:
-        """[(value, error)] or [(value, error, parts)] per rollout, in order."""
+        """[(value, error)], [(value, error, parts)] or [(value, error, parts, text)] per rollout, in order."""
         raise NotImplementedError
 
     async def step(self) -> bool:
@@ -60,12 +60,12 @@ class Annotator(Worker):
         return error
 
     async def publish(self, items: list[tuple[Entry, Rollout]], results: list, stream: str) -> None:
-        """Write one `key` annotation per (entry, rollout) from `results` [(value, error)] or
-        [(value, error, parts)], dead-letter the rollouts that failed (their annotation carries the
+        """Write one `key` annotation per (entry, rollout) from `results` [(value, error)],
+        [(value, error, parts)] or [(value, error, parts, text)], dead-letter the rollouts that failed (their annotation carries the
         error), then ack the batch. `stream`: the rollouts partition the batch was read from; the
         annotations go to the same partition."""
         out = []
-        for (entry, r), (value, error, *parts) in zip(items, results, strict=True):
+        for (entry, r), (value, error, *rest) in zip(items, results, strict=True):
             if error:
                 await self.dead_letter(stream, entry, self.dead_letter_reason(error))
             out.append(
@@ -76,7 +76,8 @@ class Annotator(Worker):
                         value=value,
                         producer=self.worker_id,
                         error=error,
-                        parts=parts[0] if parts else {},
+                        parts=rest[0] if rest else {},
+                        text=rest[1] if len(rest) > 1 else "",
                     )
                 )
             )

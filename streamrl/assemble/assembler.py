@@ -47,6 +47,13 @@ from streamrl.losses import resolve_loss
 GROUP = "trainer"
 
 
+def annotation_texts(joined: list[dict]) -> dict[str, list[str]]:
+    """Key -> each rollout's annotation text, for the keys with any text (the judge's replies); `joined`:
+    each rollout's {key: (entry id, Annotation)}; pure."""
+    keys = {k for a in joined for k, (_, ann) in a.items() if getattr(ann, "text", "")}
+    return {k: [getattr(a[k][1], "text", "") if k in a else "" for a in joined] for k in sorted(keys)}
+
+
 class Assembler:
     def __init__(self, cfg: Config, broker: Broker, log, count: Callable[..., None], consumer: str = "trainer-0"):
         """`log` (a structlog logger) and `count(name, by)` are the trainer's: the assembler's warnings go
@@ -503,6 +510,7 @@ class Assembler:
             reward_components={k: np.concatenate([p[k] for p in parts]) for k in parts[0]},
             stats={"wait_s": wait_s, **{k: float(v) for k, v in self.counters.items()}},
             group_ids=list(gids),
+            annotation_texts=annotation_texts([self.annotations[r.rollout_id] for r in rollouts]),
         )
         if self.cfg.loss.overlong_filter:
             batch.loss_mask = np.asarray([r.finish_reason != "length" for r in rollouts], dtype=np.float32)

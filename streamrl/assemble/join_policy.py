@@ -45,10 +45,7 @@ class JoinPolicy:
         self.reward_weight = cfg.annotations.reward_weight
         self.judge = cfg.judge
         """The judge section (judge workers write judge.key, weighted by judge.weight), or None."""
-        self.weights = {"reward": self.reward_weight}
-        if self.judge is not None:
-            self.weights[self.judge.key] = self.judge.weight
-        self.weights.update({k: e.weight for k, e in self.external.items()})
+        self.weights = cfg.reward_weights()
         self.reward_keys = list(self.weights)
         """Scalar keys that make up the trained reward, in the order they are logged."""
         self.part_keys = [f"reward/{c.label()}" for c in cfg.reward.components]

@@ -19,7 +19,11 @@ def add_arguments(p) -> None:
     add_config_args(p)
     add_preflight_arg(p)
     p.add_argument(
-        "--explain", action="store_true", help="print each field with its description (from the schema's docstrings)"
+        "--explain",
+        nargs="*",
+        metavar="SECTION",
+        help="print each field with its description (from the schema's docstrings); with SECTION names "
+        "(e.g. --explain trainer judge) only those sections",
     )
 
 
@@ -35,8 +39,11 @@ def run(args) -> int:
         print(warning, file=sys.stderr)
     preflight(args, cfg)
     data = resolved_dump(cfg)  # as RUN_DIR/config.yaml will hold it: the objective's defaults applied
-    if args.explain:
-        print(explain(data, cfg, resolve_loss(cfg)), end="")
+    if args.explain is not None:
+        from streamrl.models.chat_template import prompt_format
+
+        notes = {"task.chat_template": prompt_format(cfg)}
+        print(explain(data, cfg, resolve_loss(cfg), notes, args.explain), end="")
     else:
         print(yaml.safe_dump(data, sort_keys=False), end="")
     return 0

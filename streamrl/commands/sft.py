@@ -12,6 +12,7 @@ from pathlib import Path
 from streamrl.config.args import add_config_args, load
 from streamrl.config.files import dump_config
 from streamrl.core.errors import ConfigError
+from streamrl.core.progress_bars import quiet_progress_bars
 from streamrl.models.tiny import resolve_model
 
 NAME = "sft"
@@ -39,6 +40,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
+    quiet_progress_bars()  # before transformers is imported
     from transformers import AutoTokenizer
 
     from streamrl.sft.data import load_splits

@@ -24,6 +24,12 @@ def add_arguments(p) -> None:
     add_preflight_arg(p)
     p.add_argument("--run-dir", help="output folder (default: a new folder under runs/)")
     p.add_argument(
+        "--verbose",
+        action="store_true",
+        help="the full step line (samples, tokens, trainer wait/train time, MFU, generator rate and busy share) "
+        "on the console; RUN_DIR/logs/steps.log has it either way",
+    )
+    p.add_argument(
         "--resume",
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR: its config (plus --set), "
@@ -51,6 +57,12 @@ def run(args) -> int:
         return 0
     say = functools.partial(print, flush=True)
     job = prepare_job(
-        cfg, args.run_dir, resume=bool(args.resume), check=args.preflight, say=say, started_at=command_started_at()
+        cfg,
+        args.run_dir,
+        resume=bool(args.resume),
+        check=args.preflight,
+        say=say,
+        started_at=command_started_at(),
+        verbose=args.verbose,
     )
     return job.run()

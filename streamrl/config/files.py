@@ -71,7 +71,13 @@ def _hint(e: dict, overrides: dict[str, str]) -> str:
         msg = f"unknown field; did you mean {parent + '.' if parent else ''}{close[0]}?" if close else "unknown field"
         msg += " (`streamrl config --explain` lists every field with its description)"
     dotted = ".".join(str(p) for p in loc)
-    given = next((k for k in overrides if dotted == k or dotted.startswith(k + ".")), None)
+    # The --set that wrote this field or a field inside it, or the unknown section it created (a
+    # misspelled `trainr.steps`).
+    unknown = e["type"] == "extra_forbidden"
+    given = next(
+        (k for k in overrides if dotted == k or dotted.startswith(k + ".") or (unknown and k.startswith(dotted + "."))),
+        None,
+    )
     if given is None:
         return f"  {where}: {msg}"
     raw = redact_url(overrides[given]) if given.startswith("broker.") else overrides[given]

@@ -135,6 +135,11 @@ class Config(Section):
                 f"loss.overlong_buffer={self.loss.overlong_buffer} exceeds generator.max_tokens="
                 f"{self.generator.max_tokens}; set loss.overlong_buffer to about max_tokens/5"
             )
+        if self.tools.chat and self.task.chat_template is False:
+            raise ValueError(
+                "tools.chat=true renders episodes with the chat template, but task.chat_template=false asks "
+                "for raw-text prompts; remove task.chat_template (or set it to auto), or set tools.chat=false"
+            )
         if self.judge is not None:
             taken = ["reward", "ref_logprobs"] + [e.key for e in self.annotations.external]
             if self.judge.key in taken:
@@ -171,6 +176,24 @@ class Config(Section):
         """The trainer computes the reference log-probs (reference.source=trainer): no reference worker
         annotates `ref_logprobs`, the assembler does not wait for them."""
         return self.reference.source == "trainer"
+
+    def chat_prompts(self, has_template: bool) -> bool:
+        """Whether the feeder renders prompts with the chat template (task.chat_template resolved), for a
+        tokenizer that has one (`has_template`) or not; a task of chat messages (task.fields.messages)
+        renders its own, so False."""
+        if self.task.fields.messages is not None:
+            return False
+        if self.tools.chat or self.task.chat_template is True:
+            return True
+        return self.task.chat_template == "auto" and has_template and self.env.fn is None
+
+    def reward_weights(self) -> dict[str, float]:
+        """Annotation key -> its weight in the trained reward: `reward` (annotations.reward_weight), the
+        judge's key (judge.weight), each external key (its weight)."""
+        weights = {"reward": self.annotations.reward_weight}
+        if self.judge is not None:
+            weights[self.judge.key] = self.judge.weight
+        return weights | {e.key: e.weight for e in self.annotations.external}
 
     def required_annotations(self) -> list[str]:
         """Annotation keys a rollout needs before the trainer may use it."""

@@ -60,6 +60,12 @@ class TaskConfig(Section):
     fields: TaskFields = TaskFields()
     template: str = "{prompt}"
     """Prompt format; {prompt} is the prompt field (gsm8k: GSM8K_TEMPLATE, which asks for a '#### N' line)."""
+    chat_template: Literal["auto"] | bool = "auto"
+    """Render each prompt with the model's chat template (the prompt as the user message, tools.system
+    as the system message, tools.template_kwargs passed to the template, the generation prompt added):
+    `auto` does where the tokenizer has a template and the job is single-turn (episodes use it with
+    tools.chat=true); `true` always (fails at start without a template); `false`: the raw text.
+    `streamrl up` says at start which one the job uses, `streamrl config --explain` too."""
     answer_format: Literal["raw", "gsm8k"] = "raw"
     """`gsm8k`: meta["answer"] is the number after the last '####' (commas removed); `raw`: as is."""
     max_items: int | None = Field(None, ge=1)

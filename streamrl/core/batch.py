@@ -34,6 +34,9 @@ class Batch:
     """Assembler counters for this batch (dropped_stale, filtered, wait_s, ...)."""
     group_ids: list[str] = field(default_factory=list)
     loss_mask: np.ndarray | None = None
+    annotation_texts: dict[str, list[str]] = field(default_factory=dict)
+    """Annotation key -> each rollout's annotation text (the judge's reply), for keys whose producer
+    wrote any ("" where it wrote none); samples.jsonl keeps them, the loss never reads them."""
     """Per-rollout 0/1 weight of its tokens in the loss (DAPO overlong filtering); None = all 1."""
 
     def __len__(self) -> int:
@@ -63,6 +66,7 @@ class Batch:
             stats=dict(self.stats),
             group_ids=list(self.group_ids),
             loss_mask=None if self.loss_mask is None else self.loss_mask[idx],
+            annotation_texts={k: [v[i] for i in index] for k, v in self.annotation_texts.items()},
         )
 
     def shard(self, rank: int, world: int) -> "Batch":
@@ -80,6 +84,7 @@ class Batch:
             stats=dict(self.stats),
             group_ids=list(self.group_ids),
             loss_mask=None if self.loss_mask is None else self.loss_mask[lo:hi],
+            annotation_texts={k: v[lo:hi] for k, v in self.annotation_texts.items()},
         )
 
 

@@ -165,7 +165,11 @@ def record_meta(task: TaskConfig, record: Any, where: str) -> dict:
             try:
                 answer = parse_gsm8k_answer(str(answer))
             except ValueError as exc:
-                raise ConfigError(f"{where}: {exc}; GSM8K answers end with e.g. '#### 42'") from None
+                raise ConfigError(
+                    f"{where}: {exc}; task.answer_format=gsm8k (the gsm8k preset) reads the number of GSM8K's "
+                    "last line, e.g. '#### 42'; for answers that are the final answer as they are "
+                    "(e.g. '42'), set task.answer_format=raw"
+                ) from None
         meta["answer"] = answer if isinstance(answer, str) else str(answer)
     for key in f.meta:
         if not _plain(record.get(key)):

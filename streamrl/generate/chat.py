@@ -35,9 +35,9 @@ class ChatBridge:
     def __init__(self, tokenizer, cfg: ToolsConfig, tool_schemas: list[dict] | None = None):
         if not getattr(tokenizer, "chat_template", None):
             raise ConfigError(
-                "tools.chat=true needs a tokenizer with a chat template, but model.path's has none; "
-                "use an instruct/chat model, set model.tiny.chat_template=true for the tiny model, "
-                "or set tools.chat=false"
+                "tools.chat=true (or task.chat_template=true) needs a tokenizer with a chat template, but "
+                "model.path's has none; use an instruct/chat model, set model.tiny.chat_template=true for the "
+                "tiny model, or set tools.chat=false and task.chat_template=auto"
             )
         self.tokenizer = tokenizer
         self.cfg = cfg

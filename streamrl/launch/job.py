@@ -32,15 +32,20 @@ def prepare_job(
     say: Callable[[str], None] = print,
     command: str = "streamrl up",
     started_at: float | None = None,
+    verbose: bool = False,
 ) -> "LocalJob":
     """Check `cfg` against this machine (`check`: streamrl/launch/preflight.py), resolve its model,
     create and lock the run directory (`run_dir`, or a new folder under runs/) and return the job,
     not started. A ConfigError here leaves nothing behind: no run directory, no process.
     `resume`: continue the run already in `run_dir` (its newest checkpoint); without it a run
-    directory an earlier job used is refused."""
+    directory an earlier job used is refused. `verbose`: the full step line on the console (RUN_DIR/logs/
+    steps.log has it either way)."""
+    from streamrl.core.progress_bars import quiet_progress_bars
     from streamrl.launch.preflight import require
+    from streamrl.models.chat_template import prompt_format
     from streamrl.models.tiny import resolve_model
 
+    quiet_progress_bars()  # before this process or the roles it starts load a model
     if check:
         require(cfg)
     cfg = resolve_model(cfg)
@@ -64,21 +69,24 @@ def prepare_job(
             f"(removed {', '.join(removed)}; logs/ kept)"
         )
     say(f"{command}: run '{cfg.run.name}' in {run_dir}")
+    say(prompt_format(cfg))
     if warning := cfg.broker.inline_password_warning():
         say(warning)
-    return LocalJob(cfg, run_dir, lock, resume, say, started_at)
+    return LocalJob(cfg, run_dir, lock, resume, say, started_at, verbose)
 
 
 class LocalJob:
     """A prepared job (prepare_job); `run()` runs it to its end in the calling thread."""
 
-    def __init__(self, cfg: Config, run_dir: Path, lock, resume: bool, say, started_at: float | None):
+    def __init__(
+        self, cfg: Config, run_dir: Path, lock, resume: bool, say, started_at: float | None, verbose: bool = False
+    ):
         self.cfg = cfg
         self.run_dir = run_dir
         self.say = say
         self.summary: dict | None = None
         """RUN_DIR/summary.json's accounting once the job ended (None: the broker was unreachable)."""
-        self._lock, self._resume, self._started_at = lock, resume, started_at
+        self._lock, self._resume, self._started_at, self._verbose = lock, resume, started_at, verbose
         self._supervisor = None
         self._stops = 0
         self._mutex = threading.Lock()
@@ -128,6 +136,7 @@ class LocalJob:
                 on_first_step=export.warm,
                 on_trained=export.start,
                 started_at=self._started_at,
+                verbose=self._verbose,
             )
             with self._mutex:
                 self._supervisor = sup
@@ -152,6 +161,10 @@ class LocalJob:
             shutil.rmtree(shm_root(cfg.run.name, run_dir), ignore_errors=True)
             if code != 0:
                 export.discard()
+        from streamrl.train.sink_paths import sink_lines
+
+        for line in sink_lines(cfg, run_dir):  # where W&B / TensorBoard wrote, and how to look
+            say(line)
         if code == 0:
             say(f"done: metrics in {run_dir / 'metrics.jsonl'}")
             say(export.finish())

@@ -26,6 +26,7 @@ from streamrl.core.errors import ConfigError
 from streamrl.core.imports import cwd_on_path
 from streamrl.generate.lora_versions import LORA_SUPPORT_CHECK, lora_support_message
 from streamrl.launch.code_checks import check_env_fn, check_reward_calls, check_tool_fns
+from streamrl.models.chat_template import check_chat_template
 
 
 def check_reward_fn(cfg: Config) -> str | None:
@@ -102,7 +103,10 @@ def check_model_path(cfg: Config) -> str | None:
     try:
         resolve_model_path(cfg.model, Path("unused"), cfg.run.seed)
     except ConfigError as exc:
-        return str(exc)
+        from streamrl.models.shapes import build_command
+
+        build = build_command(cfg.model.path, cfg.model.dtype)
+        return str(exc) + (f"; this config's random-weight model is built offline with `{build}`" if build else "")
     # A hub id: in the local cache, or the hub answers (seconds, not the loaders' minute of retries offline).
     return hub_id_problem(cfg.model.path, "model.path") if is_hub_id(cfg.model.path) else None
 
@@ -375,6 +379,7 @@ CHEAP = (
     check_weights_engine,
     check_broker,
     check_tool_fns,
+    check_chat_template,
 )
 SLOW = (check_vllm,)
 

@@ -111,6 +111,7 @@ class Supervisor:
         on_first_step: Callable[[], None] | None = None,
         on_trained: Callable[[], None] | None = None,
         started_at: float | None = None,
+        verbose: bool = False,
     ):
         """`resumed_at`: the checkpoint step a `--resume` continues from (None: a new run).
         `on_first_step`: called once the first step is in (the roles are up; the launcher is idle
@@ -118,7 +119,8 @@ class Supervisor:
         `on_trained`: called once the trainer has exited after its last step, before the other roles
         are stopped, so work on the final checkpoint (up's export) overlaps their shutdown.
         `started_at`: when the command started (time.time()), for the console's and summary.json's
-        command -> first step figure (first_step_s)."""
+        command -> first step figure (first_step_s). `verbose`: the full step line on the console
+        (RUN_DIR/logs/steps.log has it either way)."""
         self.cfg = cfg
         self.policy = RestartPolicy(cfg.supervisor)
         self.broker_watch = BrokerWatch(broker_server, cfg.supervisor.restart_broker, say)
@@ -132,7 +134,15 @@ class Supervisor:
         self.config_path = run_dir / "config.yaml"
         self._stop_requested = 0
         self.resumed_at = resumed_at
-        self.progress = Progress(cfg.trainer.steps, say, after_step=resumed_at or 0, started_at=started_at)
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        self.progress = Progress(
+            cfg.trainer.steps,
+            say,
+            after_step=resumed_at or 0,
+            started_at=started_at,
+            verbose=verbose,
+            log_path=run_dir / "logs" / "steps.log",
+        )
         self.startup = StartupWatch(run_dir, started_at=started_at)
         """Until the first step: each role's readiness and who is still starting (streamrl/launch/startup_watch.py)."""
         self.failures = DeadLetterWatch(broker_url, cfg.run.name)
@@ -290,6 +300,12 @@ class Supervisor:
         finally:
             self.children += self.retiring
             self.stop_all()
+            # The step the roles finished while stopping (Ctrl-C: the trainer completes and checkpoints
+            # its step): on the console too, so it ends where metrics.jsonl and the checkpoint do.
+            try:
+                self.progress.show(read_metrics(self.run_dir))
+            except (OSError, ValueError):  # a row torn by a killed trainer: the accounting still runs
+                pass
             try:
                 self._account()
             finally:

@@ -170,6 +170,16 @@ def build_random_model(shape: str, out_dir: Path, dtype: str = "bfloat16", seed:
     return out_dir
 
 
+def build_command(model_path: str, dtype: str) -> str | None:
+    """The command that builds a missing random-weight shape whose folder the config names (the GPU
+    configs' `runs/models/<shape>-random`, as their header says), else None."""
+    name = Path(model_path).name
+    shape = name.removesuffix("-random")
+    if name == shape or shape not in SHAPES:
+        return None
+    return f"python -m streamrl.models.shapes {shape} {model_path} --dtype {dtype}"
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m streamrl.models.shapes", description=__doc__.split("\n\n")[0])
     p.add_argument("shape", choices=sorted(SHAPES))

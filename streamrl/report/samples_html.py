@@ -27,6 +27,7 @@ def sample_html(row: dict) -> str:
         body += [_block(t["role"], t["text"], t["role"]) for t in row["turns"]]
     else:
         body.append(_block("completion", row["completion"], "model"))
+    body += [_block(f"{key} said", text, "env") for key, text in row.get("annotation_texts", {}).items()]
     return f'<div class="s"><div class="h">{head}</div>{"".join(body)}</div>'
 
 

@@ -133,6 +133,27 @@ def merge_adapter(adapter: dict[str, torch.Tensor], cfg, out: Path) -> dict[str,
     return {k: v.detach() for k, v in peft_model.merge_and_unload().state_dict().items()}
 
 
+def current_umask() -> int:
+    """This process's umask, read without setting it (os.umask would change it for every thread for a moment;
+    the export runs in a thread of `streamrl up`)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022
+
+
+def readable_files(folder: Path) -> None:
+    """Every file under `folder` with the mode a plain write gives (0644 under umask 022): safetensors
+    writes its files 0600 (a private temporary file renamed), the other files of the export are 0644."""
+    umask = current_umask()
+    for path in folder.rglob("*"):
+        if path.is_file():
+            path.chmod(0o666 & ~umask)
+
+
 def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> Path:
     """Write checkpoint `step` (default: the newest) of `run_dir` as a HF folder at `out_dir`."""
     run_dir, out_dir = Path(run_dir), Path(out_dir)
@@ -166,6 +187,7 @@ def export_checkpoint(run_dir: Path, out_dir: Path, step: int | None = None) -> 
         save_hf_folder(state, cfg.model.path, cfg.model.dtype, tmp / "hf")
         if cfg.trainer.lora.enabled:
             (tmp / ADAPTER_DIR).rename(tmp / "hf" / ADAPTER_DIR)
+        readable_files(tmp / "hf")
         if out_dir.exists():
             shutil.rmtree(out_dir)
         (tmp / "hf").rename(out_dir)

@@ -81,6 +81,8 @@ class MetricsWriter:
         self._fh = open(self.path, "a", buffering=1) if self.path else None
         self.sink = make_sink(cfg, run_dir) if cfg is not None else NullSink()
         self.samples_per_step = cfg.metrics.samples_per_step if cfg is not None else 0
+        self.reward_weights = cfg.reward_weights() if cfg is not None else {}
+        """What each sample row says its reward was summed from (`streamrl samples` prints the sum)."""
         self._samples = open(Path(run_dir) / FILE, "a", buffering=1) if run_dir and self.samples_per_step else None
 
     def write(self, record: dict) -> str:
@@ -93,7 +95,7 @@ class MetricsWriter:
 
     def write_samples(self, batch, step: int) -> list[dict]:
         """metrics.samples_per_step rollouts of this step's batch to samples.jsonl and the sinks."""
-        rows = sample_rows(batch, step, self.samples_per_step)
+        rows = sample_rows(batch, step, self.samples_per_step, self.reward_weights)
         if self._samples and rows:
             self._samples.write("".join(json.dumps(r) + "\n" for r in rows))
         if rows:

@@ -49,8 +49,9 @@ def _num(x) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def sample_rows(batch, step: int, n: int) -> list[dict]:
-    """Up to n rows of `batch` (spread over its groups) as samples.jsonl records; pure."""
+def sample_rows(batch, step: int, n: int, weights: dict[str, float] | None = None) -> list[dict]:
+    """Up to n rows of `batch` (spread over its groups) as samples.jsonl records; `weights`
+    (Config.reward_weights) go into each row so a reader sees how the reward was summed; pure."""
     if n <= 0 or len(batch) == 0:
         return []
     rows = []
@@ -70,6 +71,10 @@ def sample_rows(batch, step: int, n: int) -> list[dict]:
             "finish_reason": r.finish_reason,
             "tokens": len(r.completion_ids),
         }
+        if weights:
+            row["reward_weights"] = dict(weights)
+        if texts := {k: v[i] for k, v in batch.annotation_texts.items() if v[i]}:
+            row["annotation_texts"] = texts  # the judge's reply, under its key
         if episode := turns(r.text, r.meta.get("turn_chars")):
             row["turns"] = episode
         rows.append(row)
@@ -84,16 +89,37 @@ def read_samples(run_dir: Path, step: int | None = None) -> list[dict]:
     return [r for r in rows if step is None or r.get("step") == step]
 
 
+def _g(x) -> str:
+    """A number as the console shows it: 3 significant digits (0.0125, 0.562, 12.3), integers bare."""
+    return "none" if x is None else f"{x:.3g}"
+
+
+def reward_part(row: dict) -> str:
+    """`reward 0.111 = 0 x reward 0.562 + 0.111 x judge 1` where the row says how its reward was summed
+    (reward_weights) and more than one key (or a weight other than 1) went in; else `reward 0.562` with
+    the components in parentheses; pure."""
+    comps = {k: v for k, v in row.get("reward_components", {}).items() if v is not None}
+    weights = row.get("reward_weights") or {}
+    summed = [k for k in weights if k in comps]
+    if summed and (len(summed) > 1 or weights[summed[0]] != 1):
+        terms = " + ".join(f"{_g(weights[k])} x {k} {_g(comps[k])}" for k in summed)
+        rest = ", ".join(f"{k} {_g(v)}" for k, v in comps.items() if k not in weights)
+        return f"reward {_g(row['reward'])} = {terms}" + (f" ({rest})" if rest else "")
+    parts = ", ".join(f"{k}={_g(v)}" for k, v in comps.items())
+    return f"reward {_g(row['reward'])}" + (f" ({parts})" if parts else "")
+
+
 def header_parts(row: dict) -> list[str]:
     """What a sample's header says, in order: the console's (`format_sample`) and the HTML page's
     (streamrl/report/samples_html.py)."""
-    parts = ", ".join(f"{k}={v:.3g}" for k, v in row.get("reward_components", {}).items() if v is not None)
+    calls = row.get("tool_calls")
     return [
         f"group {row['group_id']} #{row['sample']}",
-        f"reward {row['reward']}" + (f" ({parts})" if parts else ""),
+        reward_part(row),
         f"version {row['version']}",
         f"staleness {row['staleness']}",
         f"{row['tokens']} tokens ({row['finish_reason']})",
+        *([f"tools called: {', '.join(calls) if calls else 'none'}"] if calls is not None else []),
     ]
 
 
@@ -106,4 +132,6 @@ def format_sample(row: dict) -> str:
             lines.append(f"  {t['role']:>5}: " + t["text"].strip().replace("\n", "\n         "))
     else:
         lines.append("  completion: " + row["completion"].strip().replace("\n", "\n              "))
+    for key, text in row.get("annotation_texts", {}).items():  # what the judge said
+        lines.append(f"  {key} said: " + text.strip().replace("\n", "\n    "))
     return "\n".join(lines)

@@ -68,6 +68,9 @@ def test_sigint_to_the_process_group_stops_cleanly(tmp_path):
         last = steps(run_dir)[-1]
         assert summary["checkpointed_version"] == last, (summary, last)  # the final checkpoint was written
         assert latest_checkpoint(run_dir).name == f"step-{last:08d}"
+        # the console ends where metrics.jsonl and the checkpoint do (the step finished while stopping)
+        shown = [ln for ln in text.splitlines() if ln.startswith("step ") and "/60 | reward" in ln]
+        assert shown[-1].startswith(f"step {last:>4}/60 "), (shown[-3:], last)
         stopped = time.time() + 10
         while _alive(broker_pid) and time.time() < stopped:
             time.sleep(0.1)

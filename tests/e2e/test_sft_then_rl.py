@@ -18,6 +18,7 @@ def test_rl_from_sft_starts_where_rl_from_scratch_ends(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     sft = metrics(sft_dir)
     assert [r["step"] for r in sft] == list(range(1, 41)) and "sft step   40/40" in res.stdout
+    assert "Loading weights:" not in res.stdout + res.stderr  # no transformers progress bar (issue 43)
     evals = [r["eval_loss"] for r in sft if "eval_loss" in r]
     assert len(evals) == 4 and evals[-1] < evals[0]
     assert {"config.json", "model.safetensors", "tokenizer.json", "generation_config.json"} <= {

@@ -78,6 +78,17 @@ def test_python_api_job_learns_asynchronously(tmp_path):
     # the trained weights were loaded: they score above the run's first steps (generator.temperature, as in training)
     assert rec["eval/mean@8"] > first + 0.15, (rec, first)
     assert not list((run_dir / "eval").glob(".model-*"))  # the exported weights are removed
+    # issue 43: the tiny model has no chat template, so its prompts stay raw text (and this job learns as
+    # before), said at start; a short step line with an ETA, the full one in logs/steps.log; no progress bars
+    assert "prompts: raw text (the model's tokenizer has no chat template; task.chat_template=auto)" in out
+    step40 = next(line for line in out.splitlines() if line.startswith("step   40/40 "))
+    assert " busy " not in step40 and "t=" not in step40 and len(step40) <= 160, step40
+    assert "ETA " in next(line for line in out.splitlines() if line.startswith("step   39/40 "))
+    logged = (run_dir / "logs" / "steps.log").read_text().splitlines()
+    assert len(logged) == 40 and any("generators " in ln and ", busy " in ln for ln in logged), logged[-1]
+    bar = "Loading weights:"  # transformers' tqdm bar (vLLM's "Loading weights took 0.1 seconds" is a log line)
+    assert bar not in out + res.stderr, out
+    assert all(bar not in log.read_text(errors="replace") for log in (run_dir / "logs").glob("*.out"))
 
 
 def test_bad_config_fails_before_anything_starts(tmp_path):

@@ -148,7 +148,10 @@ def test_config_refuses_a_file_without_the_answer_column(tmp_path, capsys):
         is None
     )
     gsm = write_jsonl(tmp_path / "gsm.jsonl", [{"question": "1 + 1?", "answer": "2"}])
-    assert "'#### 42'" in check_task(Config.model_validate({"task": {"name": "gsm8k", "path": str(gsm)}}))
+    problem = check_task(Config.model_validate({"task": {"name": "gsm8k", "path": str(gsm)}}))
+    assert "'#### 42'" in problem and "set task.answer_format=raw" in problem  # issue 43: the way out is named
+    raw = {"task": {"name": "gsm8k", "path": str(gsm), "answer_format": "raw"}}
+    assert check_task(Config.model_validate(raw)) is None  # and it works
 
 
 def test_preflight_checks_the_eval_task_too(tmp_path):

@@ -37,9 +37,13 @@ def test_step_line_shows_loss_kl_entropy_and_grad_norm():
 
 
 def test_step_line_shows_mfu_and_the_generators_rate_where_known():
-    line = step_line(_row(3, mfu=0.2834, gen_tokens_per_s=12345.6, gen_busy=0.91), 10)
-    assert "train 0.50s mfu 28.3% | gen 12,346 tok/s busy 91% | t=3s" in line
-    assert "mfu" not in step_line(_row(3), 10) and "gen " not in step_line(_row(3), 10)
+    line = step_line(_row(3, mfu=0.2834, gen_tokens_per_s=12345.6, gen_busy=0.91), 10, verbose=True)
+    assert (
+        "trainer wait 0.50s train 0.50s mfu 28.3% | generators 12,346 tok/s, busy 91% of the time | elapsed 3s" in line
+    )
+    assert "mfu" not in step_line(_row(3), 10, verbose=True) and "generators" not in step_line(
+        _row(3), 10, verbose=True
+    )
 
 
 def test_step_line_shows_groups_dropped_stale_once_there_are_any():

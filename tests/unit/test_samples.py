@@ -103,4 +103,15 @@ def test_html_page_escapes_and_groups_by_step():
 
 def test_format_sample_is_one_readable_block():
     text = format_sample(sample_rows(_batch(), 4, 1)[0])
-    assert text.startswith("step 4  group g0 #0  reward 1.0 (reward/math=1)  version 1  staleness 2")
+    assert text.startswith("step 4  group g0 #0  reward 1 (reward/math=1)  version 1  staleness 2")
+
+
+def test_a_judges_reply_is_kept_in_the_row_and_follows_the_rows_of_a_micro_batch():
+    batch = _batch()
+    batch.annotation_texts = {"judge": ["7", "", "2 - short", "9"]}
+    rows = sample_rows(batch, 1, 4, {"reward": 0.0, "judge": 0.1})
+    assert [r.get("annotation_texts") for r in rows] == [{"judge": "7"}, None, {"judge": "2 - short"}, {"judge": "9"}]
+    assert rows[0]["reward_weights"] == {"reward": 0.0, "judge": 0.1}
+    assert batch.select([2, 0]).annotation_texts == {"judge": ["2 - short", "7"]}
+    assert batch.shard(1, 2).annotation_texts == {"judge": ["2 - short", "9"]}
+    assert "<b>judge said</b><pre>7</pre>" in samples_page(rows, "x")  # the report's page shows it too

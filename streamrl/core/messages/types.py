@@ -95,6 +95,9 @@ class Annotation:
     parts: dict = field(default_factory=dict)
     """Optional {name: number}: the components a combined `reward` was summed from (reward.components),
     logged per step as reward_components["reward/<name>"]; never trained on separately."""
+    text: str = ""
+    """Optional: the producer's own words on this rollout (the judge's reply its score was read from),
+    kept beside the rollout in RUN_DIR/samples.jsonl when it is sampled; never trained on."""
 
 
 @dataclass

@@ -109,6 +109,7 @@ async def test_judge_scores_policy_rollouts(config, broker, tmp_path):
         for r in rollouts:
             prompt = render(cfg.judge.template, r.prompt_text, r.text, r.meta)
             assert got[r.rollout_id].value == argmax_digit(cfg.model.path, prompt), r.text
+            assert got[r.rollout_id].text.strip() == str(int(got[r.rollout_id].value))  # its reply, for samples.jsonl
         assert len({a.value for a in got.values()}) >= 3  # the check saw more than one digit
 
         # Sampled (temperature 0.1) and seeded per rollout: a rollout judged again scores the same.
@@ -125,6 +126,7 @@ async def test_judge_scores_policy_rollouts(config, broker, tmp_path):
         await broker.client.delete(worker.keys.annotations)
         bad = await judged(worker, rollouts[:4])
         assert all("does not match judge.score.regex" in a.error for a in bad.values())
+        assert all(a.text.strip().isdigit() for a in bad.values())  # the reply that did not parse is kept too
         assert len(await broker.read(worker.keys.deadletter)) == 4
         assert worker.stats["judge_errors"] == 4
         info = {g["name"]: g for g in await broker.group_info(worker.keys.rollouts)}

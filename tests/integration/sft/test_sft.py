@@ -265,6 +265,9 @@ def test_export_command(runs, tmp_path, capsys):
     assert main(["export", str(runs["torchtitan"]), "--step", "2", "--out", str(tmp_path / "out")]) == 0
     assert f"exported {tmp_path / 'out'}" in capsys.readouterr().out
     assert (tmp_path / "out" / "model.safetensors").is_file()
+    # safetensors writes 0600; the export's files all get the mode the others have (0644 under umask 022)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "out").iterdir()}
+    assert set(modes.values()) == {0o644}, modes
 
 
 def test_export_errors_name_the_fix(runs, tmp_path):
