@@ -36,7 +36,10 @@ def run(args) -> int:
     preflight(args, cfg)
     data = resolved_dump(cfg)  # as RUN_DIR/config.yaml will hold it: the objective's defaults applied
     if args.explain:
+        from streamrl.launch.placement import describe, host_gpu_count
+
         print(explain(data, cfg, resolve_loss(cfg)), end="")
+        print(describe(cfg, host_gpu_count()), end="")
     else:
         print(yaml.safe_dump(data, sort_keys=False), end="")
     return 0
