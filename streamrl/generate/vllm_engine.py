@@ -123,11 +123,7 @@ class VLLMEngine:
         from vllm.platforms import current_platform
 
         tp = self.gen.tensor_parallel_size
-        # The CPU build's TP workers, forked from a forked EngineCore, started and loaded the model but then
-        # never answered its first step (tiny model, 2 cores: "No available shared memory broadcast block
-        # found in 60 seconds"); started by spawn, as vLLM's CPU platform itself chooses, they generate.
-        setting = "spawn" if current_platform.is_cpu() and tp > 1 else self.gen.engine_start_method
-        method = choose_start_method(setting, current_platform.is_cpu(), threads)
+        method = choose_start_method(self.gen.engine_start_method, current_platform.is_cpu(), threads)
         if current_platform.is_cpu() and tp > 1:
             # vLLM binds each CPU worker's OpenMP threads to the cores this lists ("0|1": one each); its
             # default, `auto`, binds by NUMA node, one node per worker, which a small host lacks.
@@ -164,7 +160,7 @@ class VLLMEngine:
                 if current_platform.is_cpu()
                 else {}
             ),
-            **({"worker_extension_cls": self.extension} if self.extension else {}),
+            **extension_args(self.extension, current_platform.is_cpu() and tp > 1),
             **parallel_args(tp),
             **lora_args(self.lora),
         )
@@ -332,6 +328,16 @@ class VLLMEngine:
             llm.shutdown(timeout=ENGINE_EXIT_S)
         except TypeError:  # a vLLM whose shutdown takes no timeout: its own default (5 s)
             llm.shutdown()
+
+
+CPU_TP_EXTENSION = "streamrl.generate.cpu_tp.CpuTPExtension"
+
+
+def extension_args(extension: str | None, cpu_tp: bool) -> dict:
+    """AsyncEngineArgs' worker_extension_cls: the weight backend's, or on a CPU engine of several TP
+    workers streamrl/generate/cpu_tp.py (a backend's extension there must import it itself)."""
+    chosen = extension or (CPU_TP_EXTENSION if cpu_tp else None)
+    return {"worker_extension_cls": chosen} if chosen else {}
 
 
 def parallel_args(tp: int) -> dict:

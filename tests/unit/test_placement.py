@@ -12,7 +12,7 @@ import pytest
 
 from streamrl.config.files import load_config
 from streamrl.core.errors import ConfigError
-from streamrl.generate.vllm_engine import cpu_threads_bind, parallel_args
+from streamrl.generate.vllm_engine import CPU_TP_EXTENSION, cpu_threads_bind, extension_args, parallel_args
 from streamrl.launch.placement import describe, head_error, layout, placement_errors
 
 EIGHT = [
@@ -92,3 +92,11 @@ def test_tp_engine_args_and_cpu_binding():
     assert parallel_args(2) == {"tensor_parallel_size": 2, "distributed_executor_backend": "mp"}
     bind = cpu_threads_bind(2).split("|")
     assert len(bind) == 2 and all(bind)
+
+
+def test_cpu_tp_workers_get_the_all_reduce_extension():
+    """A CPU engine of several TP workers loads streamrl/generate/cpu_tp.py in each (gloo all-reduce);
+    a weight backend's own extension is kept (cuda_ipc's is GPU-only)."""
+    assert extension_args(None, cpu_tp=True) == {"worker_extension_cls": CPU_TP_EXTENSION}
+    assert extension_args("pkg.Ext", cpu_tp=True) == {"worker_extension_cls": "pkg.Ext"}
+    assert extension_args(None, cpu_tp=False) == {}
