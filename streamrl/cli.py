@@ -21,6 +21,7 @@ COMMANDS = [
     "export",
     "worker",
     "config",
+    "plan",
     "scale",
     "status",
     "account",
