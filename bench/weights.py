@@ -11,6 +11,7 @@ while the generator is busy: stall = time of the snapshot call the training loop
 
     streamrl bench weights --out /tmp/w                                   # CPU: tiny Qwen3, shm
     streamrl bench weights --shape qwen3-1.7b --dtype bfloat16 --out /tmp/w   # GPU: cuda_ipc
+    streamrl bench weights --tensor-parallel-size 2 --out /tmp/w          # CPU: one engine of 2 workers
 """
 
 from __future__ import annotations
@@ -85,6 +86,13 @@ def add_arguments(p) -> None:
         help="generator.stream_interval, tokens per delta, 0: one output per request (default: the config's); "
         "plain vLLM streams every token",
     )
+    p.add_argument(
+        "--tensor-parallel-size",
+        type=int,
+        default=1,
+        help="generator.tensor_parallel_size: one engine over this many devices (CPU: workers of the "
+        "host's cores); every publish is loaded by each TP worker",
+    )
     p.add_argument("--broker", help="redis:// URL (default: a private embedded server)")
     p.add_argument("--cache", default=None, help="where built models go (default: the temp dir)")
 
@@ -109,6 +117,7 @@ def _config(args, url: str, model: str, dtype: str, backend: str):
         rollout=RolloutConfig(group_size=8),
         generator=GeneratorConfig(
             max_tokens=args.max_tokens,
+            tensor_parallel_size=args.tensor_parallel_size,
             ignore_eos=True,
             temperature=1.0,
             max_inflight_groups=max(1, args.requests // 8),
@@ -378,7 +387,7 @@ def run(args) -> int:
     s = result["settings"]
     print(
         f"weights bench: {s['model']} ({s['params'] / 1e6:.1f}M params, {s['dtype']}, {s['device']}), "
-        f"backend {s['backend']}, {args.requests} requests x {args.max_tokens} tokens"
+        f"backend {s['backend']}, TP={args.tensor_parallel_size}, {args.requests} requests x {args.max_tokens} tokens"
     )
     print_table(
         [{k: round(v, 4) if isinstance(v, float) else v for k, v in p.items()} for p in result["publishes"]],

@@ -22,6 +22,7 @@ COMMANDS = [
     "eval",
     "worker",
     "config",
+    "plan",
     "scale",
     "status",
     "account",

@@ -40,10 +40,12 @@ def run(args) -> int:
     preflight(args, cfg)
     data = resolved_dump(cfg)  # as RUN_DIR/config.yaml will hold it: the objective's defaults applied
     if args.explain is not None:
+        from streamrl.launch.placement import describe, host_gpu_count
         from streamrl.models.chat_template import prompt_format
 
         notes = {"task.chat_template": prompt_format(cfg)}
         print(explain(data, cfg, resolve_loss(cfg), notes, args.explain), end="")
+        print(describe(cfg, host_gpu_count()), end="")
     else:
         print(yaml.safe_dump(data, sort_keys=False), end="")
     return 0

@@ -52,6 +52,15 @@ class GeneratorConfig(Section):
     top_p: float = Field(1.0, gt=0, le=1)
     max_inflight_groups: int = Field(8, ge=1)
     """Prompt groups a generator takes before it has published their completions."""
+    tensor_parallel_size: int = Field(1, ge=1)
+    """Devices one generator's vLLM engine spans (vLLM's tensor_parallel_size): one process owns the
+    engine, vLLM starts one worker per device, and every weight version and LoRA adapter is loaded on
+    each of them (the loaders' `collective_rpc` reaches every worker). For a model whose weights and KV
+    cache do not fit one GPU; more generators (generator.count) is the way to more throughput. Must
+    divide the model's attention heads, and its KV heads divide it or be divisible by it; with
+    supervisor.devices each generator's entry lists this many GPUs ("0,1"). On the CPU build the
+    host's cores are split among the workers (VLLM_CPU_OMP_THREADS_BIND, unless set) and
+    cpu_worker_in_engine does not apply (docs/multigpu.md)."""
     gpu_memory_utilization: float = Field(0.1, gt=0, le=1)
     """vLLM's memory fraction (on the CPU build: the fraction of RAM for the KV cache)."""
     enforce_eager: bool = True

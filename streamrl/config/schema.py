@@ -70,6 +70,25 @@ __all__ = [
 ]
 
 
+def check_device_entries(devices: dict[str, list[str]], tp: int) -> None:
+    """supervisor.devices rules that need no host: no GPU twice in one process's entry, and each
+    tensor-parallel generator's entry as many GPUs as its engine spans (the host's rules: streamrl/launch/placement.py)."""
+    for role, entries in devices.items():
+        for entry in entries:
+            ids = entry.split(",")
+            if len(set(ids)) < len(ids):
+                raise ValueError(
+                    f"supervisor.devices.{role} entry {entry!r} lists a GPU twice; list each GPU of a process once"
+                )
+            # tp=1 may list more (cuda_ipc gives generators the trainer's list; vLLM takes the first)
+            if role == "generator" and (len(ids) < tp or (tp > 1 and len(ids) != tp)):
+                raise ValueError(
+                    f"supervisor.devices.generator entry {entry!r} gives a generator {len(ids)} GPU(s), but "
+                    f"generator.tensor_parallel_size={tp} spans {tp}; list {tp} GPUs per generator "
+                    f"(e.g. {','.join(map(str, range(tp)))!r}) or set tensor_parallel_size={len(ids)}"
+                )
+
+
 class Config(Section):
     run: RunConfig = RunConfig()
     broker: BrokerConfig = BrokerConfig()
@@ -122,6 +141,7 @@ class Config(Section):
                 f"trainer.world_size={self.trainer.world_size} needs that many GPUs, but supervisor.devices."
                 f'trainer gives {trainer_gpus[0]!r}; list one GPU per rank (e.g. "0,1") or lower world_size'
             )
+        check_device_entries(devices, self.generator.tensor_parallel_size)
         loras, keep = self.generator.max_loras, self.rollout.max_staleness + 1
         if self.trainer.lora.enabled and loras is not None and loras < keep:
             raise ValueError(

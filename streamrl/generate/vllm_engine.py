@@ -122,8 +122,13 @@ class VLLMEngine:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.gen.cpu_kvcache_gb))
         from vllm.platforms import current_platform
 
+        tp = self.gen.tensor_parallel_size
         method = choose_start_method(self.gen.engine_start_method, current_platform.is_cpu(), threads)
-        if current_platform.is_cpu() and self.gen.cpu_worker_in_engine:
+        if current_platform.is_cpu() and tp > 1:
+            # vLLM binds each CPU worker's OpenMP threads to the cores this lists ("0|1": one each); its
+            # default, `auto`, binds by NUMA node, one node per worker, which a small host lacks.
+            os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", cpu_threads_bind(tp))
+        if current_platform.is_cpu() and self.gen.cpu_worker_in_engine and tp == 1:
             # vLLM's CPU build otherwise starts the model worker as a process of its own, after the
             # EngineCore's: a second Python interpreter importing torch + vLLM on every (re)start.
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -155,7 +160,8 @@ class VLLMEngine:
                 if current_platform.is_cpu()
                 else {}
             ),
-            **({"worker_extension_cls": self.extension} if self.extension else {}),
+            **extension_args(self.extension, current_platform.is_cpu() and tp > 1),
+            **parallel_args(tp),
             **lora_args(self.lora),
         )
         loggers = [_prefix_cache_logger(self.prefix_cache)]
@@ -322,6 +328,33 @@ class VLLMEngine:
             llm.shutdown(timeout=ENGINE_EXIT_S)
         except TypeError:  # a vLLM whose shutdown takes no timeout: its own default (5 s)
             llm.shutdown()
+
+
+CPU_TP_EXTENSION = "streamrl.generate.cpu_tp.CpuTPExtension"
+
+
+def extension_args(extension: str | None, cpu_tp: bool) -> dict:
+    """AsyncEngineArgs' worker_extension_cls: the weight backend's, or on a CPU engine of several TP
+    workers streamrl/generate/cpu_tp.py (a backend's extension there must import it itself)."""
+    chosen = extension or (CPU_TP_EXTENSION if cpu_tp else None)
+    return {"worker_extension_cls": chosen} if chosen else {}
+
+
+def parallel_args(tp: int) -> dict:
+    """AsyncEngineArgs of a tensor-parallel engine (generator.tensor_parallel_size): one worker process
+    per device, started by vLLM's multiprocessing executor (Ray is not a streamrl dependency)."""
+    if tp == 1:
+        return {}
+    return {"tensor_parallel_size": tp, "distributed_executor_backend": "mp"}
+
+
+def cpu_threads_bind(tp: int) -> str:
+    """VLLM_CPU_OMP_THREADS_BIND for `tp` CPU workers: this process's cores in `tp` contiguous runs
+    ("0|1" on 2 cores, "0-3|4-7" on 8); a worker gets one core at least (shared where there are fewer)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    per = max(1, len(cores) // tp)
+    runs = [cores[(i * per) % len(cores) : (i * per) % len(cores) + per] for i in range(tp)]
+    return "|".join(",".join(map(str, run)) for run in runs)
 
 
 def lora_args(lora: LoraSlots | None) -> dict:

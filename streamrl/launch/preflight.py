@@ -366,6 +366,15 @@ def check_vllm(cfg: Config, timeout_s: float = 120.0) -> str | None:
     )
 
 
+def check_placement(cfg: Config) -> str | None:
+    """The layout adds up (streamrl/launch/placement.py): generator.tensor_parallel_size splits the model's
+    heads, the GPUs supervisor.devices lists exist on this host, no two TP engines share a GPU."""
+    from streamrl.launch.placement import host_gpu_count, model_heads, placement_errors
+
+    errors = placement_errors(cfg, host_gpu_count(), model_heads(cfg) if cfg.generator.count else None)
+    return "\n".join(errors) or None
+
+
 CHEAP = (
     check_reward_fn,
     check_reward_calls,
@@ -377,6 +386,7 @@ CHEAP = (
     check_lora,
     check_cuda,
     check_weights_engine,
+    check_placement,
     check_broker,
     check_tool_fns,
     check_chat_template,

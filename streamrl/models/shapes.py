@@ -42,6 +42,26 @@ SHAPES: dict[str, dict] = {
         vocab_size=151936,
         tie_word_embeddings=True,
     ),
+    "qwen3-8b": dict(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
+    "qwen3-32b": dict(
+        hidden_size=5120,
+        intermediate_size=25600,
+        num_hidden_layers=64,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        vocab_size=151936,
+        tie_word_embeddings=False,
+    ),
     # CPU smoke shape (vLLM CPU attention needs head dim >= 32): the bench's CI run.
     "qwen3-tiny": dict(
         hidden_size=128,
