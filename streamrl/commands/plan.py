@@ -44,6 +44,9 @@ def shape_of(name: str):
     if name in SHAPES:
         return ModelShape.from_config(SHAPES[name])
     path = Path(name) / "config.json"
+    random_of = Path(name).name.removesuffix("-random")
+    if not path.is_file() and random_of in SHAPES:  # a GPU config's runs/models/<shape>-random, not built yet
+        return ModelShape.from_config(SHAPES[random_of])
     if not path.is_file():
         raise ConfigError(
             f"{name!r} is neither a model shape ({', '.join(sorted(SHAPES))}) nor a folder with config.json"

@@ -12,6 +12,7 @@ import pytest
 
 from streamrl.commands.plan import shape_of, table
 from streamrl.config.files import load_config
+from streamrl.core.errors import ConfigError
 from streamrl.models.sizing import Plan
 
 
@@ -37,3 +38,11 @@ def test_plan_prints_the_table_for_the_8gpu_config():
     text = table(cfg, ["qwen3-1.7b", "qwen3-8b", "qwen3-32b"], gpus=8, gpu_gb=80)
     assert "qwen3-8b: trainer on 4 GPU(s) (33 GB each) + 2 generator(s) of TP=2 (47 GB per GPU)" in text
     assert "qwen3-32b: no layout of 8 x 80 GB fits" in text
+
+
+def test_plan_of_a_gpu_config_whose_random_model_is_not_built_yet(tmp_path):
+    # configs/qwen3-8b-8gpu.yaml names runs/models/qwen3-8b-random, built offline on the GPU host: the plan
+    # reads the shape it would be built from, here where the folder does not exist
+    assert shape_of(str(tmp_path / "qwen3-8b-random")) == shape_of("qwen3-8b")
+    with pytest.raises(ConfigError, match="neither a model shape"):
+        shape_of(str(tmp_path / "qwen3-9b-random"))
