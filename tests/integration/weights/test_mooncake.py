@@ -195,14 +195,14 @@ async def test_peer_serves_later_reader_and_falls_back_to_trainer(config: Config
     await pub.close()
 
 
-def test_missing_engine_is_a_config_error_naming_the_install(config: Config):
-    code = (
-        "import sys; sys.modules['mooncake'] = None\n"
-        "from streamrl.launch.preflight import check_weights_engine\n"
-        "from tests.integration.weights.mooncake_procs import cfg_of\n"
-        f"print(check_weights_engine(cfg_of({config.broker.url!r}, 'r')))"
-    )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=120)
-    assert "weights.backend=mooncake needs the Mooncake Transfer Engine" in out.stdout, out.stderr
-    assert "apt-get install -y libibverbs1 libnl-3-200 libnl-route-3-200" in out.stdout
-    assert "pip install 'streamrl[mooncake]'" in out.stdout
+def test_missing_engine_is_a_config_error_naming_the_install(config: Config, monkeypatch):
+    # The engine made unimportable in this process (as with the wheel or its libibverbs/libnl missing): a
+    # None in sys.modules fails every import of it, already imported or not (was a fresh interpreter, ~5 s).
+    from streamrl.launch.preflight import check_weights_engine
+
+    monkeypatch.setitem(sys.modules, "mooncake", None)
+    monkeypatch.setitem(sys.modules, "mooncake.engine", None)
+    out = check_weights_engine(cfg_of(config.broker.url, "r"))
+    assert "weights.backend=mooncake needs the Mooncake Transfer Engine" in out
+    assert "apt-get install -y libibverbs1 libnl-3-200 libnl-route-3-200" in out
+    assert "pip install 'streamrl[mooncake]'" in out
