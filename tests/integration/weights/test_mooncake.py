@@ -67,21 +67,6 @@ def _next_line(proc: subprocess.Popen, key: str) -> dict:
             return row
 
 
-async def test_late_reader_pulls_newest_with_no_rendezvous(config: Config, broker, tmp_path: Path):
-    pub = make_publisher(_cfg(config), broker, None)
-    for v in (1, 2, 3):
-        h = await pub.publish(v, uniform_state(v, 4))
-    spec = decode_spec(h)
-    assert (spec["session"], spec["slot"]) == (pub.engine.session, 3 % 2)
-    assert [e[0] for e in spec["entries"]] == ["a.weight", "b.weight"] and h.bytes == spec["length"]
-    # A generator started after three publishes: it asks the broker, then reads the trainer's memory.
-    rows = _lines(_reader(config, tmp_path, 1))
-    assert [r for r in rows if "version" in r and "error" not in r] == [
-        {"version": 3, "source": "trainer", "uniform": True, "value": 3.0}
-    ]
-    await pub.close()
-
-
 async def test_slot_reused_mid_read_is_discarded_never_mixed(config: Config, broker, tmp_path: Path):
     # keep=1: every publish rewrites the slot a reader is reading. Publishes back to back: filling 128 MB in
     # memory is several times faster than a reader's pull of it over TCP (~0.2-0.3 s on loopback), so reads
@@ -178,20 +163,27 @@ async def test_unreachable_engine_names_address_and_setting(config: Config, brok
     await pub.close()
 
 
-async def test_peer_serves_later_reader_and_falls_back_to_trainer(config: Config, broker, tmp_path: Path):
+async def test_late_reader_pulls_newest_then_a_peer_serves_a_later_reader_and_falls_back_to_trainer(
+    config: Config, broker, tmp_path: Path
+):
     pub = make_publisher(_cfg(config), broker, None)
-    await pub.publish(1, uniform_state(1, 8))
+    for v in (1, 2, 3):
+        h = await pub.publish(v, uniform_state(v, 8))
+    spec = decode_spec(h)
+    assert (spec["session"], spec["slot"]) == (pub.engine.session, 3 % 2)
+    assert [e[0] for e in spec["entries"]] == ["a.weight", "b.weight"] and h.bytes == spec["length"]
+    # A generator started after three publishes: it asks the broker, then reads the trainer's memory (its
+    # first read is the newest version, not the first: no rendezvous). It then serves its copy as a peer.
     peer = _reader(config, tmp_path, 1, "--keep-serving", "60")
-    first = _next_line(peer, "uniform")
-    assert first["source"] == "trainer"
+    assert _next_line(peer, "uniform") == {"version": 3, "source": "trainer", "uniform": True, "value": 3.0}
     peers = await broker.hgetall(pub.keys.weights_latest + ":peers")
     (session,) = [k.decode() if isinstance(k, bytes) else k for k, v in peers.items() if v]
     rows = _lines(_reader(config, tmp_path, 1))
-    assert {"version": 1, "source": session, "uniform": True, "value": 1.0} in rows  # read from the peer
+    assert {"version": 3, "source": session, "uniform": True, "value": 3.0} in rows  # read from the peer
     peer.kill()
     peer.wait()
     rows = _lines(_reader(config, tmp_path, 1))  # the peer is gone (still announced): the trainer serves
-    assert {"version": 1, "source": "trainer", "uniform": True, "value": 1.0} in rows
+    assert {"version": 3, "source": "trainer", "uniform": True, "value": 3.0} in rows
     await pub.close()
 
 
