@@ -151,6 +151,9 @@ class LocalCluster:
                 "cluster-enabled yes",
                 "cluster-config-file nodes.conf",
                 f"cluster-node-timeout {self.node_timeout_ms}",
+                # A replica's full sync starts at once: the default waits 5 s for more replicas to share one
+                # diskless transfer, and a master here has one (start() waited on it: 7 s -> 2 s).
+                "repl-diskless-sync-delay 0",
                 f"requirepass {_quote(self.password)}",
                 f"masterauth {_quote(self.password)}",
                 f"dir {_quote(str(node.dir))}",
@@ -223,7 +226,32 @@ class LocalCluster:
             if state != "ok" or int(info.get("cluster_slots_ok", 0)) != 16384:
                 return False
             repl = c.info("replication")
-            return repl.get("role") == "master" or repl.get("master_link_status") == "up"
+            if repl.get("role") != "master" and repl.get("master_link_status") != "up":
+                return False
+            return self._view_agrees(c)
+
+    def _view_agrees(self, c: redis.Redis) -> bool:
+        """This node's map names every live node by its own role (a replica with its master), none of them
+        in handshake or suspected down: the topology has spread by gossip. Without it a replica whose
+        sync just finished is not yet its master's replica in the master's map (a CLUSTER FAILOVER
+        issued then times out)."""
+        roles = {}
+        for port in self.live_ports():
+            with self.client(port) as n:
+                roles[port] = n.info("replication").get("role")
+        lines = c.execute_command("CLUSTER", "NODES")
+        for line in (lines.decode() if isinstance(lines, bytes) else lines).splitlines():
+            fields = line.split()
+            port = int(fields[1].split("@")[0].rpartition(":")[2] or 0)
+            if port not in roles:
+                continue
+            flags = set(fields[2].split(","))
+            if flags & {"handshake", "noaddr", "fail?", "fail"}:
+                return False
+            role = "slave" if "slave" in flags else "master"
+            if role != roles[port] or (role == "slave" and fields[3] == "-"):
+                return False
+        return True
 
     def live_ports(self) -> list[int]:
         return [n.port for n in self.nodes if n.proc is not None and n.proc.poll() is None]
@@ -251,12 +279,15 @@ class LocalCluster:
         self._wait_ping(node, time.monotonic() + 30)
 
     def stop(self, timeout: float = 10) -> None:
-        """Stop every node (SHUTDOWN NOSAVE, then SIGKILL if it hangs); the folders stay for post-mortems."""
+        """Stop every node (SHUTDOWN NOSAVE NOW FORCE, then SIGKILL if it hangs); the folders stay for
+        post-mortems. NOW: no wait for a lagging replica; FORCE: a replica just synced refuses a plain
+        SHUTDOWN while it writes its initial AOF ("Writing initial AOF, can't exit"), and was SIGKILLed
+        after `timeout` (a stop right after start: 10 s)."""
         for node in self.nodes:
             if node.proc is None or node.proc.poll() is not None:
                 continue
             with contextlib.suppress(redis.RedisError), self.client(node.port, timeout) as c:
-                c.shutdown(nosave=True)
+                c.shutdown(nosave=True, now=True, force=True)
             try:
                 node.proc.wait(timeout)
             except subprocess.TimeoutExpired:

@@ -1,6 +1,6 @@
 """broker.wait_replicas on Redis Cluster: the WAIT goes to the key's node; writes go on through a
 master's SIGKILL and its replica's promotion (no acked write lost); with the killed master back as a
-replica, WAIT is satisfied again.
+replica, WAIT is satisfied again; a killed node still in the slot map is named at a strict connect.
 
     pytest tests/integration/brokers/test_cluster_failover_wait.py
 """
@@ -12,13 +12,21 @@ import time
 
 import pytest
 
+from brokers.cluster import connect_cluster
 from brokers.connect import connect
 from brokers.local_cluster import LocalCluster
 from brokers.replica_wait import ReplicaWait
+from streamrl.core.errors import BrokerError
 
 pytestmark = [pytest.mark.anyio, pytest.mark.timeout(180)]
 
 KEY = "streamrl:cw:{p1}:rollouts"
+
+
+def _flagged_failed(cluster: LocalCluster, seed: int, port: int) -> bool:
+    with cluster.client(seed) as c:
+        line = next(x for x in c.execute_command("CLUSTER", "NODES").decode().splitlines() if f":{port}@" in x)
+    return "fail" in line.split()[2].split(",")
 
 
 async def test_durable_writes_through_a_cluster_failover(tmp_path) -> None:
@@ -41,6 +49,9 @@ async def test_durable_writes_through_a_cluster_failover(tmp_path) -> None:
             ids += [await broker.add(KEY, b"after")]
             assert broker.client.get_node_from_key(KEY).port != victim
             assert wait.unreplicated >= 1, "the promoted master has no replica yet: counted, not waited on"
+            # the local cluster's failover (was test_local_cluster's own cluster): the replica took over
+            cluster.wait_ok(60)
+            assert victim not in cluster.masters() and len(cluster.masters()) == 3
 
             cluster.restart(victim)  # it rejoins as the new master's replica
             cluster.wait_ok(60)
@@ -89,3 +100,14 @@ async def test_a_wait_sent_to_a_master_turned_replica_is_retried_on_the_new_map(
             assert wait.unreplicated == 0, "the old master (a replica now) was taken for a master alone"
         finally:
             await broker.close(timeout_s=2)
+        # A killed node still in the cluster's map (a replica, flagged failed, so no longer among the slots'
+        # nodes) is named at a strict connect from the map (was test_cluster_broker's own cluster).
+        cluster.kill(old)
+        seed = cluster.masters()[0]
+        deadline = time.monotonic() + 60
+        while not _flagged_failed(cluster, seed, old):
+            assert time.monotonic() < deadline, "the cluster did not flag the killed replica as failed"
+            await asyncio.sleep(0.2)
+        url = f"redis+cluster://:{cluster.password}@127.0.0.1:{seed}"
+        with pytest.raises(BrokerError, match=rf"nodes down: 127.0.0.1:{old} \(a node of the cluster: slave"):
+            await connect_cluster(url, retries=0, strict=True)
