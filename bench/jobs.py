@@ -190,8 +190,10 @@ class Job:
         self.wait_for(f"{text!r} printed", lambda: text in self.output(), timeout, every=0.1)
 
     def wait_broker(self, timeout: float = 120) -> None:
-        """Until `up` has started the broker (RUN_DIR/broker/url)."""
-        self.wait_for("the broker", (self.run_dir / "broker" / "url").exists, timeout, every=0.2)
+        """Until `up` has started the broker (RUN_DIR/broker/url) and written RUN_DIR/config.yaml (which the
+        commands on a live run read: `scale`, `status`; it is written just after the broker starts)."""
+        ready = (self.run_dir / "broker" / "url", self.run_dir / "config.yaml")
+        self.wait_for("the broker", lambda: all(p.exists() for p in ready), timeout, every=0.2)
 
     def wait_checkpointed(self, run: str, version: int, timeout: float = 120) -> None:
         """Until the broker marks checkpoint `version` complete (it is written in the background)."""
