@@ -121,11 +121,6 @@ def _read(out: Path, name: str):
 
 
 @pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
 def batch(tiny) -> Batch:
     from transformers import AutoModelForCausalLM
 
