@@ -20,60 +20,30 @@ from pathlib import Path
 from streamrl.core.errors import ConfigError
 from streamrl.models.tiny import SPECIAL_TOKENS, vocab
 
-SHAPES: dict[str, dict] = {
-    # Published Qwen3 configs (hidden, MLP, layers, heads, KV heads, head dim 128, tied embeddings).
-    "qwen3-0.6b": dict(
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-1.7b": dict(
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_hidden_layers=28,
-        num_attention_heads=16,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=True,
-    ),
-    "qwen3-8b": dict(
-        hidden_size=4096,
-        intermediate_size=12288,
-        num_hidden_layers=36,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=False,
-    ),
-    "qwen3-32b": dict(
-        hidden_size=5120,
-        intermediate_size=25600,
-        num_hidden_layers=64,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=128,
-        vocab_size=151936,
-        tie_word_embeddings=False,
-    ),
+FIELDS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+    "tie_word_embeddings",
+)
+"""The Qwen3Config fields a shape sets, in the order of the table's columns below."""
+# fmt: off
+_TABLE = {
+    #              hidden  MLP    layers heads kv  head_dim vocab   tied
+    # Published Qwen3 configs.
+    "qwen3-0.6b": (1024,   3072,  28,    16,   8,  128,     151936, True),
+    "qwen3-1.7b": (2048,   6144,  28,    16,   8,  128,     151936, True),
+    "qwen3-8b":   (4096,   12288, 36,    32,   8,  128,     151936, False),
+    "qwen3-32b":  (5120,   25600, 64,    64,   8,  128,     151936, False),
     # CPU smoke shape (vLLM CPU attention needs head dim >= 32): the bench's CI run.
-    "qwen3-tiny": dict(
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=64,
-        vocab_size=512,
-        tie_word_embeddings=True,
-    ),
+    "qwen3-tiny": (128,    256,   2,     2,    1,  64,      512,    True),
 }
+# fmt: on
+SHAPES: dict[str, dict] = {name: dict(zip(FIELDS, row, strict=True)) for name, row in _TABLE.items()}
 """shape name -> Qwen3Config fields."""
 # The 0.6B body with only the character vocabulary (100 characters + filler to 128): a random policy
 # then samples task characters often enough for the charclass reward to give a learning signal

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.programs.gen_script import _collect, _pull
+from tests.programs.gen_script import _collect, _pull, generator_config, submit_prompt
 
 GROUP_SIZE = 3
 PROMPT = "the quick brown fox jumps over the lazy dog, then 0123456789 twice: 0123456789!"
@@ -39,57 +39,34 @@ async def main(spec: dict) -> dict:
     import torch
 
     from brokers.connect import connect
-    from streamrl.config.schema import (
-        BrokerConfig,
-        Config,
-        GeneratorConfig,
-        ModelConfig,
-        RolloutConfig,
-        RunConfig,
-        TrainerConfig,
-        WeightsConfig,
-    )
+    from streamrl.config.schema import ModelConfig, RolloutConfig, TrainerConfig
     from streamrl.config.trainer import LoraConfig
     from streamrl.core.broker import Keys
     from streamrl.core.logs import setup_logging
-    from streamrl.core.messages import Prompt, encode
-    from streamrl.models.tiny import vocab
     from streamrl.weights.store import make_publisher
     from workers.generator import GeneratorWorker
 
     torch.set_num_threads(1)
     run_dir = Path(spec["run_dir"])
     setup_logging("generator", "gen-0", run_dir)
-    cfg = Config(
-        run=RunConfig(name=spec["run"], seed=0),
-        broker=BrokerConfig(url=spec["redis_url"], claim_idle_ms=60_000, block_ms=50),
+    cfg = generator_config(
+        spec,
+        GROUP_SIZE,
+        dict(max_tokens=spec["max_tokens"], temperature=spec["temperature"], weights_poll_s=0.02, block_size=32),
+        weights=spec["backend"],
         model=ModelConfig(path=spec["model"], dtype=spec.get("dtype", "float32")),
         rollout=RolloutConfig(group_size=GROUP_SIZE, max_staleness=1),  # max_loras = 2
-        generator=GeneratorConfig(
-            max_tokens=spec["max_tokens"],
-            temperature=spec["temperature"],
-            ignore_eos=True,
-            max_inflight_groups=4,
-            drain_timeout_s=0.5,
-            weights_poll_s=0.02,
-            block_size=32,
-        ),
         trainer=TrainerConfig(lora=LoraConfig(rank=4, alpha=8.0, target_modules=spec["targets"])),
-        weights=WeightsConfig(backend=spec["backend"], keep=2),
     )
     broker = await connect(cfg.broker.url)
     keys = Keys(cfg.run.name)
     store = make_publisher(cfg, broker, run_dir)
     adapters = [_adapter(a) for a in spec["adapters"]]
-    v = vocab()
     state = {"rollouts": [], "last_id": "0"}
     out: dict = {}
 
     async def submit(group_id: str, admitted: int) -> None:
-        await broker.set(keys.trainer_version, max(admitted, int(await broker.get(keys.trainer_version) or 0)))
-        ids = [v["<s>"]] + [v[c] for c in PROMPT]
-        msg = Prompt(group_id=group_id, prompt_ids=ids, group_size=GROUP_SIZE, admitted_version=admitted, text=PROMPT)
-        await broker.add(keys.prompts, encode(msg))
+        await submit_prompt(broker, keys, group_id, PROMPT, GROUP_SIZE, admitted)
 
     async def publish(version: int) -> float:
         tensors, config = adapters[version - 1]

@@ -47,11 +47,10 @@ async def _collect(broker, keys, state: dict, group_id: str, n: int, timeout: fl
     )
 
 
-async def main(spec: dict) -> dict:
-    import torch
-    from safetensors.torch import load_file
-
-    from brokers.connect import connect
+def generator_config(spec: dict, group_size: int, generator: dict, weights: str = "shm", **sections):
+    """The Config every generator script runs: the spec's run, redis and model dir, a group of
+    `group_size`, the scripts' common generator settings updated by `generator`, `weights` keeping 2
+    versions; `sections` (model, rollout, trainer) replace their default."""
     from streamrl.config.schema import (
         BrokerConfig,
         Config,
@@ -61,10 +60,38 @@ async def main(spec: dict) -> dict:
         RunConfig,
         WeightsConfig,
     )
-    from streamrl.core.broker import Keys
-    from streamrl.core.logs import setup_logging
+
+    common = dict(temperature=0.7, ignore_eos=True, max_inflight_groups=4, drain_timeout_s=0.5, weights_poll_s=0.05)
+    defaults = {"model": ModelConfig(path=spec["model"]), "rollout": RolloutConfig(group_size=group_size)}
+    return Config(
+        run=RunConfig(name=spec["run"], seed=0),
+        broker=BrokerConfig(url=spec["redis_url"], claim_idle_ms=60_000, block_ms=50),
+        generator=GeneratorConfig(**{**common, **generator}),
+        weights=WeightsConfig(backend=weights, keep=2),
+        **{**defaults, **sections},
+    )
+
+
+async def submit_prompt(broker, keys, group_id: str, text: str, group_size: int, admitted: int) -> None:
+    """Queue `text` as one group's prompt. As in a real run, the feeder admits at the trainer's version,
+    which is set (after the step) before that version's weights are published."""
     from streamrl.core.messages import Prompt, encode
     from streamrl.models.tiny import vocab
+
+    v = vocab()
+    await broker.set(keys.trainer_version, max(admitted, int(await broker.get(keys.trainer_version) or 0)))
+    ids = [v["<s>"]] + [v[c] for c in text]
+    msg = Prompt(group_id=group_id, prompt_ids=ids, group_size=group_size, admitted_version=admitted, text=text)
+    await broker.add(keys.prompts, encode(msg))
+
+
+async def main(spec: dict) -> dict:
+    import torch
+    from safetensors.torch import load_file
+
+    from brokers.connect import connect
+    from streamrl.core.broker import Keys
+    from streamrl.core.logs import setup_logging
     from streamrl.weights.files import version_dirs
     from streamrl.weights.store import make_publisher
     from workers.generator import GeneratorWorker
@@ -72,37 +99,16 @@ async def main(spec: dict) -> dict:
     torch.set_num_threads(1)
     run_dir = Path(spec["run_dir"])
     setup_logging("generator", "gen-0", run_dir)
-    cfg = Config(
-        run=RunConfig(name=spec["run"], seed=0),
-        broker=BrokerConfig(url=spec["redis_url"], claim_idle_ms=60_000, block_ms=50),
-        model=ModelConfig(path=spec["model"]),
-        rollout=RolloutConfig(group_size=GROUP_SIZE),
-        generator=GeneratorConfig(
-            max_tokens=200,
-            temperature=0.7,
-            ignore_eos=True,
-            max_inflight_groups=4,
-            drain_timeout_s=0.5,
-            weights_poll_s=0.05,
-            loop_profile_s=0.005,
-        ),
-        weights=WeightsConfig(backend="shm", keep=2),
-    )
+    cfg = generator_config(spec, GROUP_SIZE, dict(max_tokens=200, loop_profile_s=0.005))
     broker = await connect(cfg.broker.url)
     keys = Keys.of(cfg)
     store = make_publisher(cfg, broker, run_dir)
     perturbed, peaked = load_file(spec["perturbed"]), load_file(spec["peaked"])
-    v = vocab()
     state = {"rollouts": [], "last_id": "0"}
     out: dict = {}
 
     async def submit(group_id: str, admitted: int, text: str = "abc") -> float:
-        # As in a real run, the feeder admits at the trainer's version, which is set (after the
-        # step) before that version's weights are published.
-        await broker.set(keys.trainer_version, max(admitted, int(await broker.get(keys.trainer_version) or 0)))
-        ids = [v["<s>"]] + [v[c] for c in text]
-        msg = Prompt(group_id=group_id, prompt_ids=ids, group_size=GROUP_SIZE, admitted_version=admitted, text=text)
-        await broker.add(keys.prompts, encode(msg))
+        await submit_prompt(broker, keys, group_id, text, GROUP_SIZE, admitted)
         return time.time()
 
     try:

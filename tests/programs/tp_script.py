@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from tests.programs.gen_script import _collect, _pull
+from tests.programs.gen_script import _collect, _pull, generator_config, submit_prompt
 
 GROUP_SIZE = 4
 EXTENSION = "tests.programs.tp_extension.TPCheck"
@@ -33,20 +33,10 @@ async def main(spec: dict) -> dict:
     from safetensors.torch import load_file
 
     from brokers.connect import connect
-    from streamrl.config.schema import (
-        BrokerConfig,
-        Config,
-        GeneratorConfig,
-        ModelConfig,
-        RolloutConfig,
-        RunConfig,
-        WeightsConfig,
-    )
     from streamrl.core.broker import Keys
     from streamrl.core.logs import setup_logging
-    from streamrl.core.messages import Prompt, decode, encode
+    from streamrl.core.messages import decode
     from streamrl.generate.engine_errors import is_engine_dead
-    from streamrl.models.tiny import vocab
     from streamrl.weights.shm import ShmLoader
     from streamrl.weights.store import make_publisher
     from workers.generator import GROUP, GeneratorWorker
@@ -54,22 +44,7 @@ async def main(spec: dict) -> dict:
     torch.set_num_threads(1)
     run_dir = Path(spec["run_dir"])
     setup_logging("generator", "gen-0", run_dir)
-    cfg = Config(
-        run=RunConfig(name=spec["run"], seed=0),
-        broker=BrokerConfig(url=spec["redis_url"], claim_idle_ms=60_000, block_ms=50),
-        model=ModelConfig(path=spec["model"]),
-        rollout=RolloutConfig(group_size=GROUP_SIZE),
-        generator=GeneratorConfig(
-            tensor_parallel_size=2,
-            max_tokens=200,
-            temperature=0.7,
-            ignore_eos=True,
-            max_inflight_groups=4,
-            drain_timeout_s=0.5,
-            weights_poll_s=0.05,
-        ),
-        weights=WeightsConfig(backend="shm", keep=2),
-    )
+    cfg = generator_config(spec, GROUP_SIZE, dict(tensor_parallel_size=2, max_tokens=200))
     # The test's worker extension: each TP worker answers what it holds (the shm backend needs none).
     ShmLoader.vllm_extension = EXTENSION
     broker = await connect(cfg.broker.url)
@@ -77,15 +52,11 @@ async def main(spec: dict) -> dict:
     store = make_publisher(cfg, broker, run_dir)
     peaked = load_file(spec["peaked"])
     base_file = str(Path(spec["model"]) / "model.safetensors")
-    v = vocab()
     state = {"rollouts": [], "last_id": "0"}
     out: dict = {}
 
     async def submit(group_id: str, admitted: int) -> None:
-        await broker.set(keys.trainer_version, max(admitted, int(await broker.get(keys.trainer_version) or 0)))
-        ids = [v["<s>"]] + [v[c] for c in "abc"]
-        msg = Prompt(group_id=group_id, prompt_ids=ids, group_size=GROUP_SIZE, admitted_version=admitted, text="abc")
-        await broker.add(keys.prompts, encode(msg))
+        await submit_prompt(broker, keys, group_id, "abc", GROUP_SIZE, admitted)
 
     async def diffs(path: str) -> list[dict[str, float]]:
         return await worker.engine.llm.collective_rpc("tp_weights_diff", kwargs={"path": path})

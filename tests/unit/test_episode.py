@@ -102,7 +102,7 @@ def test_step_request_and_observation_round_trip_and_validate():
 def test_episode_metrics_of_a_batch():
     from streamrl.generate.episode_sample import episode_metrics
 
-    def r(turns, steps, env_tokens):
+    def r(**meta):
         return Rollout(
             rollout_id="g0:0",
             group_id="g0",
@@ -112,22 +112,13 @@ def test_episode_metrics_of_a_batch():
             completion_ids=np.array([5]),
             logprobs=np.array([-1.0]),
             version=0,
-            meta={"turns": turns, "env_step_s": steps, "env_tokens": env_tokens},
+            meta=meta,
         )
 
-    m = episode_metrics([r(2, [0.1, 0.3], 5), r(1, [0.2], 0)])
+    m = episode_metrics([r(turns=2, env_step_s=[0.1, 0.3], env_tokens=5), r(turns=1, env_step_s=[0.2], env_tokens=0)])
     assert m["turns_mean"] == 1.5 and m["env_tokens"] == 5
     assert m["env_step_s_p50"] == pytest.approx(0.2) and 0.29 < m["env_step_s_p99"] <= 0.3
-    single = Rollout(
-        rollout_id="g0:0",
-        group_id="g0",
-        sample=0,
-        group_size=1,
-        prompt_ids=np.array([1]),
-        completion_ids=np.array([5]),
-        logprobs=np.array([-1.0]),
-        version=0,
-    )
+    single = r()  # no episode meta at all
     assert episode_metrics([single]) == {}
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +20,7 @@ from brokers.connect import connect
 from brokers.embedded import EmbeddedRedis
 from streamrl.core import run_end
 from streamrl.core.broker import Keys
-from tests.integration.annotate.test_producers import annotations, producer_add, publish
+from tests.integration.annotate.test_producers import annotations, producer_add, publish, reward_cli
 
 pytestmark = pytest.mark.anyio
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "python"
@@ -31,27 +30,7 @@ class Producer:
     """`streamrl reward` as a user runs it, its console lines timestamped as they arrive."""
 
     def __init__(self, url: str, run: str, *extra: str):
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "streamrl.cli",
-                "reward",
-                "--fn",
-                "length_judge:judge",
-                "--run",
-                run,
-                "--broker",
-                url,
-                "--id",
-                "judge-0",
-                *extra,
-            ],
-            cwd=EXAMPLES,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        self.proc = reward_cli("length_judge:judge", run, url, "judge-0", *extra, cwd=EXAMPLES)
         self.lines: list[tuple[float, str]] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()

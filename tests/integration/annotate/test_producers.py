@@ -203,30 +203,25 @@ async def test_producer_list_and_remove(redis_server, broker, run_name):
         await connect(url, retries=0)
 
 
+def reward_cli(fn: str, run: str, url: str, producer_id: str, *extra: str, cwd: Path) -> subprocess.Popen:
+    """`streamrl reward --fn FN` as a user runs it (in `cwd`, where FN's module is), console on stdout."""
+    argv = ["-m", "streamrl.cli", "reward", "--fn", fn, "--run", run, "--broker", url, "--id", producer_id, *extra]
+    return subprocess.Popen(
+        [sys.executable, *argv], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+
+
 async def test_reward_cli_serves_a_decorated_function(redis_server, broker, run_name, tmp_path):
     keys = Keys(run_name)
     await publish(broker, keys, 8)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamrl.cli",
-            "reward",
-            "--fn",
-            "length_judge:judge",
-            "--run",
-            run_name,
-            "--broker",
-            redis_server.url,
-            "--run-dir",
-            str(tmp_path),
-            "--id",
-            "judge-cli",
-        ],
+    proc = reward_cli(
+        "length_judge:judge",
+        run_name,
+        redis_server.url,
+        "judge-cli",
+        "--run-dir",
+        str(tmp_path),
         cwd=Path(__file__).resolve().parents[3] / "examples" / "python",
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
     try:
         got = await annotations(broker, keys, 8, timeout=60)
@@ -251,26 +246,7 @@ async def test_a_hung_sync_call_times_out_and_does_not_hold_up_the_exit(redis_se
     )
     keys = Keys(run_name)
     await publish(broker, keys, 4, garbage=False)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "streamrl.cli",
-            "reward",
-            "--fn",
-            "hung_judge:judge",
-            "--run",
-            run_name,
-            "--broker",
-            redis_server.url,
-            "--id",
-            "judge-hung",
-        ],
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = reward_cli("hung_judge:judge", run_name, redis_server.url, "judge-hung", cwd=tmp_path)
     try:
         got = await annotations(broker, keys, 4, timeout=60)
         assert all(a.error == "timed out after 0.5s" for a in got), [a.error for a in got]

@@ -9,9 +9,6 @@ tests below assert on its JSON results and recompute log-probs with transformers
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -22,8 +19,8 @@ from safetensors.torch import load_file, save_file
 from streamrl.config.schema import TinyModelConfig
 from streamrl.core.messages import parse_rollout_id
 from streamrl.models.tiny import build_tiny_model, vocab
+from tests.engine_script import run_scenarios
 
-REPO = Path(__file__).resolve().parents[3]
 SCRIPT = Path(__file__).resolve().parents[2] / "programs" / "gen_script.py"
 MAX_TOKENS, TEMPERATURE, GROUP_SIZE = 200, 0.7, 4
 PEAK = vocab()["b"]
@@ -68,18 +65,7 @@ def results(redis_server, tmp_path_factory) -> dict:
         "perturbed": str(tmp / "perturbed.safetensors"),
         "peaked": str(tmp / "peaked.safetensors"),
     }
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp / "spec.json"), str(tmp / "out.json")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, f"gen_script failed:\n{proc.stderr[-6000:]}"
-    out = json.loads((tmp / "out.json").read_text())
+    out = run_scenarios(SCRIPT, tmp, spec, timeout=300)
     out["_model"], out["_tmp"] = str(model), tmp
     return out
 

@@ -11,10 +11,6 @@ with a bfloat16 tolerance, and each rollout must also be nearer its own version 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -23,6 +19,7 @@ import torch
 
 from streamrl.config.schema import TinyModelConfig
 from streamrl.models.tiny import build_tiny_model
+from tests.engine_script import run_scenarios
 from tests.programs.lora_adapter import TARGETS, tiny_peft
 
 REPO = Path(__file__).resolve().parents[3]
@@ -59,20 +56,7 @@ def results(redis_server, tmp_path_factory) -> dict:
         "temperature": TEMPERATURE,
         "dtype": "bfloat16" if ON_GPU else "float32",
     }
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    path = os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))  # keep a carried site dir
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": path, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp / "spec.json"), str(tmp / "out.json")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    (tmp / "stderr.txt").write_text(proc.stderr)
-    assert proc.returncode == 0, f"gen_lora_script failed:\n{proc.stderr[-6000:]}"
-    out = json.loads((tmp / "out.json").read_text())
+    out = run_scenarios(SCRIPT, tmp, spec, timeout=540)
     out["_model"], out["_adapters"] = str(model), folders
     return out
 

@@ -10,10 +10,6 @@ compared with the published version, then one TP worker SIGKILLed mid-group.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import uuid
 from pathlib import Path
 
@@ -22,6 +18,7 @@ from safetensors.torch import load_file, save_file
 
 from streamrl.config.schema import TinyModelConfig
 from streamrl.models.tiny import build_tiny_model
+from tests.engine_script import run_scenarios
 from tests.integration.generate.test_generator import PEAK, _peaked
 
 REPO = Path(__file__).resolve().parents[3]
@@ -45,19 +42,7 @@ def results(redis_server, tmp_path_factory) -> dict:
         "model": str(model),
         "peaked": str(tmp / "peaked.safetensors"),
     }
-    (tmp / "spec.json").write_text(json.dumps(spec))
-    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    env.pop("VLLM_WORKER_MULTIPROC_METHOD", None)  # an in-process engine test before may have recorded spawn
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), str(tmp / "spec.json"), str(tmp / "out.json")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=540,
-    )
-    assert proc.returncode == 0, f"tp_script failed:\n{proc.stderr[-6000:]}"
-    return json.loads((tmp / "out.json").read_text())
+    return run_scenarios(SCRIPT, tmp, spec, timeout=540)
 
 
 def test_one_generator_owns_an_engine_of_two_workers_that_generates(results):

@@ -13,31 +13,19 @@ The same engine then checks generator.detokenize=end against vLLM's incremental 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 from streamrl.config.schema import TinyModelConfig
 from streamrl.models.tiny import build_tiny_model
+from tests.engine_script import run_engine_script
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 def test_seeded_long_prompts_over_the_step_budget_all_finish(tmp_path):
     model = build_tiny_model(TinyModelConfig(max_position_embeddings=1024), tmp_path / "model", seed=0)
-    # A fresh process chooses its own start method: an in-process engine test earlier in this pytest worker
-    # may have set VLLM_WORKER_MULTIPROC_METHOD (choose_start_method records its choice there).
-    inherited = {k: v for k, v in os.environ.items() if k != "VLLM_WORKER_MULTIPROC_METHOD"}
-    env = {**inherited, "VLLM_CPU_KVCACHE_SPACE": "1", "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve().parents[2] / "programs" / "long_prompts_script.py"), str(model)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    script = REPO / "tests" / "programs" / "long_prompts_script.py"
+    proc = run_engine_script(script, [str(model)], timeout=300)
     assert proc.returncode == 0, f"engine failed:\n{proc.stderr[-4000:]}"
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["tokens"] == [8] * 8  # every request finished, 4 at a time

@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import random
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,9 +30,9 @@ from streamrl.train.checkpoint import list_checkpoints, load_checkpoint
 from streamrl.train.dist import launch
 from streamrl.train.export import checkpoint_model_state, export_checkpoint
 from streamrl.train.metrics import read_metrics
+from tests.engine_script import run_scenarios
 from tests.integration.train.test_train_engine import make_batch
 
-REPO = Path(__file__).resolve().parents[3]
 PACK_RTOL, LP_ATOL, VLLM_ATOL = 1e-5, 1e-5, 1e-4
 BACKENDS = ["hf", "torchtitan"]
 
@@ -303,24 +301,7 @@ def test_export_gives_the_trainers_logprobs_in_vllm(runs, tmp_path):
         "seqs": [np.concatenate([r.prompt_ids, r.completion_ids]).astype(int).tolist() for r in rollouts],
         "prompt_lens": [len(r.prompt_ids) for r in rollouts],
     }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "PYTHONPATH": str(REPO),
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    got = json.loads((tmp_path / "out.json").read_text())
+    got = run_scenarios(__file__, tmp_path, spec, timeout=400, VLLM_ENABLE_V1_MULTIPROCESSING="0")
     for vllm_lp, engine_lp in zip(got, trainer_logprobs(runs["hf"], tmp_path), strict=True):
         np.testing.assert_allclose(np.asarray(vllm_lp), engine_lp, atol=VLLM_ATOL, rtol=0)
 

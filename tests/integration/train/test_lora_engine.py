@@ -22,16 +22,15 @@ import torch
 import torch.distributed as dist
 
 from streamrl.config.files import dump_config
-from streamrl.config.schema import Config, GeneratorConfig, ModelConfig, TinyModelConfig, TrainerConfig
+from streamrl.config.schema import Config, GeneratorConfig, ModelConfig, TrainerConfig
 from streamrl.config.trainer import LoraConfig
 from streamrl.core.batch import Batch
-from streamrl.models.tiny import build_tiny_model
 from streamrl.train.batching import pad_batch
 from streamrl.train.checkpoint import Checkpointer, load_checkpoint
 from streamrl.train.dist import broadcast_object, launch
 from streamrl.train.export import ADAPTER_DIR, export_checkpoint
 from streamrl.train.hf_engine import HFEngine
-from tests.integration.train.test_train_engine import TEMPERATURE, make_batch, reference_logprobs
+from tests.integration.train.test_train_engine import TEMPERATURE, reference_logprobs
 
 LORA = LoraConfig(rank=4, alpha=8.0, target_modules=["q_proj", "v_proj", "o_proj", "down_proj", "lm_head"])
 
@@ -106,27 +105,6 @@ def _rank_main(model_path: str, batch: Batch, out: str, rank: int, world: int) -
     if rank == 0:
         torch.save({"initial": initial, "published": published}, out_dir / "published.pt")
         dump_config(cfg, run_dir / "config.yaml")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny):
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def batch(hf_model) -> Batch:
-    b = make_batch(hf_model.config.vocab_size)
-    for r, lp in zip(b.rollouts, reference_logprobs(hf_model, b)):
-        r.logprobs = lp.astype(np.float32)
-    return b
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,9 @@ import numpy as np
 import pytest
 import torch
 
-from streamrl.config.schema import Config, GeneratorConfig, LossConfig, ModelConfig, TinyModelConfig, TrainerConfig
+from streamrl.config.schema import Config, GeneratorConfig, LossConfig, ModelConfig, TrainerConfig
 from streamrl.config.trainer import LoraConfig
 from streamrl.core.batch import Batch
-from streamrl.models.tiny import build_tiny_model
 from streamrl.train.batching import pad_batch
 from streamrl.train.dist import broadcast_object, launch
 from streamrl.train.hf_engine import HFEngine
@@ -81,11 +80,6 @@ def _rank_main(model_path: str, batch: Batch, base_lp: list, out: str, rank: int
     (Path(out) / f"rank{rank}.json").write_text(json.dumps(record))
     if rank == 0:
         torch.save({"own": own_published, "worker": worker_published}, Path(out) / "published.pt")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.fixture(scope="module")

@@ -17,18 +17,11 @@ import pytest
 import torch
 
 from streamrl.config.files import dump_config, load_config
-from streamrl.config.schema import TinyModelConfig
 from streamrl.core.errors import FatalError
 from streamrl.losses.registry import available_losses
-from streamrl.models.tiny import build_tiny_model
 from streamrl.train.dist import launch
 from streamrl.train.hf_engine import HFEngine
 from tests.integration.train.shaped_batch import shaped_batch
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 def _two_steps(model_path: str, config: str, out: str, rank: int, world: int) -> None:

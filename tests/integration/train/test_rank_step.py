@@ -10,11 +10,9 @@ import functools
 import json
 from pathlib import Path
 
-import pytest
 import torch
 
-from streamrl.config.schema import Config, TinyModelConfig, TrainerConfig
-from streamrl.models.tiny import build_tiny_model
+from streamrl.config.schema import Config, TrainerConfig
 from streamrl.train.checkpoint import Checkpointer, list_checkpoints
 from streamrl.train.dist import launch
 from streamrl.train.hf_engine import HFEngine
@@ -50,11 +48,6 @@ def _rank_main(model_path: str, run_dir: str, out: str, rank: int, world: int) -
         },
         Path(out, "rank0.pt"),
     )
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 def test_two_ranks_run_rank_0s_orders(tiny, tmp_path):

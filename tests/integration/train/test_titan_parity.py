@@ -19,9 +19,7 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,9 +33,9 @@ from streamrl.models.tiny import build_tiny_model
 from streamrl.train.batching import pad_batch
 from streamrl.train.dist import broadcast_object, launch
 from streamrl.train.engines import make_engine
+from tests.engine_script import run_scenarios
 from tests.integration.train.test_train_engine import make_batch
 
-REPO = Path(__file__).resolve().parents[3]
 LP_ATOL, VLLM_ATOL = 1e-5, 1e-4
 
 
@@ -120,11 +118,6 @@ def _read(out: Path, name: str):
     from safetensors.torch import load_file
 
     return json.loads((out / name).read_text()) if name.endswith(".json") else load_file(out / name)
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.fixture(scope="module")
@@ -261,24 +254,7 @@ def _run_probe(tiny: Path, local: str, batch: Batch, tmp_path: Path) -> dict:
         "seqs": seqs,
         "prompt_lens": [len(r.prompt_ids) for r in batch.rollouts],
     }
-    (tmp_path / "spec.json").write_text(json.dumps(spec))
-    env = {
-        **os.environ,
-        "VLLM_CPU_KVCACHE_SPACE": "1",
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
-        "PYTHONPATH": str(REPO),
-        "OMP_NUM_THREADS": "1",
-    }
-    proc = subprocess.run(
-        [sys.executable, __file__, str(tmp_path / "spec.json"), str(tmp_path / "out.json")],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return json.loads((tmp_path / "out.json").read_text())
+    return run_scenarios(__file__, tmp_path, spec, timeout=400, VLLM_ENABLE_V1_MULTIPROCESSING="0")
 
 
 def _vllm_probe(spec: dict) -> dict:

@@ -20,11 +20,10 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from streamrl.config.schema import Config, GeneratorConfig, LossConfig, TinyModelConfig, TrainerConfig
+from streamrl.config.schema import Config, GeneratorConfig, LossConfig, TrainerConfig
 from streamrl.core.batch import Batch
 from streamrl.core.errors import ConfigError
 from streamrl.core.messages import Rollout
-from streamrl.models.tiny import build_tiny_model
 from streamrl.train.batching import pad_batch
 from streamrl.train.dist import RankFailed, broadcast_object, launch
 from streamrl.train.hf_engine import HFEngine
@@ -136,28 +135,6 @@ def _rank_main(
 
 def _gather_lp(out: Path, world: int, tag: str) -> list[np.ndarray]:
     return [row.numpy() for rank in range(world) for row in torch.load(out / f"{tag}_rank{rank}.pt")]
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
-
-
-@pytest.fixture(scope="module")
-def hf_model(tiny):
-    from transformers import AutoModelForCausalLM
-
-    torch.set_num_threads(1)
-    return AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32).eval()
-
-
-@pytest.fixture(scope="module")
-def batch(hf_model) -> Batch:
-    b = make_batch(hf_model.config.vocab_size)
-    # Behaviour log-probs = the initial policy's, so the first step is exactly on-policy (ratio 1).
-    for r, lp in zip(b.rollouts, reference_logprobs(hf_model, b)):
-        r.logprobs = lp.astype(np.float32)
-    return b
 
 
 @pytest.fixture(scope="module")

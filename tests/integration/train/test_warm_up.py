@@ -16,8 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from streamrl.config.schema import Config, GeneratorConfig, TinyModelConfig, TrainerConfig
-from streamrl.models.tiny import build_tiny_model
+from streamrl.config.schema import Config, GeneratorConfig, TrainerConfig
 from streamrl.train.dist import launch
 from streamrl.train.engines import make_engine
 from tests.integration.train.test_train_engine import make_batch
@@ -52,11 +51,6 @@ def _rank_main(model_path: str, backend: str, out: str, rank: int, world: int) -
         }
         results[warm] = {"metrics": metrics, "state": _state(engine), "optim": optim}
     torch.save(results, Path(out) / "results.pt")
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory) -> Path:
-    return build_tiny_model(TinyModelConfig(), tmp_path_factory.mktemp("tiny") / "model", seed=0)
 
 
 @pytest.mark.parametrize("backend", ["hf", "torchtitan"])

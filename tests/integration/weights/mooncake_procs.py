@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -52,6 +53,15 @@ def cfg_of(url: str, run: str, keep: int = 2, peers: bool = True) -> Config:
 
 def emit(**fields) -> None:
     print(json.dumps(fields), flush=True)
+
+
+def next_row(proc: subprocess.Popen, key: str) -> dict:
+    """The next JSON line a process (started with stdout=PIPE, text=True) emits that holds `key`."""
+    while True:
+        line = proc.stdout.readline()
+        assert line, f"the process ended before printing {key!r}"
+        if line.startswith("{") and key in (row := json.loads(line)):
+            return row
 
 
 async def read(args) -> None:

@@ -22,7 +22,7 @@ from streamrl.config.schema import Config
 from streamrl.weights.mooncake import decode_spec, wait_fetched
 from streamrl.weights.shm import shm_root
 from streamrl.weights.store import WeightHandle, WeightStoreError, make_loader, make_publisher
-from tests.integration.weights.mooncake_procs import cfg_of, check, uniform_state
+from tests.integration.weights.mooncake_procs import cfg_of, check, next_row, uniform_state
 
 pytest.importorskip(
     "mooncake.engine",
@@ -59,14 +59,6 @@ def _lines(proc: subprocess.Popen, timeout: float = 120) -> list[dict]:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
-def _next_line(proc: subprocess.Popen, key: str) -> dict:
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"process ended before printing {key!r}"
-        if line.startswith("{") and key in (row := json.loads(line)):
-            return row
-
-
 async def test_slot_reused_mid_read_is_discarded_never_mixed(config: Config, broker, tmp_path: Path):
     # keep=1: every publish rewrites the slot a reader is reading. Publishes back to back: filling 128 MB in
     # memory is several times faster than a reader's pull of it over TCP (~0.2-0.3 s on loopback), so reads
@@ -76,7 +68,7 @@ async def test_slot_reused_mid_read_is_discarded_never_mixed(config: Config, bro
     await pub.publish(1, uniform_state(1, 128))
     last = 24
     reader = _reader(config, tmp_path, 1, "--until", str(last))
-    _next_line(reader, "reading")
+    next_row(reader, "reading")
     for v in range(2, last + 1):
         await pub.publish(v, uniform_state(v, 128))
     rows = _lines(reader)
@@ -93,7 +85,7 @@ async def test_reader_killed_mid_read(config: Config, broker, tmp_path: Path):
     pub = make_publisher(_cfg(config), broker, None)
     await pub.publish(1, uniform_state(1, 256))
     victim = _reader(config, tmp_path, 1)
-    _next_line(victim, "reading")
+    next_row(victim, "reading")
     time.sleep(0.15)
     victim.send_signal(signal.SIGKILL)
     rest, _ = victim.communicate(timeout=30)
@@ -110,7 +102,7 @@ async def test_trainer_restart_readers_resume_from_next_version(config: Config, 
     first = subprocess.Popen(
         [*PROCS, "publish", url, run, "2", "4", "1,2,3"], stdout=subprocess.PIPE, text=True, env=_env()
     )
-    old = [_next_line(first, "published") for _ in range(3)][-1]["session"]
+    old = [next_row(first, "published") for _ in range(3)][-1]["session"]
     loader = make_loader(_cfg(config), broker, tmp_path)
     held, path = await wait_fetched(loader, 3, timeout_s=60)
     assert held.version == 3 and check(path) == {"uniform": True, "value": 3.0}
@@ -125,7 +117,7 @@ async def test_trainer_restart_readers_resume_from_next_version(config: Config, 
     second = subprocess.Popen(
         [*PROCS, "publish", url, run, "2", "4", "2,3,4"], stdout=subprocess.PIPE, text=True, env=_env()
     )
-    new = _next_line(second, "published")["session"]
+    new = next_row(second, "published")["session"]
     assert new != old
     latest = await loader.latest()
     assert decode_spec(latest)["session"] == new  # the resumed version replaced the dead trainer's entry
@@ -175,7 +167,7 @@ async def test_late_reader_pulls_newest_then_a_peer_serves_a_later_reader_and_fa
     # A generator started after three publishes: it asks the broker, then reads the trainer's memory (its
     # first read is the newest version, not the first: no rendezvous). It then serves its copy as a peer.
     peer = _reader(config, tmp_path, 1, "--keep-serving", "60")
-    assert _next_line(peer, "uniform") == {"version": 3, "source": "trainer", "uniform": True, "value": 3.0}
+    assert next_row(peer, "uniform") == {"version": 3, "source": "trainer", "uniform": True, "value": 3.0}
     peers = await broker.hgetall(pub.keys.weights_latest + ":peers")
     (session,) = [k.decode() if isinstance(k, bytes) else k for k, v in peers.items() if v]
     rows = _lines(_reader(config, tmp_path, 1))

@@ -7,7 +7,6 @@ holder (streamrl/weights/mooncake.py, MooncakeLoader._claim_source).
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -19,7 +18,7 @@ import pytest
 from streamrl.config.schema import Config
 from streamrl.weights.shm import shm_root
 from streamrl.weights.store import make_publisher
-from tests.integration.weights.mooncake_procs import cfg_of, uniform_state
+from tests.integration.weights.mooncake_procs import cfg_of, next_row, uniform_state
 
 pytest.importorskip("mooncake.engine", reason="the mooncake extra (make setup installs it)")
 pytestmark = pytest.mark.anyio
@@ -45,14 +44,6 @@ asyncio.run(main(*sys.argv[1:]))
 """
 
 
-def _next(proc: subprocess.Popen, key: str) -> dict:
-    while True:
-        line = proc.stdout.readline()
-        assert line, f"a reader ended before printing {key!r}"
-        if line.startswith("{") and key in (row := json.loads(line)):
-            return row
-
-
 async def test_readers_started_together_read_from_each_other(config: Config, broker, tmp_path: Path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[3])}
     argv = [sys.executable, "-c", READER, config.broker.url, config.run.name, str(tmp_path)]
@@ -63,9 +54,9 @@ async def test_readers_started_together_read_from_each_other(config: Config, bro
     pub = make_publisher(cfg_of(config.broker.url, config.run.name), broker, None)
     try:
         for r in readers:
-            _next(r, "up")  # all polling the broker: the version reaches them together
+            next_row(r, "up")  # all polling the broker: the version reaches them together
         await pub.publish(1, uniform_state(1, 32))
-        rows = [_next(r, "uniform") for r in readers]
+        rows = [next_row(r, "uniform") for r in readers]
         assert all(r["version"] == 1 and r["uniform"] and r["value"] == 1.0 for r in rows), rows
         sources = [r["source"] for r in rows]
         # Without the claims all three read the trainer at once; with them one does first, then at most
