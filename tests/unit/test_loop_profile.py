@@ -88,8 +88,14 @@ def test_under_uvloop_the_top_list_starts_inside_the_callback():
     import uvloop
 
     prof = uvloop.run(_profiled(_blocks))
-    names = [name for name, *_ in prof.top(5)]
-    assert names[0].startswith("test_loop_profile.py:_hold_the_loop:"), names
+    top = prof.top(5)
+    names = [name for name, *_ in top]
+    # The callback's own frames first: the coroutine that awaits the hold (_profiled, _blocks) may tie or,
+    # when the loaded CI machine delayed the 20 ms timer outside the hold too, outweigh the holder.
+    assert names[0].startswith("test_loop_profile.py:"), names
+    share = {name: s for name, _, s, _ in top}
+    holder = [n for n in names if n.startswith("test_loop_profile.py:_hold_the_loop:")]
+    assert holder and share[holder[0]] >= 0.8, top
     assert not any(n.startswith(("runners.py:", "__init__.py:run", "base_events.py:")) for n in names), names
 
 
