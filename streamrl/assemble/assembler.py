@@ -29,8 +29,8 @@ from typing import Callable
 import numpy as np
 
 from streamrl.assemble.advantages import batch_advantages
-from streamrl.assemble.failure_streak import FailureStreak
-from streamrl.assemble.group_rewards import group_components, group_rewards, reward_errors
+from streamrl.assemble.failure_streak import FailureStreak, GeneratorFailures
+from streamrl.assemble.group_rewards import annotation_texts, group_components, group_rewards, reward_errors
 from streamrl.assemble.join_policy import JoinPolicy
 from streamrl.assemble.pending_group import PendingGroup, rollout_problem
 from streamrl.assemble.placement import misplaced
@@ -45,13 +45,6 @@ from streamrl.eval.collector import EvalCollector
 from streamrl.losses import resolve_loss
 
 GROUP = "trainer"
-
-
-def annotation_texts(joined: list[dict]) -> dict[str, list[str]]:
-    """Key -> each rollout's annotation text, for the keys with any text (the judge's replies); `joined`:
-    each rollout's {key: (entry id, Annotation)}; pure."""
-    keys = {k for a in joined for k, (_, ann) in a.items() if getattr(ann, "text", "")}
-    return {k: [getattr(a[k][1], "text", "") if k in a else "" for a in joined] for k in sorted(keys)}
 
 
 class Assembler:
@@ -70,9 +63,8 @@ class Assembler:
         self.loss = resolve_loss(cfg)  # the objective's defaults: dapo samples dynamically, dr_grpo uses group_mean
         self.streak = FailureStreak(cfg)
         """Failed groups in a row: past the bound it raises FatalError (the trainer stops the job)."""
-        self._generator_failed: int | None = None
-        """stats:groups_failed when last read (None: not yet; what a resumed run counted before is not a streak)."""
-        self._failures_read = 0.0
+        self.generator_failures = GeneratorFailures(broker, self.keys, self.streak)
+        """Groups the generators gave up, read from the broker into the streak."""
         self.groups: dict[str, PendingGroup] = {}
         self.annotations: dict[str, dict[str, tuple[str, Annotation]]] = {}
         """rollout_id (of a trained copy) -> key -> (entry id, annotation)."""
@@ -130,7 +122,7 @@ class Assembler:
 
     async def _poll(self) -> int:
         n = 0
-        await self._generator_failures()
+        await self.generator_failures.read()
         if time.monotonic() - self._rescanned > self.cfg.broker.claim_idle_ms / 1000:
             # Re-read our own pending entries now and then: after a broker restart, entries whose
             # XREADGROUP reply was lost are pending on us but were never seen (nobody else claims them).
@@ -159,23 +151,6 @@ class Assembler:
                 if kind is Rollout and self.reader.caught_up.get(stream):
                     await self._ack_unknown(before)
         return n
-
-    async def _generator_failures(self, every_s: float = 1.0) -> None:
-        """Groups the generators gave up (streamrl.core.accounting.fail_group) never reach these streams:
-        count them in the streak from stats:groups_failed, read at most every `every_s`."""
-        if time.monotonic() - self._failures_read < every_s:
-            return
-        self._failures_read = time.monotonic()
-        total = int(await self.broker.get(self.keys.stat("groups_failed")) or 0)
-        seen = total if self._generator_failed is None else self._generator_failed
-        new, self._generator_failed = total - seen, total
-        if new <= 0:
-            return
-        reason = (await self.broker.get(self.keys.last_group_failure) or b"a generator gave the group up").decode(
-            errors="replace"
-        )
-        for _ in range(new):
-            self.streak.failed(reason)
 
     def start_intake(self) -> None:
         """Keep polling in a background task (until `stop_intake`); batches then wait on its polls."""

@@ -4,6 +4,7 @@ streak = FailureStreak(cfg)              # in the assembler
 streak.failed("reward: reward function raised ValueError: boom")   # FatalError once a bound is hit
 streak.ok()                              # a group completed with usable annotations
 streak.step = version                    # the trainer's version (the message names the streak's first)
+await GeneratorFailures(broker, keys, streak).read()   # the groups the generators gave up, into the streak
 
 Two bounds, whichever comes first. A count (rollout.max_consecutive_failed_groups): right for failures
 that come fast (a reward function that raises, an env that raises). A time, for failures that each
@@ -103,3 +104,30 @@ class FailureStreak:
             f"none completed; {'rollout.max_failing_s' if self.any_cause else 'env.step_timeout_s'}={self.window_s:g}); "
             f"{self._fix()}"
         )
+
+
+class GeneratorFailures:
+    """Groups the generators gave up (streamrl.core.accounting.fail_group) never reach the assembler's
+    streams: they count in the streak from the broker's stats:groups_failed, with the last failure's reason."""
+
+    def __init__(self, broker, keys, streak: FailureStreak):
+        self.broker, self.keys, self.streak = broker, keys, streak
+        self._seen: int | None = None
+        """stats:groups_failed when last read (None: not yet; what a resumed run counted before is not a streak)."""
+        self._read_at = 0.0
+
+    async def read(self, every_s: float = 1.0) -> None:
+        """Count the groups failed since the last read (at most every `every_s`); FatalError past a bound."""
+        if time.monotonic() - self._read_at < every_s:
+            return
+        self._read_at = time.monotonic()
+        total = int(await self.broker.get(self.keys.stat("groups_failed")) or 0)
+        seen = total if self._seen is None else self._seen
+        new, self._seen = total - seen, total
+        if new <= 0:
+            return
+        reason = (await self.broker.get(self.keys.last_group_failure) or b"a generator gave the group up").decode(
+            errors="replace"
+        )
+        for _ in range(new):
+            self.streak.failed(reason)

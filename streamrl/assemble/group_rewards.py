@@ -39,3 +39,10 @@ def group_rewards(g: PendingGroup, annotations: Annotations, join: JoinPolicy, c
             lengths, cfg.generator.max_tokens, loss.overlong_buffer, loss.overlong_penalty
         ).astype(np.float32)
     return rewards
+
+
+def annotation_texts(joined: list[dict]) -> dict[str, list[str]]:
+    """Key -> each rollout's annotation text, for the keys with any text (the judge's replies); `joined`:
+    each rollout's {key: (entry id, Annotation)}; pure."""
+    keys = {k for a in joined for k, (_, ann) in a.items() if getattr(ann, "text", "")}
+    return {k: [getattr(a[k][1], "text", "") if k in a else "" for a in joined] for k in sorted(keys)}

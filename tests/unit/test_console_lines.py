@@ -123,7 +123,7 @@ def test_progress_bars_are_off_for_up_and_sft_and_the_roles_they_start(monkeypat
 
 
 def test_the_judges_reply_travels_to_the_samples():
-    from streamrl.assemble.assembler import annotation_texts
+    from streamrl.assemble.group_rewards import annotation_texts
     from streamrl.core.messages import Annotation, decode, encode
 
     sent = Annotation(rollout_id="g0:0:t0", key="judge", value=3.0, text="3 - it is mostly lowercase")
