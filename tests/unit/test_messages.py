@@ -248,3 +248,19 @@ def test_the_wrong_kind_is_named_with_its_article():
         decode(encode(Annotation(rollout_id="r", key="reward", value=1.0)), expect=Rollout)
     with pytest.raises(DecodeError, match="^a control message does not belong"):
         decode(encode(Control(action="stop")), expect=Rollout)
+
+
+def test_every_wire_field_is_in_the_protocol_doc():
+    """docs/protocol.md's field tables name every field of the wire types (Annotation's `text` included), so
+    a producer written from the doc alone can send and read all of them."""
+    import re
+    from pathlib import Path
+
+    from streamrl.core.messages import Annotation, Prompt, Rollout
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "protocol.md").read_text()
+    named = set(re.findall(r"^\| `([a-z_]+)` \|", doc, re.M))
+    missing = {
+        cls.__name__: [f.name for f in fields(cls) if f.name not in named] for cls in (Prompt, Rollout, Annotation)
+    }
+    assert missing == {"Prompt": [], "Rollout": [], "Annotation": []}
