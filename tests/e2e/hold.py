@@ -17,6 +17,8 @@ from contextlib import contextmanager
 
 import redis
 
+SETTLE_S = 30.0
+
 
 def worker_pid(client: redis.Redis, run: str, role: str, worker_id: str) -> int:
     """The pid in a worker's heartbeat (docs/protocol.md, "Other keys")."""
@@ -35,11 +37,14 @@ def held(pid: int):
         os.kill(pid, signal.SIGCONT)
 
 
-def wait_held(what: str, cond, pid: int, steps, job_alive, timeout: float = 400, idle_s: float = 15.0):
+def wait_held(what: str, cond, pid: int, steps, job_alive, timeout: float = 400, idle_s: float = 15.0, settled=None):
     """Wait for `cond()` while `pid` (the trainer) is held; if it has not come true after `idle_s`, let
     the trainer take one step (SIGCONT until `steps()` grows, then SIGSTOP again) and go on waiting.
     The step frees admission slots, so a worker that the held job left without work gets some (one
-    generator may have taken the whole admission window before another was up)."""
+    generator may have taken the whole admission window before another was up). `settled()`, where
+    given, must also come true (at most SETTLE_S) before the trainer is held again: with weights read
+    from the trainer's memory (mooncake), a generator that pulls the step's version from a stopped
+    trainer waits, paused, with its groups in flight, until the trainer runs again."""
     deadline = time.time() + timeout
     since = time.time()
     while not cond():
@@ -50,6 +55,9 @@ def wait_held(what: str, cond, pid: int, steps, job_alive, timeout: float = 400,
             os.kill(pid, signal.SIGCONT)
             try:
                 while steps() <= before and time.time() < deadline and job_alive():
+                    time.sleep(0.1)
+                settle_by = time.time() + SETTLE_S
+                while settled is not None and not settled() and time.time() < settle_by and job_alive():
                     time.sleep(0.1)
             finally:
                 os.kill(pid, signal.SIGSTOP)

@@ -21,6 +21,7 @@ import pytest
 
 from bench import jobs
 from bench.jobs import ROOT, Job, broker, cli_args, log_events, metrics
+from streamrl.core.broker import Keys
 from tests.e2e.hold import held, wait_held
 from tests.nodejs import start_node_producer
 
@@ -61,6 +62,14 @@ def run_cli(*args: str) -> subprocess.CompletedProcess:
 def heartbeat(run_dir: Path, role: str, wid: str) -> dict:
     with broker(run_dir) as r:
         return jobs.heartbeat(r, "tiny", role, wid)
+
+
+def generators_caught_up(run_dir: Path) -> bool:
+    """Every generator with a heartbeat has loaded the trainer's current version (none is mid-pull)."""
+    with broker(run_dir) as r:
+        version = int(r.get(Keys("tiny").trainer_version) or 0)
+        beats = [json.loads(raw) for key in r.scan_iter(Keys("tiny").worker("generator", "*")) if (raw := r.get(key))]
+    return all(b.get("policy_version", version) >= version for b in beats)
 
 
 def finish(up: Job, run_dir: Path, timeout: float = 600) -> list[dict]:
@@ -226,6 +235,7 @@ def _scale_join_and_leave(up: Job, run_dir: Path, lost: subprocess.Popen, joined
             steps=lambda: len(metrics(run_dir)),
             job_alive=up.alive,
             idle_s=5,
+            settled=lambda: generators_caught_up(run_dir),
         )
         status = run_cli("status", "--run-dir", str(run_dir), "--once")
         assert status.returncode == 0, status.stderr
