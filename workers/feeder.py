@@ -14,8 +14,6 @@ from __future__ import annotations
 import asyncio
 import random
 
-from transformers import AutoTokenizer
-
 from streamrl.config.schema import Config, TaskConfig
 from streamrl.core.accounting import admit
 from streamrl.core.messages import Prompt, encode
@@ -26,6 +24,7 @@ from streamrl.envs.tools import load_tools
 from streamrl.eval.rounds import EvalIssuer
 from streamrl.feed.sources import load_task
 from streamrl.generate.chat import ChatBridge, chat_items
+from streamrl.models.tokenizer import load_tokenizer
 
 
 def load_items(task: TaskConfig, seed: int, job: Config, tokenizer=None) -> list[dict]:
@@ -50,7 +49,7 @@ class FeederWorker(Worker):
     role = "feeder"
 
     async def start(self) -> None:
-        self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model.path)
+        self.tokenizer = load_tokenizer(self.cfg.model.path)
         # The tokenizer renders chat tasks; task.chat_template (or tools.chat) with the model's chat template.
         self.items = load_items(self.cfg.task, self.cfg.run.seed, self.cfg, self.tokenizer)
         self.items = task_items(self.items, self.tokenizer, self.cfg)

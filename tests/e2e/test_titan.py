@@ -11,14 +11,19 @@ Llama 3 with SDPA attention, parallelized by torchtitan's parallelize_llama), tr
 eval round at versions 0, 10, 20 and 30 (8 prompts x 4 samples). Proves: the task learns on the
 torchtitan backend under the outside objective, eval/pass@k is in metrics.jsonl and rises, eval
 completions never reach a batch (every row trains exactly 64 samples) and the accounting holds.
+
+The job is launched by `streamrl bench e2e --no-sync` (it runs `streamrl up` into OUT/runs/async), so
+the same run also shows the bench summarizing a real job into a well-formed result.json and its
+plots (a job of its own for the bench cost a start-up, most of such a job's time here).
 """
 
+import json
 import textwrap
 
 import pytest
 import yaml
 
-from bench.jobs import ROOT, metrics, summary, up, with_pythonpath
+from bench.jobs import ROOT, metrics, run_cli, summary, with_pythonpath
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +46,7 @@ def test_torchtitan_on_two_ranks_learns_an_outside_objective_and_eval_rises(tmp_
     (ext / "ext_losses").mkdir(parents=True)
     (ext / "ext_losses" / "__init__.py").write_text("")
     (ext / "ext_losses" / "pg.py").write_text(textwrap.dedent(LOSS_MODULE))
-    run_dir = tmp_path / "titan"
+    out = tmp_path / "out"
     sets = [
         "trainer.backend=torchtitan",
         "trainer.world_size=2",
@@ -56,8 +61,10 @@ def test_torchtitan_on_two_ranks_learns_an_outside_objective_and_eval_rises(tmp_
         "eval.pass_k=[1,2]",
         "eval.threshold=0.75",
     ]
-    res = up(run_dir, *sets, timeout=540, env=with_pythonpath(ROOT, ext))
+    args = ["bench", "e2e", "--steps", str(STEPS), "--no-sync", "--out", str(out), "--timeout", "540"]
+    res = run_cli(*args, *[a for s in sets for a in ("--set", s)], timeout=580, env=with_pythonpath(ROOT, ext))
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    run_dir, console = out / "runs" / "async", (out / "runs" / "async.out").read_text()
     rows = metrics(run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["skipped_step"] == 0 and r["grad_norm"] > 0 for r in rows)
@@ -76,7 +83,7 @@ def test_torchtitan_on_two_ranks_learns_an_outside_objective_and_eval_rises(tmp_
     pass1 = [r["eval/pass@1"] for r in evals]
     mean = [r["eval/mean@4"] for r in evals]
     assert pass1[-1] - pass1[0] >= 0.2 and mean[-1] - mean[0] >= 0.2, (pass1, mean)
-    assert "eval/pass@1" in res.stdout  # the console's step line
+    assert "eval/pass@1" in console  # the console's step line
     # The run's resolved config (what every role read) holds the backend and the 2 ranks.
     trainer = yaml.safe_load((run_dir / "config.yaml").read_text())["trainer"]
     assert trainer["backend"] == "torchtitan" and trainer["world_size"] == 2
@@ -84,3 +91,18 @@ def test_torchtitan_on_two_ranks_learns_an_outside_objective_and_eval_rises(tmp_
     s = summary(run_dir)
     assert s["invariant_holds"] and s["unknown_outcomes"] == 0, s
     assert s["trained_rollouts"] == STEPS * 64
+    assert_bench_summary(out)
+
+
+def assert_bench_summary(out) -> None:
+    """`bench e2e`'s result.json and plots for the one (async) job it ran."""
+    result = json.loads((out / "result.json").read_text())
+    (run,) = result["runs"]
+    assert run["mode"] == "async" and run["steps"] == STEPS and run["max_staleness"] == 1
+    assert run["trained_tokens_per_s"] > 0 and run["generated_tokens_per_s"] > 0
+    assert 0 < run["busy"]["trainer"] <= 1 and 0 <= run["busy"]["generator:generator-0"] <= 1
+    assert sum(run["staleness_hist_tokens"].values()) == run["trained_tokens"]
+    assert max(int(k) for k in run["staleness_hist_tokens"]) <= 1
+    assert 0 < run["first_step_s"] < run["wall_s"]  # up launched -> step 1's log line
+    assert result["speedup"] is None  # no sync job was run
+    assert (out / "e2e.png").is_file() and (out / "plots" / "async" / "staleness.png").is_file()

@@ -53,12 +53,16 @@ async def _only_awaits():
 
 def test_the_function_that_holds_the_loop_tops_the_blocked_samples(tmp_path):
     prof = asyncio.run(_profiled(_blocks))
-    top = prof.top(3)
-    assert top[0][0].startswith("test_loop_profile.py:_hold_the_loop:"), top
+    top = prof.top(3)  # (frame, samples, share, own share): inclusive, so the awaiting callers rank too
+    # The holder tops the own (innermost-frame) weight, and its inclusive share ties the callers' that
+    # await it (_blocks, _profiled) or, when a loaded CI machine delayed the 20 ms timer outside the hold
+    # too, comes just under theirs (0.9643 vs 1.0 once).
+    holder = max(top, key=lambda t: t[3])
+    assert holder[0].startswith("test_loop_profile.py:_hold_the_loop:"), top
     # Nearly every blocked sample was inside it. Not all: "blocked" means the 20 ms timer is overdue,
     # and right after the hold ends the loop runs other callbacks before the timer's (on a loaded
     # 2-core CI machine, one run had 98.25% here).
-    assert top[0][2] >= 0.9, top
+    assert holder[2] >= 0.9 and holder[3] >= 0.9, top
     blocked_weight = sum(prof.blocked.values())
     # Blocked from 2 timer periods (0.04 s) into the hold to its end: ~0.26 s = ~52 intervals. Weights
     # are time, so a loaded machine (late timer, late sampler) moves them little; the upper bound
