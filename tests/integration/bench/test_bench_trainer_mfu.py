@@ -1,6 +1,7 @@
 """`streamrl bench trainer_mfu` on CPU (docs/performance.md's smoke run, tiny Qwen3 shape): --out is created up
 front, a bad --out fails before the run, nothing is written into the working directory; the chunked vs
-full-logits and token-budget variants side by side, and the checkpoint timings (the GPU run's code path).
+full-logits and token-budget variants side by side, the checkpoint timings (the GPU run's code path) and a
+profiled step, in one run.
 
 Checks the bench runs and reports what it claims to measure; the timings themselves are the bench's
 output, not asserted (a shared CI machine's seconds mean nothing).
@@ -81,7 +82,12 @@ def test_unwritable_out_fails_before_the_run(tmp_path):
 
 
 def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
-    """Also: --out (two folders deep, not there yet) is created, and nothing is written into the cwd."""
+    """Also: --out (two folders deep, not there yet) is created, and nothing is written into the cwd.
+    --profile on the same run (a run of its own cost a start-up): one profiled step's kernel time by
+    category adds up, each category >= 0, the idle time is the step's rest, and the chrome trace is kept
+    in --out; --prompt-jitter and --job-warm-up (the real job's row shape and start-up) run on the same path."""
+    from bench.trainer_profile import CATEGORIES
+
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
     cwd, out = tmp_path / "cwd", tmp_path / "not" / "there"
     cwd.mkdir()
@@ -118,6 +124,10 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
         "--publish",
         "--variants",
         "hf,hf+nochunk+mbt=64",
+        "--profile",
+        "--prompt-jitter",
+        "3",
+        "--job-warm-up",
     ]
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=280)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
@@ -137,6 +147,19 @@ def test_bench_trainer_mfu_cpu_smoke(tmp_path: Path):
         assert len(v["publish_stream_s"]) == len(v["publish_whole_s"]) == 3
         assert all(w >= s for s, w in zip(v["checkpoint_async_stall_s"], v["checkpoint_async_write_s"]))
     assert not list(tmp_path.glob("trainer_mfu_ckpt_*")), "the timed checkpoints are deleted"
+
+    assert "profiled step" in proc.stdout and "logsoftmax_loss" in proc.stdout
+    assert r["prompt_jitter"] == 3
+    p = r["results"]["hf"]["profile"]
+    assert set(p["categories"]) == set(CATEGORIES)
+    assert all(v >= 0 for v in p["categories"].values())
+    assert sum(p["categories"].values()) == pytest.approx(p["kernel_ms"], rel=1e-9)
+    assert p["kernel_ms"] > 0 and p["kernels"] > 0
+    assert p["categories"]["gemm"] > 0 and p["categories"]["logsoftmax_loss"] > 0 and p["categories"]["optimizer"] > 0
+    assert 0 < p["busy_ms"] <= p["step_ms"]
+    assert p["idle_ms"] == pytest.approx(p["step_ms"] - p["busy_ms"]) and p["idle_ms"] >= 0
+    trace = json.loads(gzip.decompress(Path(p["trace"]).read_bytes()))
+    assert Path(p["trace"]).parent == out and trace["traceEvents"]
 
 
 def test_variant_options_set_the_trainer_section():
@@ -160,36 +183,3 @@ def test_variant_options_set_the_trainer_section():
     assert cfg.trainer.lora.rank == 16 and cfg.trainer.lora.enabled
     with pytest.raises(ConfigError, match="unknown option 'chunks=3'"):
         apply_variant(cfg, "hf+chunks=3")
-
-
-def test_profile_cpu_smoke(tmp_path: Path):
-    """--profile: one profiled step's kernel time by category adds up, each category >= 0, the idle
-    time is the step's rest, and the chrome trace is kept in --out; --prompt-jitter and --job-warm-up
-    (the real job's row shape and start-up) run on the same path."""
-    from bench.trainer_profile import CATEGORIES
-
-    out = tmp_path / "out"
-    proc = _bench(
-        ROOT,
-        tmp_path / "model",
-        "--out",
-        str(out),
-        "--profile",
-        "--prompt-jitter",
-        "3",
-        "--job-warm-up",
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "profiled step" in proc.stdout and "logsoftmax_loss" in proc.stdout
-    r = json.loads((out / "result.json").read_text())
-    assert r["prompt_jitter"] == 3
-    p = r["results"]["hf"]["profile"]
-    assert set(p["categories"]) == set(CATEGORIES)
-    assert all(v >= 0 for v in p["categories"].values())
-    assert sum(p["categories"].values()) == pytest.approx(p["kernel_ms"], rel=1e-9)
-    assert p["kernel_ms"] > 0 and p["kernels"] > 0
-    assert p["categories"]["gemm"] > 0 and p["categories"]["logsoftmax_loss"] > 0 and p["categories"]["optimizer"] > 0
-    assert 0 < p["busy_ms"] <= p["step_ms"]
-    assert p["idle_ms"] == pytest.approx(p["step_ms"] - p["busy_ms"]) and p["idle_ms"] >= 0
-    trace = json.loads(gzip.decompress(Path(p["trace"]).read_bytes()))
-    assert Path(p["trace"]).parent == out and trace["traceEvents"]
