@@ -17,8 +17,6 @@ from contextlib import contextmanager
 
 import redis
 
-SETTLE_S = 30.0
-
 
 def worker_pid(client: redis.Redis, run: str, role: str, worker_id: str) -> int:
     """The pid in a worker's heartbeat (docs/protocol.md, "Other keys")."""
@@ -41,10 +39,8 @@ def wait_held(what: str, cond, pid: int, steps, job_alive, timeout: float = 400,
     """Wait for `cond()` while `pid` (the trainer) is held; if it has not come true after `idle_s`, let
     the trainer take one step (SIGCONT until `steps()` grows, then SIGSTOP again) and go on waiting.
     The step frees admission slots, so a worker that the held job left without work gets some (one
-    generator may have taken the whole admission window before another was up). `settled()`, where
-    given, must also come true (at most SETTLE_S) before the trainer is held again: with weights read
-    from the trainer's memory (mooncake), a generator that pulls the step's version from a stopped
-    trainer waits, paused, with its groups in flight, until the trainer runs again."""
+    generator may have taken the whole admission window before another was up). With `settled`, the
+    trainer is held again by `stop_settled`."""
     deadline = time.time() + timeout
     since = time.time()
     while not cond():
@@ -56,10 +52,29 @@ def wait_held(what: str, cond, pid: int, steps, job_alive, timeout: float = 400,
             try:
                 while steps() <= before and time.time() < deadline and job_alive():
                     time.sleep(0.1)
-                settle_by = time.time() + SETTLE_S
-                while settled is not None and not settled() and time.time() < settle_by and job_alive():
-                    time.sleep(0.1)
             finally:
-                os.kill(pid, signal.SIGSTOP)
+                if settled is None:
+                    os.kill(pid, signal.SIGSTOP)
+                else:
+                    stop_settled(pid, settled, job_alive)
             since = time.time()
         time.sleep(0.5)
+
+
+def stop_settled(pid: int, settled, job_alive, timeout: float = 90.0, run_s: float = 0.2, look_s: float = 6.0):
+    """SIGSTOP `pid` (the trainer) at a moment `settled()` holds: every generator has loaded the newest
+    announced weights version. With weights read from the trainer's memory (mooncake), a generator
+    pulling from a stopped trainer waits, engine paused and groups in flight, until it runs again: a
+    stop landing mid-pull would hold that generator's groups for the whole hold. So: stop, give the
+    heartbeats `look_s` to show the versions (a worker's heartbeat is written every 5 s), and while one
+    lags let the trainer run `run_s` more."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.time() + timeout
+    while job_alive() and time.time() < deadline:
+        time.sleep(look_s)
+        if settled():
+            return
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(run_s)
+        os.kill(pid, signal.SIGSTOP)
+    raise AssertionError(f"the generators did not load the trainer's newest weights within {timeout:g}s")

@@ -65,9 +65,9 @@ def heartbeat(run_dir: Path, role: str, wid: str) -> dict:
 
 
 def generators_caught_up(run_dir: Path) -> bool:
-    """Every generator with a heartbeat has loaded the trainer's current version (none is mid-pull)."""
+    """Every generator with a heartbeat has loaded the newest announced weights (none is mid-pull)."""
     with broker(run_dir) as r:
-        version = int(r.get(Keys("tiny").trainer_version) or 0)
+        version = int(r.hget(Keys("tiny").weights_latest, "version") or 0)
         beats = [json.loads(raw) for key in r.scan_iter(Keys("tiny").worker("generator", "*")) if (raw := r.get(key))]
     return all(b.get("policy_version", version) >= version for b in beats)
 
