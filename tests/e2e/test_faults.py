@@ -1,8 +1,8 @@
 """Fault injection on the whole job: `streamrl up` subprocesses on the tiny config, real processes,
 a real redis-server. Each role is SIGKILLed mid-run, the broker is killed and restarted, and the
-trainer is killed, resumed with `streamrl up --resume` and stopped with SIGINT; every run must end
-with the accounting invariant exact (RUN_DIR/summary.json), zero lost groups and zero double-trained
-rollouts.
+trainer is killed, resumed with `streamrl up --resume` and stopped with a terminal's Ctrl-C (SIGINT
+to its whole process group); every run must end with the accounting invariant exact
+(RUN_DIR/summary.json), zero lost groups and zero double-trained rollouts.
 
     pytest tests/e2e/test_faults.py
 """
@@ -10,12 +10,15 @@ rollouts.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import time
 from pathlib import Path
 
 import pytest
 
 from bench.jobs import QUICK_RECOVERY, Job, assert_exact
+from streamrl.train.checkpoint import latest_checkpoint
 
 pytestmark = pytest.mark.slow
 
@@ -50,11 +53,12 @@ def resume_to_the_end(run_dir: Path, steps: int, *sets: str) -> None:
 def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resumed_and_stopped(tmp_path):
     """generator, reward, reference and feeder each SIGKILLed, then redis-server, under a trainer of
     FSDP2 over two gloo ranks; then the trainer itself: the sharded checkpoint (DCP) is written by both
-    ranks and read back by both. `up --resume` replays the logged steps above the checkpoint; a SIGINT
-    then stops it gracefully (both ranks checkpoint, exit 130); a second resume finishes exactly. No
-    group is trained twice or skipped, staleness stays bounded. (One job, not two: each `up` costs its
-    start-up, about a third of such a test on 2 cores. The single-rank trainer's death message is
-    tests/integration/launch/test_child_leftovers.py's; its graceful stop is test_ctrl_c's.)"""
+    ranks and read back by both. `up --resume` replays the logged steps above the checkpoint; a terminal's
+    Ctrl-C (SIGINT to the whole process group) then stops it gracefully and quickly (both ranks
+    checkpoint, exit 130, the broker gone); a second resume finishes exactly. No group is trained twice
+    or skipped, staleness stays bounded. (One job, not two: each `up` costs its start-up, about a third
+    of such a test on 2 cores; the Ctrl-C was test_ctrl_c's job of its own. The single-rank trainer's
+    death message is tests/integration/launch/test_child_leftovers.py's.)"""
     # 20 steps: once the broker is back a step takes well under a second here, and the trainer must still
     # be training when it is killed after checkpoint 6 is marked (at 10 CI saw the job end first), and
     # the resumed run when it gets its SIGINT two steps past what the killed run logged.
@@ -96,13 +100,19 @@ def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resu
     # A trim pass every 0.2 s: the resumed run's last steps can take about a second in all here, less
     # than QUICK_RECOVERY's 2 s between passes, and the assertion below is about the resumed trainer's trimming.
     trim = "trainer.trim_every_s=0.2"
-    up2 = Job(up.run_dir, trim, resume=True)
+    # Its own session: `up` leads a process group, as a shell's foreground job does.
+    up2 = Job(up.run_dir, trim, resume=True, new_session=True)
     up2.wait_step(logged[-1] + 2)  # past what the killed run logged: steps of the resumed run
-    up2.proc.send_signal(signal.SIGINT)  # graceful: both ranks checkpoint what they trained
-    assert up2.wait() == 130, up2.output()[-4000:]
+    with up2.redis() as r:
+        broker_pid = int(r.info("server")["process_id"])
+    t0 = time.time()
+    os.killpg(up2.proc.pid, signal.SIGINT)  # a terminal's Ctrl-C: every process of the group gets it
+    code = up2.wait()
+    assert_stopped_cleanly(up2, code, time.time() - t0, broker_pid, steps)
     s = up2.summary()
     assert_exact(s)
     stopped_at = up2.steps()[-1]
+    # graceful: both ranks checkpointed what they trained
     assert stopped_at < steps and s["checkpointed_version"] == stopped_at, (s, stopped_at)
 
     resume_to_the_end(up.run_dir, steps, trim)
@@ -114,3 +124,37 @@ def test_every_worker_role_sigkilled_broker_restarted_then_two_rank_trainer_resu
     assert [r["world_size"] for r in log if r["event"] == "trainer_ready"] == [2, 2, 2]
     trimmed = [r.get("trimmed", 0) for r in log if r["event"] == "stopped"]
     assert trimmed and trimmed[-1] > 0, "the trainer trims consumed stream entries"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def assert_stopped_cleanly(up: Job, code: int, took: float, broker_pid: int, steps: int) -> None:
+    """Ctrl-C (SIGINT to `up`'s whole process group, every role included) stops the job cleanly and
+    quickly: exit 130, the final checkpoint and the accounting written, the console's last step the one
+    checkpointed, the resume command last, the broker stopped last and not left behind."""
+    text, run_dir = up.output(), up.run_dir
+    print(f"stopped {took:.1f}s after the group's SIGINT (exit {code})")
+    assert code == 130, f"exit {code} after {took:.1f}s:\n{text[-4000:]}"
+    assert took < 20, f"stopping took {took:.1f}s:\n{text[-4000:]}"
+    assert "did not stop within" not in text and "accounting skipped" not in text, text[-4000:]
+    assert text.rstrip().endswith(f"continue this run with `streamrl up --resume {run_dir}`"), text[-2000:]
+    assert " | loss " in text and " gnorm " in text, text[-4000:]  # the optimisation on the step line
+    samples = [json.loads(ln) for ln in (run_dir / "samples.jsonl").read_text().splitlines()]
+    assert {r["step"] for r in samples} >= {1, 2} and all(r["prompt"] and r["completion"] for r in samples)
+    for log in (run_dir / "logs").glob("*.out"):  # the exit noise of triton's bindings is gone
+        assert "nanobind: leaked" not in log.read_text(errors="replace"), log
+    last = up.steps()[-1]
+    assert latest_checkpoint(run_dir).name == f"step-{last:08d}"
+    # the console ends where metrics.jsonl and the checkpoint do (the step finished while stopping)
+    shown = [ln for ln in text.splitlines() if ln.startswith("step ") and f"/{steps} | reward" in ln]
+    assert shown[-1].startswith(f"step {last:>4}/{steps} "), (shown[-3:], last)
+    stopped = time.time() + 10
+    while _alive(broker_pid) and time.time() < stopped:
+        time.sleep(0.1)
+    assert not _alive(broker_pid), "the embedded redis-server outlived `streamrl up`"

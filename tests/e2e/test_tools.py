@@ -28,9 +28,10 @@ def test_tiny_tools_job_executes_tool_calls_and_keeps_an_inline_broker_password_
     pw = redis_server.password
     url = f"redis://:{pw}@127.0.0.1:{redis_server.port}/0"
     run_dir = tmp_path / "tools"
-    res = up(
-        run_dir, "trainer.steps=2", "run.export=false", f"broker.url={url}", config="tiny-tools-cpu.yaml", timeout=280
-    )
+    # On-policy (rollout.max_staleness=0: a batch waits for the weights it was generated with), checked
+    # on this job's steps (once test_ctrl_c's job, which joined test_faults' resumed run).
+    sets = ("trainer.steps=2", "run.export=false", f"broker.url={url}", "rollout.max_staleness=0")
+    res = up(run_dir, *sets, config="tiny-tools-cpu.yaml", timeout=280)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-4000:]
     rows = metrics(run_dir)
@@ -40,6 +41,7 @@ def test_tiny_tools_job_executes_tool_calls_and_keeps_an_inline_broker_password_
         assert 16 <= r["tool_calls"] <= 32, r
         assert 0 <= r["tool_errors"] <= r["tool_calls"]
         assert r["turns_mean"] > 1 and r["env_tokens"] > 0 and r["episodes_failed"] == 0
+        assert r["staleness_max"] == 0 and set(r["staleness_hist"]) == {"0"} and r["dropped_stale"] == 0
     s = summary(run_dir)
     assert s["invariant_holds"] and s["lost"] == 0
 
