@@ -98,6 +98,8 @@ def config(redis_server: EmbeddedRedis, run_name: str) -> Config:
 # At 8cf04a4 (CI-like clean clone, 28 min): 723 | 1,048. Then test_bench_e2e's job joined test_up's (first
 # half, about -50), the password job test_tools' and test_elastic's three jobs became one (second half,
 # about -55 and -75), so multihost (~90) moved to the first half: about 760 | 820.
+# Then (this VM, clean clone, 20:56): 605 | 681; test_bench_e2e's job joined test_titan's and test_ctrl_c's
+# test_faults' resumed run (both first half), -36 and -39 from the second: about 610 | 610.
 # A new module joins the lighter half; move one when they drift apart (the run's "test time per worker" says).
 E2E_FIRST_HALF = frozenset(
     f"tests/e2e/test_{name}.py"
