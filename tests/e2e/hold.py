@@ -61,13 +61,12 @@ def wait_held(what: str, cond, pid: int, steps, job_alive, timeout: float = 400,
         time.sleep(0.5)
 
 
-def stop_settled(pid: int, settled, job_alive, timeout: float = 90.0, run_s: float = 0.2, look_s: float = 6.0):
+def stop_settled(pid: int, settled, job_alive, timeout: float = 90.0, run_s: float = 0.2, look_s: float = 0.5):
     """SIGSTOP `pid` (the trainer) at a moment `settled()` holds: every generator has loaded the newest
     announced weights version. With weights read from the trainer's memory (mooncake), a generator
     pulling from a stopped trainer waits, engine paused and groups in flight, until it runs again: a
-    stop landing mid-pull would hold that generator's groups for the whole hold. So: stop, give the
-    heartbeats `look_s` to show the versions (a worker's heartbeat is written every 5 s), and while one
-    lags let the trainer run `run_s` more."""
+    stop landing mid-pull would hold that generator's groups for the whole hold. So: stop, look after
+    `look_s`, and while one lags let the trainer run `run_s` more."""
     os.kill(pid, signal.SIGSTOP)
     deadline = time.time() + timeout
     while job_alive() and time.time() < deadline:

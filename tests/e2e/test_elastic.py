@@ -65,11 +65,16 @@ def heartbeat(run_dir: Path, role: str, wid: str) -> dict:
 
 
 def generators_caught_up(run_dir: Path) -> bool:
-    """Every generator with a heartbeat has loaded the newest announced weights (none is mid-pull)."""
+    """Every generator that has loaded weights has loaded the newest announced version (none is mid-pull).
+    Read from their logs' `weights_loaded` lines, written as each load ends (a heartbeat lags up to 5 s)."""
     with broker(run_dir) as r:
         version = int(r.hget(Keys("tiny").weights_latest, "version") or 0)
-        beats = [json.loads(raw) for key in r.scan_iter(Keys("tiny").worker("generator", "*")) if (raw := r.get(key))]
-    return all(b.get("policy_version", version) >= version for b in beats)
+    for path in (run_dir / "logs").glob("gen*.jsonl"):
+        loaded = [ln for ln in path.read_text(errors="replace").splitlines() if '"event": "weights_loaded"' in ln]
+        last = next((json.loads(ln) for ln in reversed(loaded) if ln.endswith("}")), None)
+        if last is not None and last["policy_version"] < version:
+            return False
+    return True
 
 
 def finish(up: Job, run_dir: Path, timeout: float = 600) -> list[dict]:
