@@ -146,7 +146,10 @@ def assert_stopped_cleanly(up: Job, code: int, took: float, broker_pid: int, ste
     assert text.rstrip().endswith(f"continue this run with `streamrl up --resume {run_dir}`"), text[-2000:]
     assert " | loss " in text and " gnorm " in text, text[-4000:]  # the optimisation on the step line
     samples = [json.loads(ln) for ln in (run_dir / "samples.jsonl").read_text().splitlines()]
-    assert {r["step"] for r in samples} >= {1, 2} and all(r["prompt"] and r["completion"] for r in samples)
+    assert {r["step"] for r in samples} >= {1, 2} and all(r["prompt"] for r in samples)
+    # A completion is text; empty only where the model's first token was its EOS (one in ~400 here).
+    assert all(r["completion"] or (r["finish_reason"] == "stop" and r["tokens"] == 1) for r in samples)
+    assert sum(bool(r["completion"]) for r in samples) > 0.9 * len(samples)
     for log in (run_dir / "logs").glob("*.out"):  # the exit noise of triton's bindings is gone
         assert "nanobind: leaked" not in log.read_text(errors="replace"), log
     last = up.steps()[-1]
