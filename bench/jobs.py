@@ -105,9 +105,11 @@ def summary(run_dir: Path) -> dict:
 
 
 def log_events(run_dir: Path, worker: str) -> list[dict]:
-    """The structured log lines of one worker (RUN_DIR/logs/WORKER.jsonl)."""
+    """The structured log lines of one worker (RUN_DIR/logs/WORKER.jsonl); of a running worker, a line
+    still being written (no closing brace yet) is left out."""
     path = Path(run_dir) / "logs" / f"{worker}.jsonl"
-    return [json.loads(ln) for ln in path.read_text().splitlines() if ln.startswith("{")]
+    lines = path.read_text(errors="replace").splitlines()
+    return [json.loads(ln) for ln in lines if ln.startswith("{") and ln.endswith("}")]
 
 
 def broker(run_dir: Path) -> redis.Redis:

@@ -70,9 +70,8 @@ def generators_caught_up(run_dir: Path) -> bool:
     with broker(run_dir) as r:
         version = int(r.hget(Keys("tiny").weights_latest, "version") or 0)
     for path in (run_dir / "logs").glob("gen*.jsonl"):
-        loaded = [ln for ln in path.read_text(errors="replace").splitlines() if '"event": "weights_loaded"' in ln]
-        last = next((json.loads(ln) for ln in reversed(loaded) if ln.endswith("}")), None)
-        if last is not None and last["policy_version"] < version:
+        loaded = [e["policy_version"] for e in log_events(run_dir, path.stem) if e.get("event") == "weights_loaded"]
+        if loaded and loaded[-1] < version:
             return False
     return True
 
